@@ -1,0 +1,113 @@
+"""``vramguard explain`` end to end through the console entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramguard.cli import main
+
+SEED = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: chat, namespace: team-a}
+spec:
+  template:
+    spec:
+      containers:
+      - name: vllm
+        image: vllm/vllm-openai:v0.21.0
+        args: [--model, m, --gpu-memory-utilization, "0.2"]
+        resources: {limits: {nvidia.com/gpu: 1}}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly}
+spec:
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          containers:
+          - name: train
+            image: trainer:1
+            env: [{name: XLA_PYTHON_CLIENT_MEM_FRACTION, value: "1.5"}]
+            resources: {limits: {nvidia.com/gpu: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: chat}
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(SEED)
+    code, out, _ = run(capsys, "explain", "-o", "json", "--gpu-memory", "80Gi", str(manifest))
+    reports = json.loads(out)
+    assert code == 1  # the CronJob has an error
+    assert [r["kind"] for r in reports] == ["Deployment", "CronJob", "Service"]
+    assert reports[0] == {
+        "kind": "Deployment", "name": "chat", "namespace": "team-a",
+        "containers": [{"name": "vllm", "resource": "nvidia.com/gpu", "engine": "vllm", "gpus": 1,
+                        "vram_fraction_per_gpu": 0.2, "vram_bytes_per_gpu": 17179869184,
+                        "sm_percent": None, "evidence": ["--gpu-memory-utilization 0.2"]}],
+        "errors": [], "warnings": [],
+    }
+    assert reports[1]["errors"] == [
+        "container train: env XLA_PYTHON_CLIENT_MEM_FRACTION=1.5 is outside (0, 1]"
+    ]
+    assert reports[2]["containers"] == []
+
+
+def test_bytes_round_up_and_null_without_gpu_memory(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [
+        {"name": "c", "image": "vllm/vllm-openai:v0.21.0", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps(pod)))
+    _, out, _ = run(capsys, "explain", "-o", "json", "-")
+    [report] = json.loads(out)
+    assert report["containers"][0]["vram_bytes_per_gpu"] is None
+    assert report["containers"][0]["vram_fraction_per_gpu"] == 0.92
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps({"kind": "List", "items": [pod]})))
+    _, out, _ = run(capsys, "explain", "-o", "json", "--gpu-memory", "81559Mi", "-")
+    assert json.loads(out)[0]["containers"][0]["vram_bytes_per_gpu"] == 78679145186  # ceil(0.92 × 81559 MiB)
+
+
+def test_text_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(SEED)
+    code, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(manifest))
+    assert code == 1
+    assert "Deployment team-a/chat" in out
+    assert "0.2 (16.0 GiB)" in out
+    assert "error: container train" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["explain", "missing.yaml"], "", "No such file"),
+        (["explain", "-"], "a: [1, 2", "not valid YAML or JSON"),
+        (["explain", "-"], "- 1\n- 2\n", "expected a Kubernetes object"),
+        (["explain", "--gpu-memory", "lots", "-"], "{}", "not a Kubernetes quantity"),
+    ],
+    ids=["missing-file", "broken-yaml", "not-objects", "bad-gpu-memory"],
+)
+def test_unreadable_input_exits_2_without_traceback(args: list[str], stdin: str, message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "vramguard", *args], input=stdin,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,16 @@
+"""The sub-command registrars, in the order ``vramguard --help`` lists them.
+
+Each module exposes ``register(subparsers)``, which adds one sub-parser whose ``handler`` default
+runs the command and returns its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from vramguard.cli import certs, explain
+
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+REGISTRY: tuple[Registrar, ...] = (explain.register, certs.register)

@@ -1,0 +1,197 @@
+"""From a pod (or a workload's pod template) to what each GPU container will reserve per GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+from vramguard import engines
+from vramguard.demand.annotations import declared_vram
+from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
+from vramguard.demand.model import ContainerDemand, EngineClaim, PodDemand
+from vramguard.demand.mps import read_mps
+from vramguard.engines import jax
+from vramguard.engines.base import Findings
+from vramguard.quantity import QuantityError, parse_quantity
+
+DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
+
+
+@dataclass(frozen=True, slots=True)
+class DemandOptions:
+    """Which extended resources are GPUs (exact names, and prefixes such as ``nvidia.com/mig-``)."""
+
+    gpu_resources: frozenset[str] = frozenset(DEFAULT_GPU_RESOURCES)
+    gpu_resource_prefixes: tuple[str, ...] = DEFAULT_GPU_RESOURCE_PREFIXES
+
+    def is_gpu(self, resource: str) -> bool:
+        """Whether ``resource`` names a GPU device (a whole GPU, a replica or a MIG instance)."""
+        return resource in self.gpu_resources or resource.startswith(self.gpu_resource_prefixes)
+
+
+DEFAULT_OPTIONS = DemandOptions()
+
+
+def derive_pod_demand(pod: Mapping[str, Any], options: DemandOptions = DEFAULT_OPTIONS) -> PodDemand:
+    """The GPU demand of a pod or pod template (a mapping with ``metadata`` and ``spec``).
+
+    Never raises on malformed input: what cannot be read becomes an error or a warning.
+    """
+    metadata = pod.get("metadata")
+    annotations = _string_map(metadata.get("annotations") if isinstance(metadata, dict) else None)
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return PodDemand()
+    containers: list[ContainerDemand] = []
+    for field_name, is_init_list in (("initContainers", True), ("containers", False)):
+        entries = spec.get(field_name)
+        if not isinstance(entries, list):
+            continue
+        for container in entries:
+            if not isinstance(container, dict):
+                continue
+            # A sidecar (an init container that restarts) runs beside the app containers.
+            init = is_init_list and container.get("restartPolicy") != "Always"
+            demand = derive_container_demand(container, annotations, init, options)
+            if demand is not None:
+                containers.append(demand)
+    errors = [e for c in containers for e in c.errors]
+    warnings = [w for c in containers for w in c.warnings]
+    return PodDemand(tuple(containers), tuple(errors), tuple(warnings))
+
+
+def derive_container_demand(
+    container: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    init: bool = False,
+    options: DemandOptions = DEFAULT_OPTIONS,
+) -> ContainerDemand | None:
+    """The demand of one container, or ``None`` when it asks for no GPU resource."""
+    name = container.get("name") if isinstance(container.get("name"), str) else "<unnamed>"
+    assert isinstance(name, str)
+    found = Findings.for_container(name)
+    requested = _gpu_request(container, options, found)
+    if requested is None:
+        return None
+    resource, gpus = requested
+    env = container_env(container)
+    image = container.get("image") if isinstance(container.get("image"), str) else ""
+    assert isinstance(image, str)
+
+    claim = _engine_claim(container, env, image, name, found)
+    if claim is not None:
+        found.evidence.extend(claim.evidence)
+        found.warnings.extend(claim.warnings)
+        found.errors.extend(claim.errors)
+        if claim.gpus is not None and claim.gpus != gpus:
+            found.error(
+                f"{_ENGINE_TITLES.get(claim.engine, claim.engine)} will use {claim.gpus} GPU(s) "
+                f"(its parallel sizes multiplied) but the container requests {gpus} {resource}; "
+                "make them equal"
+            )
+    mps = read_mps(env, gpus, found)
+    declared = declared_vram(annotations, name, found)
+    if env.opaque_sources and claim is None and declared is None:
+        found.warn(
+            f"envFrom ({', '.join(env.opaque_sources)}) may set engine variables vramguard cannot see"
+        )
+    demand = ContainerDemand(
+        name=name,
+        resource=resource,
+        gpus=gpus,
+        init=init,
+        engine=claim.engine if claim is not None else None,
+        claim=claim.vram if claim is not None else None,
+        declared=declared,
+        mps_limit=mps.limit_bytes,
+        sm_percent=mps.sm_percent,
+    )
+    if demand.reservation is None and claim is None and not found.errors:
+        found.warn(
+            "no known engine and no vramguard.io/vram annotation, so its VRAM is unknown; "
+            f"declare it, e.g. vramguard.io/vram.{name}: 16Gi"
+        )
+    found.errors.extend(demand.conflicts(None))
+    return replace(
+        demand,
+        evidence=tuple(found.evidence),
+        warnings=tuple(dict.fromkeys(found.warnings)),
+        errors=tuple(dict.fromkeys(found.errors)),
+    )
+
+
+_ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "jax": "JAX"}
+
+
+def _gpu_request(
+    container: Mapping[str, Any], options: DemandOptions, found: Findings
+) -> tuple[str, int] | None:
+    """The GPU resource and device count a container asks for (limits, else requests)."""
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return None
+    asked: dict[str, Any] = {}
+    for section in ("requests", "limits"):  # limits last: they are what the device plugin honours
+        values = resources.get(section)
+        if isinstance(values, dict):
+            asked.update({k: v for k, v in values.items() if isinstance(k, str) and options.is_gpu(k)})
+    if not asked:
+        return None
+    if len(asked) > 1:
+        found.error(f"asks for several GPU resources ({', '.join(sorted(asked))}); use one")
+    resource, raw = sorted(asked.items())[0]
+    try:
+        value = parse_quantity(str(raw))
+    except QuantityError:
+        found.error(f"{resource}: {raw!r} is not a whole number of devices")
+        return resource, 1
+    if value.denominator != 1 or value < 0:
+        found.error(f"{resource}: {raw} is not a whole number of devices")
+        return resource, 1
+    if value == 0:
+        return None
+    return resource, int(value)
+
+
+def _engine_claim(
+    container: Mapping[str, Any], env: ContainerEnv, image: str, name: str, found: Findings
+) -> EngineClaim | None:
+    command, args = container_argvs(container, env)
+    candidates: list[Sequence[str]] = []
+    if command:
+        candidates.append(command + args)
+    else:
+        entrypoint = engines.image_entrypoint(image)
+        if entrypoint is not None:
+            candidates.append([*entrypoint, *args])
+        elif args:
+            candidates.append(args)  # an image without ENTRYPOINT runs its args as the command
+    claims: list[EngineClaim] = []
+    for argv in candidates:
+        for invocation in invocations(argv, env):
+            claim = engines.recognise(invocation.argv, invocation.env, image, name)
+            if claim is not None:
+                claims.append(claim)
+    if not claims:
+        return jax.claim(env, name) if jax.applies(env) else None
+    if len(claims) > 1:
+        found.warn(
+            f"starts {len(claims)} engine processes; vramguard counts the largest claim, declare "
+            "vramguard.io/vram if they run at the same time"
+        )
+    return max(claims, key=_claim_size)
+
+
+def _claim_size(claim: EngineClaim) -> Fraction:
+    if claim.vram is None or claim.vram.fraction is None:
+        return Fraction(-1) if claim.vram is None else Fraction(claim.vram.bytes or 0, 1 << 40)
+    return claim.vram.fraction
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}

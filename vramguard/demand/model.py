@@ -1,0 +1,142 @@
+"""What a container will reserve on each GPU it gets, and the evidence for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from vramguard.quantity import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Vram:
+    """VRAM per GPU: either a fraction of the device's total memory or an exact byte count."""
+
+    fraction: Fraction | None = None
+    bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.fraction is None) == (self.bytes is None):
+            raise ValueError("Vram needs exactly one of fraction or bytes")
+
+    def on_device(self, device_bytes: int) -> int:
+        """Whole bytes this claim takes on a device of ``device_bytes`` total memory.
+
+        A fraction is rounded down: rounding up would let three claims of 0.3 exceed a budget of
+        0.9 by a byte or two and refuse a pod that the exact arithmetic admits.
+        """
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return int(self.fraction * device_bytes)
+
+    def exceeds(self, other: Vram, device_bytes: int | None) -> bool | None:
+        """Whether this claim is larger than ``other``; ``None`` when it depends on an unknown size."""
+        if self.fraction is not None and other.fraction is not None:
+            return self.fraction > other.fraction
+        if self.bytes is not None and other.bytes is not None:
+            return self.bytes > other.bytes
+        if device_bytes is None:
+            return None
+        return self.on_device(device_bytes) > other.on_device(device_bytes)
+
+    def describe(self) -> str:
+        """Human form: ``0.3 of the GPU`` or ``16.0 GiB``."""
+        if self.fraction is not None:
+            return f"{float(self.fraction):g} of the GPU"
+        assert self.bytes is not None
+        return format_bytes(self.bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineClaim:
+    """What an inference or training engine inside the container will allocate, per GPU."""
+
+    engine: str
+    vram: Vram | None
+    gpus: int | None = None
+    """GPUs the engine's own flags say it will use (e.g. vLLM's tensor × pipeline parallel size)."""
+    evidence: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDemand:
+    """The GPU demand of one container that asks for a GPU resource."""
+
+    name: str
+    resource: str
+    gpus: int
+    init: bool = False
+    """A regular init container: it runs to completion before the app containers start."""
+    engine: str | None = None
+    claim: Vram | None = None
+    """What the engine allocates per GPU, when known."""
+    declared: Vram | None = None
+    """The reservation declared by a ``vramguard.io/vram`` annotation."""
+    mps_limit: int | None = None
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for the container's GPUs, in bytes (the largest one)."""
+    sm_percent: int | None = None
+    evidence: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def reservation(self) -> Vram | None:
+        """What to hold for this container on each of its GPUs; ``None`` when unknown.
+
+        A declaration is a reservation. Otherwise the MPS pinned limit bounds what the process may
+        take; otherwise the engine's own claim. Whether the claim fits inside the other two is checked
+        by :meth:`conflicts`.
+        """
+        if self.declared is not None:
+            return self.declared
+        if self.mps_limit is not None:
+            return Vram(bytes=self.mps_limit)
+        return self.claim
+
+    def conflicts(self, device_bytes: int | None) -> list[str]:
+        """Errors that show only once the device size is known (``None``: check what can be checked)."""
+        problems: list[str] = []
+        if self.claim is None:
+            return problems
+        for bound, label in (
+            (self.declared, "its vramguard.io/vram declaration"),
+            (Vram(bytes=self.mps_limit) if self.mps_limit is not None else None,
+             "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        ):
+            if bound is None:
+                continue
+            if self.claim.exceeds(bound, device_bytes):
+                size = f" on a {format_bytes(device_bytes)} GPU" if device_bytes else ""
+                problems.append(
+                    f"container {self.name}: {self.engine} claims {self._claim_text(device_bytes)}"
+                    f"{size}, more than {label} ({bound.describe()})"
+                )
+        return problems
+
+    def _claim_text(self, device_bytes: int | None) -> str:
+        assert self.claim is not None
+        if device_bytes is not None and self.claim.fraction is not None:
+            return f"{self.claim.describe()} = {format_bytes(self.claim.on_device(device_bytes))}"
+        return self.claim.describe()
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    """The GPU demand of a pod (or a workload's pod template)."""
+
+    containers: tuple[ContainerDemand, ...] = ()
+    errors: tuple[str, ...] = ()
+    """Every error, the containers' included, each naming its container."""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def wants_gpu(self) -> bool:
+        """Whether any container asks for a GPU resource."""
+        return bool(self.containers)
+
+    def conflicts(self, device_bytes: int | None) -> list[str]:
+        """Size-dependent errors of all containers for a device of ``device_bytes``."""
+        return [problem for c in self.containers for problem in c.conflicts(device_bytes)]

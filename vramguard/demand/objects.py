@@ -1,0 +1,73 @@
+"""Kubernetes objects that carry pods: where their pod template lives, and reading them from files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+
+# The path to the pod template of each workload kind (batch CronJobs nest a Job template).
+POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "PodTemplate": ("template",),
+}
+
+
+class DocumentError(ValueError):
+    """The input is not readable as Kubernetes objects."""
+
+
+def pod_template(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod (``metadata`` + ``spec``) that an object runs: itself for a Pod, else its template."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return obj
+    path = POD_TEMPLATE_PATHS.get(kind) if isinstance(kind, str) else None
+    if path is None:
+        return None
+    node: Any = obj
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else None
+
+
+def load_documents(text: str) -> list[Mapping[str, Any]]:
+    """Every object in a JSON or (multi-document) YAML text, with ``kind: List`` items flattened."""
+    try:
+        documents: list[Any] = [json.loads(text)]
+    except ValueError:
+        try:
+            documents = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise DocumentError(f"not valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}") from None
+    objects: list[Mapping[str, Any]] = []
+    for document in documents:
+        objects.extend(_flatten(document))
+    return objects
+
+
+def _flatten(document: Any) -> Iterator[Mapping[str, Any]]:
+    if document is None:
+        return
+    if isinstance(document, list):
+        for item in document:
+            yield from _flatten(item)
+        return
+    if not isinstance(document, Mapping):
+        raise DocumentError(f"expected a Kubernetes object, found {type(document).__name__}")
+    kind = document.get("kind")
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(document.get("items"), list):
+        for item in document["items"]:
+            yield from _flatten(item)
+        return
+    yield document

@@ -1,0 +1,173 @@
+"""What every engine parser shares: reading flags the way argparse and clap do, and number checks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from fractions import Fraction
+
+from vramguard.demand.commandline import ContainerEnv
+
+_DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One occurrence of a command-line option: its name as written and its value (``None``: missing)."""
+
+    name: str
+    value: str | None
+    separator: str = " "
+
+    def evidence(self) -> str:
+        """The flag as a person would type it (``--flag 0.3``, ``env NAME=0.3``)."""
+        return self.name if self.value is None else f"{self.name}{self.separator}{self.value}"
+
+
+class Options:
+    """The options of one command line, read once: argparse and clap semantics, last occurrence wins.
+
+    Both ``--flag value`` and ``--flag=value`` are read. A flag followed by nothing, or by another
+    option, has no value (``Flag.value is None``): the engine itself would refuse to start. With
+    ``underscores``, ``--gpu_memory_utilization`` means ``--gpu-memory-utilization`` (as in vLLM).
+    """
+
+    __slots__ = ("_found",)
+
+    def __init__(self, args: Sequence[str], underscores: bool = False) -> None:
+        self._found: dict[str, tuple[int, Flag]] = {}
+        count = len(args)
+        index = 0
+        while index < count:
+            word = args[index]
+            if word == "--":
+                break
+            if word.startswith("-") and not _NEGATIVE_NUMBER.match(word):
+                name, sep, value = word.partition("=")
+                if underscores and name.startswith("--"):
+                    name = name.replace("_", "-")
+                if sep:
+                    self._found[name] = (index, Flag(name, value))
+                elif index + 1 < count and _is_value(args[index + 1]):
+                    self._found[name] = (index, Flag(name, args[index + 1]))
+                    index += 1
+                else:
+                    self._found[name] = (index, Flag(name, None))
+            index += 1
+
+    def last(self, names: Iterable[str]) -> Flag | None:
+        """The last occurrence of any of ``names`` (aliases such as ``-tp`` and ``--tensor-parallel-size``)."""
+        best: tuple[int, Flag] | None = None
+        for name in names:
+            hit = self._found.get(name)
+            if hit is not None and (best is None or hit[0] > best[0]):
+                best = hit
+        return best[1] if best is not None else None
+
+    def has(self, names: Iterable[str]) -> bool:
+        """Whether any of ``names`` is present, with or without a value."""
+        return any(name in self._found for name in names)
+
+
+def _is_value(word: str) -> bool:
+    return not word.startswith("-") or bool(_NEGATIVE_NUMBER.match(word))
+
+
+@lru_cache(maxsize=4096)
+def parse_fraction(text: str) -> Fraction | None:
+    """A decimal number as an exact fraction; ``None`` when the text is not a plain number."""
+    text = text.strip()
+    if not _DECIMAL.match(text):
+        return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):  # pragma: no cover - the regex admits only decimals
+        return None
+
+
+def parse_positive_int(text: str) -> int | None:
+    """A strictly positive integer, or ``None``."""
+    text = text.strip()
+    if not text.isdigit() or len(text) > 6:
+        return None
+    value = int(text)
+    return value if value > 0 else None
+
+
+def unresolved_reference(text: str) -> str | None:
+    """The variable a value still refers to (``$(UTIL)``, ``$UTIL``), when it could not be expanded."""
+    match = re.search(r"\$\((\w+)\)|\$\{(\w+)[^}]*\}|\$(\w+)", text)
+    if match is None:
+        return None
+    return match.group(1) or match.group(2) or match.group(3)
+
+
+@dataclass(slots=True)
+class Findings:
+    """Evidence, warnings and errors collected while reading one engine's configuration."""
+
+    container: str
+    evidence: list[str]
+    warnings: list[str]
+    errors: list[str]
+
+    @classmethod
+    def for_container(cls, container: str) -> Findings:
+        """Empty findings for the named container."""
+        return cls(container, [], [], [])
+
+    def warn(self, message: str) -> None:
+        """Record a warning about the container."""
+        self.warnings.append(f"container {self.container}: {message}")
+
+    def error(self, message: str) -> None:
+        """Record an error about the container."""
+        self.errors.append(f"container {self.container}: {message}")
+
+    def fraction(self, flag: Flag, low_exclusive: Fraction = Fraction(0)) -> Fraction | None:
+        """Read a flag's value as a fraction of the GPU in (0, 1], recording evidence or an error."""
+        if flag.value is None:
+            self.error(f"{flag.name} has no value")
+            return None
+        reference = unresolved_reference(flag.value)
+        if reference is not None:
+            self.warn(
+                f"{flag.evidence()}: {reference} is not a literal env value in the spec, "
+                "so vramguard cannot read it; set the value literally or declare vramguard.io/vram"
+            )
+            return None
+        value = parse_fraction(flag.value)
+        if value is None:
+            self.error(f"{flag.evidence()} is not a number")
+            return None
+        if not low_exclusive < value <= 1:
+            self.error(f"{flag.evidence()} is outside (0, 1]")
+            return None
+        self.evidence.append(flag.evidence())
+        return value
+
+    def count(self, flag: Flag) -> int | None:
+        """Read a flag's value as a positive integer (a parallel size), recording evidence or an error."""
+        if flag.value is None:
+            self.error(f"{flag.name} has no value")
+            return None
+        value = parse_positive_int(flag.value)
+        if value is None:
+            self.error(f"{flag.evidence()} is not a positive integer")
+            return None
+        self.evidence.append(flag.evidence())
+        return value
+
+
+def env_flag(env: ContainerEnv, name: str, found: Findings) -> Flag | None:
+    """An environment variable read like a flag (``env NAME=value``); warns when it is not visible."""
+    entry = env.values.get(name)
+    if entry is None:
+        return None
+    if entry.value is None:
+        found.warn(f"env {name} comes from {entry.source}, which vramguard cannot read")
+        return None
+    return Flag(f"env {name}", entry.value, "=")

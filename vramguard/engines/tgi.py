@@ -1,0 +1,54 @@
+"""Hugging Face Text Generation Inference: ``text-generation-launcher`` (the image's entrypoint).
+
+``--cuda-memory-fraction`` (or env ``CUDA_MEMORY_FRACTION``; the flag wins, as clap reads the
+environment only for absent flags) defaults to 1.0: the whole GPU. ``--num-shard`` (env
+``NUM_SHARD``) is the number of GPUs; without it TGI shards over every GPU it can see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+from vramguard.demand.commandline import ContainerEnv
+from vramguard.demand.model import EngineClaim, Vram
+from vramguard.engines.base import Findings, Options, env_flag
+from vramguard.engines.launchers import program
+
+NAME = "tgi"
+LAUNCHER = "text-generation-launcher"
+MEMORY_FRACTION = ("--cuda-memory-fraction",)
+MEMORY_FRACTION_ENV = "CUDA_MEMORY_FRACTION"
+NUM_SHARD = ("--num-shard",)
+NUM_SHARD_ENV = "NUM_SHARD"
+DEFAULT_FRACTION = Fraction(1)
+
+
+def arguments(argv: Sequence[str]) -> list[str] | None:
+    """The launcher's arguments if ``argv`` starts TGI, else ``None``."""
+    if program(argv) == LAUNCHER:
+        return list(argv[1:])
+    return None
+
+
+def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim:
+    """What TGI started with ``args`` will reserve on each of its GPUs."""
+    del image
+    found = Findings.for_container(container)
+    options = Options(args)
+    flag = options.last(MEMORY_FRACTION) or env_flag(env, MEMORY_FRACTION_ENV, found)
+    vram: Vram | None
+    if flag is None:
+        found.evidence.append("TGI default --cuda-memory-fraction 1.0")
+        found.warnings.append(
+            f"container {container} relies on TGI's default --cuda-memory-fraction (1.0: the whole "
+            "GPU); set it explicitly to share the GPU"
+        )
+        vram = Vram(fraction=DEFAULT_FRACTION)
+    else:
+        fraction = found.fraction(flag)
+        vram = Vram(fraction=fraction) if fraction is not None else None
+    shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
+    gpus = found.count(shards) if shards is not None else None
+    return EngineClaim(NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors))
+
