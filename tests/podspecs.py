@@ -36,5 +36,4 @@ def pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None, 
     metadata: dict[str, Any] = {"name": "p", "namespace": "default"}
     if annotations:
         metadata["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-            "spec": {"containers": list(containers), **spec}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": list(containers), **spec}}

@@ -58,22 +58,40 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert code == 1  # the CronJob has an error
     assert [r["kind"] for r in reports] == ["Deployment", "CronJob", "Service"]
     assert reports[0] == {
-        "kind": "Deployment", "name": "chat", "namespace": "team-a",
-        "containers": [{"name": "vllm", "resource": "nvidia.com/gpu", "engine": "vllm", "gpus": 1,
-                        "vram_fraction_per_gpu": 0.2, "vram_bytes_per_gpu": 17179869184,
-                        "sm_percent": None, "evidence": ["--gpu-memory-utilization 0.2"]}],
-        "errors": [], "warnings": [],
+        "kind": "Deployment",
+        "name": "chat",
+        "namespace": "team-a",
+        "containers": [
+            {
+                "name": "vllm",
+                "resource": "nvidia.com/gpu",
+                "engine": "vllm",
+                "gpus": 1,
+                "vram_fraction_per_gpu": 0.2,
+                "vram_bytes_per_gpu": 17179869184,
+                "sm_percent": None,
+                "evidence": ["--gpu-memory-utilization 0.2"],
+            }
+        ],
+        "errors": [],
+        "warnings": [],
     }
-    assert reports[1]["errors"] == [
-        "container train: env XLA_PYTHON_CLIENT_MEM_FRACTION=1.5 is outside (0, 1]"
-    ]
+    assert reports[1]["errors"] == ["container train: env XLA_PYTHON_CLIENT_MEM_FRACTION=1.5 is outside (0, 1]"]
     assert reports[2]["containers"] == []
 
 
-def test_bytes_round_up_and_null_without_gpu_memory(capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "c", "image": "vllm/vllm-openai:v0.21.0", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+def test_bytes_round_up_and_null_without_gpu_memory(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = {
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "vllm/vllm-openai:v0.21.0", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ]
+        },
+    }
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps(pod)))
     _, out, _ = run(capsys, "explain", "-o", "json", "-")
     [report] = json.loads(out)
@@ -105,8 +123,9 @@ def test_text_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids=["missing-file", "broken-yaml", "not-objects", "bad-gpu-memory"],
 )
 def test_unreadable_input_exits_2_without_traceback(args: list[str], stdin: str, message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "vramguard", *args], input=stdin,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "vramguard", *args], input=stdin, capture_output=True, text=True, check=False
+    )
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr

@@ -35,226 +35,558 @@ class Case:
 
 CASES = [
     # vLLM
-    Case("vllm-serve", pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.2"])),
-         "vllm", Fraction(1, 5), evidence=["--gpu-memory-utilization 0.2"]),
-    Case("vllm-equals-form", pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization=0.35"])),
-         "vllm", Fraction(35, 100)),
-    Case("vllm-underscore-form", pod(container(command=["vllm", "serve", "--gpu_memory_utilization", ".5"])),
-         "vllm", Fraction(1, 2)),
-    Case("vllm-last-occurrence-wins",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.9",
-                                "--gpu-memory-utilization=0.25"])),
-         "vllm", Fraction(1, 4)),
-    Case("vllm-python-module",
-         pod(container(command=["python3", "-m", "vllm.entrypoints.openai.api_server"],
-                       args=["--model", "m", "--gpu-memory-utilization", "0.4"])),
-         "vllm", Fraction(2, 5)),
-    Case("vllm-python-unbuffered-module",
-         pod(container(command=["/usr/bin/python", "-u", "-m", "vllm.entrypoints.openai.api_server",
-                                "--gpu-memory-utilization", "0.4"])),
-         "vllm", Fraction(2, 5)),
-    Case("vllm-image-args-only",
-         pod(container(image=VLLM, args=["--model", "m", "--gpu-memory-utilization", "0.3"])),
-         "vllm", Fraction(3, 10)),
-    Case("vllm-image-other-registry",
-         pod(container(image="registry.example.com/mirror/vllm/vllm-openai:v0.9.2@sha256:abc",
-                       args=["--gpu-memory-utilization", "0.3"])),
-         "vllm", Fraction(3, 10)),
-    Case("vllm-sh-c-with-install",
-         pod(container(command=["sh", "-c", "pip install foo && exec vllm serve m --gpu-memory-utilization 0.45"])),
-         "vllm", Fraction(45, 100)),
-    Case("vllm-bash-lc",
-         pod(container(command=["/bin/bash", "-lc"],
-                       args=["set -e; echo start\nvllm serve m \\\n  --gpu-memory-utilization 0.5 2>&1 | tee /log"])),
-         "vllm", Fraction(1, 2)),
-    Case("vllm-kubernetes-var-expansion",
-         pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization", "$(UTIL)"], env={"UTIL": "0.3"})),
-         "vllm", Fraction(3, 10)),
-    Case("vllm-kubernetes-var-chained-env",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization=$(B)"], env={"A": "0.25", "B": "$(A)"})),
-         "vllm", Fraction(1, 4)),
-    Case("vllm-kubernetes-escaped-dollar-is-literal",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "$$(UTIL)"], env={"UTIL": "0.3"})),
-         "vllm", None, warnings=["UTIL is not a literal env value"]),
-    Case("vllm-shell-var-expansion",
-         pod(container(command=["sh", "-c", 'exec vllm serve m --gpu-memory-utilization "${UTIL}"'],
-                       env={"UTIL": "0.6"})),
-         "vllm", Fraction(3, 5)),
-    Case("vllm-shell-export",
-         pod(container(command=["sh", "-c", "export U=0.15; vllm serve m --gpu-memory-utilization $U"])),
-         "vllm", Fraction(15, 100)),
-    Case("vllm-env-wrapper",
-         pod(container(command=["env", "HF_HOME=/cache", "vllm", "serve", "--gpu-memory-utilization", "0.7"])),
-         "vllm", Fraction(7, 10)),
-    Case("vllm-secret-ref-unreadable",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "$(UTIL)"],
-                       env=[{"name": "UTIL", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])),
-         "vllm", None, warnings=["UTIL is not a literal env value"]),
-    Case("vllm-default-new-image", pod(container(image=VLLM, args=["--model", "m"])),
-         "vllm", Fraction(92, 100), warnings=["relies on vLLM's default --gpu-memory-utilization (0.92"]),
-    Case("vllm-default-old-image", pod(container(image="vllm/vllm-openai:v0.20.2", args=["--model", "m"])),
-         "vllm", Fraction(9, 10), warnings=["default --gpu-memory-utilization (0.9 of"]),
-    Case("vllm-default-unknown-version", pod(container(image="vllm/vllm-openai:latest", args=["m"])),
-         "vllm", Fraction(92, 100), evidence=["vLLM default --gpu-memory-utilization 0.92 (image version unknown"]),
-    Case("vllm-tensor-parallel-matches",
-         pod(container(command=["vllm", "serve", "-tp", "2", "--gpu-memory-utilization", "0.5"], gpus=2)),
-         "vllm", Fraction(1, 2), gpus=2),
-    Case("vllm-tp-times-pp-matches",
-         pod(container(command=["vllm", "serve", "--tensor-parallel-size=2", "--pipeline-parallel-size", "2",
-                                "--gpu-memory-utilization", "0.5"], gpus=4)),
-         "vllm", Fraction(1, 2), gpus=4),
-    Case("vllm-tp-mismatch",
-         pod(container(command=["vllm", "serve", "-tp", "4", "--gpu-memory-utilization", "0.5"], gpus=2)),
-         "vllm", Fraction(1, 2), gpus=2, errors=["vLLM will use 4 GPU(s)"]),
-    Case("vllm-two-gpus-without-tp",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.5"], gpus=2)),
-         "vllm", Fraction(1, 2), gpus=2, errors=["vLLM will use 1 GPU(s)"]),
-    Case("vllm-utilization-too-high",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "1.5"])),
-         "vllm", None, errors=["container main: --gpu-memory-utilization 1.5 is outside (0, 1]"]),
-    Case("vllm-utilization-zero",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0"])),
-         "vllm", None, errors=["is outside (0, 1]"]),
-    Case("vllm-utilization-not-numeric",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "high"])),
-         "vllm", None, errors=["--gpu-memory-utilization high is not a number"]),
-    Case("vllm-utilization-nan",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "nan"])),
-         "vllm", None, errors=["is not a number"]),
-    Case("vllm-flag-without-value",
-         pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization"])),
-         "vllm", None, errors=["--gpu-memory-utilization has no value"]),
-    Case("vllm-flag-followed-by-flag",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "--enforce-eager"])),
-         "vllm", None, errors=["has no value"]),
-    Case("vllm-tp-not-integer",
-         pod(container(command=["vllm", "serve", "-tp", "two", "--gpu-memory-utilization", "0.5"])),
-         "vllm", Fraction(1, 2), errors=["-tp two is not a positive integer"]),
-    Case("vllm-kv-cache-bytes-unknown",
-         pod(container(command=["vllm", "serve", "--kv-cache-memory-bytes", "8G"])),
-         "vllm", None, warnings=["ignores --gpu-memory-utilization"]),
-    Case("vllm-config-file-unknown",
-         pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml"])),
-         "vllm", None, warnings=["--config file"]),
-    Case("vllm-config-file-flag-wins",
-         pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml", "--gpu-memory-utilization", "0.3"])),
-         "vllm", Fraction(3, 10)),
+    Case(
+        "vllm-serve",
+        pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.2"])),
+        "vllm",
+        Fraction(1, 5),
+        evidence=["--gpu-memory-utilization 0.2"],
+    ),
+    Case(
+        "vllm-equals-form",
+        pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization=0.35"])),
+        "vllm",
+        Fraction(35, 100),
+    ),
+    Case(
+        "vllm-underscore-form",
+        pod(container(command=["vllm", "serve", "--gpu_memory_utilization", ".5"])),
+        "vllm",
+        Fraction(1, 2),
+    ),
+    Case(
+        "vllm-last-occurrence-wins",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.9", "--gpu-memory-utilization=0.25"])),
+        "vllm",
+        Fraction(1, 4),
+    ),
+    Case(
+        "vllm-python-module",
+        pod(
+            container(
+                command=["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                args=["--model", "m", "--gpu-memory-utilization", "0.4"],
+            )
+        ),
+        "vllm",
+        Fraction(2, 5),
+    ),
+    Case(
+        "vllm-python-unbuffered-module",
+        pod(
+            container(
+                command=[
+                    "/usr/bin/python",
+                    "-u",
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--gpu-memory-utilization",
+                    "0.4",
+                ]
+            )
+        ),
+        "vllm",
+        Fraction(2, 5),
+    ),
+    Case(
+        "vllm-image-args-only",
+        pod(container(image=VLLM, args=["--model", "m", "--gpu-memory-utilization", "0.3"])),
+        "vllm",
+        Fraction(3, 10),
+    ),
+    Case(
+        "vllm-image-other-registry",
+        pod(
+            container(
+                image="registry.example.com/mirror/vllm/vllm-openai:v0.9.2@sha256:abc",
+                args=["--gpu-memory-utilization", "0.3"],
+            )
+        ),
+        "vllm",
+        Fraction(3, 10),
+    ),
+    Case(
+        "vllm-sh-c-with-install",
+        pod(container(command=["sh", "-c", "pip install foo && exec vllm serve m --gpu-memory-utilization 0.45"])),
+        "vllm",
+        Fraction(45, 100),
+    ),
+    Case(
+        "vllm-bash-lc",
+        pod(
+            container(
+                command=["/bin/bash", "-lc"],
+                args=["set -e; echo start\nvllm serve m \\\n  --gpu-memory-utilization 0.5 2>&1 | tee /log"],
+            )
+        ),
+        "vllm",
+        Fraction(1, 2),
+    ),
+    Case(
+        "vllm-kubernetes-var-expansion",
+        pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization", "$(UTIL)"], env={"UTIL": "0.3"})),
+        "vllm",
+        Fraction(3, 10),
+    ),
+    Case(
+        "vllm-kubernetes-var-chained-env",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization=$(B)"], env={"A": "0.25", "B": "$(A)"})),
+        "vllm",
+        Fraction(1, 4),
+    ),
+    Case(
+        "vllm-kubernetes-escaped-dollar-is-literal",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "$$(UTIL)"], env={"UTIL": "0.3"})),
+        "vllm",
+        None,
+        warnings=["UTIL is not a literal env value"],
+    ),
+    Case(
+        "vllm-shell-var-expansion",
+        pod(
+            container(command=["sh", "-c", 'exec vllm serve m --gpu-memory-utilization "${UTIL}"'], env={"UTIL": "0.6"})
+        ),
+        "vllm",
+        Fraction(3, 5),
+    ),
+    Case(
+        "vllm-shell-export",
+        pod(container(command=["sh", "-c", "export U=0.15; vllm serve m --gpu-memory-utilization $U"])),
+        "vllm",
+        Fraction(15, 100),
+    ),
+    Case(
+        "vllm-env-wrapper",
+        pod(container(command=["env", "HF_HOME=/cache", "vllm", "serve", "--gpu-memory-utilization", "0.7"])),
+        "vllm",
+        Fraction(7, 10),
+    ),
+    Case(
+        "vllm-secret-ref-unreadable",
+        pod(
+            container(
+                command=["vllm", "serve", "--gpu-memory-utilization", "$(UTIL)"],
+                env=[{"name": "UTIL", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            )
+        ),
+        "vllm",
+        None,
+        warnings=["UTIL is not a literal env value"],
+    ),
+    Case(
+        "vllm-default-new-image",
+        pod(container(image=VLLM, args=["--model", "m"])),
+        "vllm",
+        Fraction(92, 100),
+        warnings=["relies on vLLM's default --gpu-memory-utilization (0.92"],
+    ),
+    Case(
+        "vllm-default-old-image",
+        pod(container(image="vllm/vllm-openai:v0.20.2", args=["--model", "m"])),
+        "vllm",
+        Fraction(9, 10),
+        warnings=["default --gpu-memory-utilization (0.9 of"],
+    ),
+    Case(
+        "vllm-default-unknown-version",
+        pod(container(image="vllm/vllm-openai:latest", args=["m"])),
+        "vllm",
+        Fraction(92, 100),
+        evidence=["vLLM default --gpu-memory-utilization 0.92 (image version unknown"],
+    ),
+    Case(
+        "vllm-tensor-parallel-matches",
+        pod(container(command=["vllm", "serve", "-tp", "2", "--gpu-memory-utilization", "0.5"], gpus=2)),
+        "vllm",
+        Fraction(1, 2),
+        gpus=2,
+    ),
+    Case(
+        "vllm-tp-times-pp-matches",
+        pod(
+            container(
+                command=[
+                    "vllm",
+                    "serve",
+                    "--tensor-parallel-size=2",
+                    "--pipeline-parallel-size",
+                    "2",
+                    "--gpu-memory-utilization",
+                    "0.5",
+                ],
+                gpus=4,
+            )
+        ),
+        "vllm",
+        Fraction(1, 2),
+        gpus=4,
+    ),
+    Case(
+        "vllm-tp-mismatch",
+        pod(container(command=["vllm", "serve", "-tp", "4", "--gpu-memory-utilization", "0.5"], gpus=2)),
+        "vllm",
+        Fraction(1, 2),
+        gpus=2,
+        errors=["vLLM will use 4 GPU(s)"],
+    ),
+    Case(
+        "vllm-two-gpus-without-tp",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.5"], gpus=2)),
+        "vllm",
+        Fraction(1, 2),
+        gpus=2,
+        errors=["vLLM will use 1 GPU(s)"],
+    ),
+    Case(
+        "vllm-utilization-too-high",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "1.5"])),
+        "vllm",
+        None,
+        errors=["container main: --gpu-memory-utilization 1.5 is outside (0, 1]"],
+    ),
+    Case(
+        "vllm-utilization-zero",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0"])),
+        "vllm",
+        None,
+        errors=["is outside (0, 1]"],
+    ),
+    Case(
+        "vllm-utilization-not-numeric",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "high"])),
+        "vllm",
+        None,
+        errors=["--gpu-memory-utilization high is not a number"],
+    ),
+    Case(
+        "vllm-utilization-nan",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "nan"])),
+        "vllm",
+        None,
+        errors=["is not a number"],
+    ),
+    Case(
+        "vllm-flag-without-value",
+        pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization"])),
+        "vllm",
+        None,
+        errors=["--gpu-memory-utilization has no value"],
+    ),
+    Case(
+        "vllm-flag-followed-by-flag",
+        pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "--enforce-eager"])),
+        "vllm",
+        None,
+        errors=["has no value"],
+    ),
+    Case(
+        "vllm-tp-not-integer",
+        pod(container(command=["vllm", "serve", "-tp", "two", "--gpu-memory-utilization", "0.5"])),
+        "vllm",
+        Fraction(1, 2),
+        errors=["-tp two is not a positive integer"],
+    ),
+    Case(
+        "vllm-kv-cache-bytes-unknown",
+        pod(container(command=["vllm", "serve", "--kv-cache-memory-bytes", "8G"])),
+        "vllm",
+        None,
+        warnings=["ignores --gpu-memory-utilization"],
+    ),
+    Case(
+        "vllm-config-file-unknown",
+        pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml"])),
+        "vllm",
+        None,
+        warnings=["--config file"],
+    ),
+    Case(
+        "vllm-config-file-flag-wins",
+        pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml", "--gpu-memory-utilization", "0.3"])),
+        "vllm",
+        Fraction(3, 10),
+    ),
     # SGLang
-    Case("sglang-module",
-         pod(container(command=["python3", "-m", "sglang.launch_server", "--model-path", "m",
-                                "--mem-fraction-static", "0.7"])),
-         "sglang", Fraction(7, 10)),
-    Case("sglang-tp",
-         pod(container(command=["python3", "-m", "sglang.launch_server", "--tp", "2",
-                                "--mem-fraction-static", "0.8"], gpus=2)),
-         "sglang", Fraction(4, 5), gpus=2),
-    Case("sglang-default-unknown",
-         pod(container(command=["python3", "-m", "sglang.launch_server", "--model-path", "m"])),
-         "sglang", None, warnings=["default --mem-fraction-static"]),
+    Case(
+        "sglang-module",
+        pod(
+            container(
+                command=["python3", "-m", "sglang.launch_server", "--model-path", "m", "--mem-fraction-static", "0.7"]
+            )
+        ),
+        "sglang",
+        Fraction(7, 10),
+    ),
+    Case(
+        "sglang-tp",
+        pod(
+            container(
+                command=["python3", "-m", "sglang.launch_server", "--tp", "2", "--mem-fraction-static", "0.8"], gpus=2
+            )
+        ),
+        "sglang",
+        Fraction(4, 5),
+        gpus=2,
+    ),
+    Case(
+        "sglang-default-unknown",
+        pod(container(command=["python3", "-m", "sglang.launch_server", "--model-path", "m"])),
+        "sglang",
+        None,
+        warnings=["default --mem-fraction-static"],
+    ),
     # TGI
-    Case("tgi-flag",
-         pod(container(image="ghcr.io/huggingface/text-generation-inference:3.3.0",
-                       args=["--model-id", "m", "--cuda-memory-fraction", "0.4"])),
-         "tgi", Fraction(2, 5)),
-    Case("tgi-env",
-         pod(container(image="ghcr.io/huggingface/text-generation-inference:3.3.0",
-                       args=["--model-id", "m"], env={"CUDA_MEMORY_FRACTION": "0.25"})),
-         "tgi", Fraction(1, 4), evidence=["env CUDA_MEMORY_FRACTION=0.25"]),
-    Case("tgi-flag-beats-env",
-         pod(container(command=["text-generation-launcher", "--cuda-memory-fraction", "0.3"],
-                       env={"CUDA_MEMORY_FRACTION": "0.9"})),
-         "tgi", Fraction(3, 10)),
-    Case("tgi-default-whole-gpu",
-         pod(container(image="ghcr.io/huggingface/text-generation-inference:latest", args=["--model-id", "m"])),
-         "tgi", Fraction(1), warnings=["default --cuda-memory-fraction (1.0"]),
-    Case("tgi-num-shard-mismatch",
-         pod(container(command=["text-generation-launcher", "--num-shard", "2", "--cuda-memory-fraction", "0.5"])),
-         "tgi", Fraction(1, 2), errors=["TGI will use 2 GPU(s)"]),
-    Case("tgi-env-out-of-range",
-         pod(container(command=["text-generation-launcher"], env={"CUDA_MEMORY_FRACTION": "2"})),
-         "tgi", None, errors=["env CUDA_MEMORY_FRACTION=2 is outside (0, 1]"]),
+    Case(
+        "tgi-flag",
+        pod(
+            container(
+                image="ghcr.io/huggingface/text-generation-inference:3.3.0",
+                args=["--model-id", "m", "--cuda-memory-fraction", "0.4"],
+            )
+        ),
+        "tgi",
+        Fraction(2, 5),
+    ),
+    Case(
+        "tgi-env",
+        pod(
+            container(
+                image="ghcr.io/huggingface/text-generation-inference:3.3.0",
+                args=["--model-id", "m"],
+                env={"CUDA_MEMORY_FRACTION": "0.25"},
+            )
+        ),
+        "tgi",
+        Fraction(1, 4),
+        evidence=["env CUDA_MEMORY_FRACTION=0.25"],
+    ),
+    Case(
+        "tgi-flag-beats-env",
+        pod(
+            container(
+                command=["text-generation-launcher", "--cuda-memory-fraction", "0.3"],
+                env={"CUDA_MEMORY_FRACTION": "0.9"},
+            )
+        ),
+        "tgi",
+        Fraction(3, 10),
+    ),
+    Case(
+        "tgi-default-whole-gpu",
+        pod(container(image="ghcr.io/huggingface/text-generation-inference:latest", args=["--model-id", "m"])),
+        "tgi",
+        Fraction(1),
+        warnings=["default --cuda-memory-fraction (1.0"],
+    ),
+    Case(
+        "tgi-num-shard-mismatch",
+        pod(container(command=["text-generation-launcher", "--num-shard", "2", "--cuda-memory-fraction", "0.5"])),
+        "tgi",
+        Fraction(1, 2),
+        errors=["TGI will use 2 GPU(s)"],
+    ),
+    Case(
+        "tgi-env-out-of-range",
+        pod(container(command=["text-generation-launcher"], env={"CUDA_MEMORY_FRACTION": "2"})),
+        "tgi",
+        None,
+        errors=["env CUDA_MEMORY_FRACTION=2 is outside (0, 1]"],
+    ),
     # JAX
-    Case("jax-python-fraction",
-         pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".30"})),
-         "jax", Fraction(3, 10)),
-    Case("jax-new-variable",
-         pod(container(command=["python", "train.py"], env={"XLA_CLIENT_MEM_FRACTION": "0.2"})),
-         "jax", Fraction(1, 5)),
-    Case("jax-no-prealloc-unknown",
-         pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})),
-         "jax", None, warnings=["allocates on demand"]),
-    Case("jax-shell-assignment",
-         pod(container(command=["sh", "-c", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 python train.py"])),
-         None, None, warnings=["VRAM is unknown"]),
+    Case(
+        "jax-python-fraction",
+        pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".30"})),
+        "jax",
+        Fraction(3, 10),
+    ),
+    Case(
+        "jax-new-variable",
+        pod(container(command=["python", "train.py"], env={"XLA_CLIENT_MEM_FRACTION": "0.2"})),
+        "jax",
+        Fraction(1, 5),
+    ),
+    Case(
+        "jax-no-prealloc-unknown",
+        pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})),
+        "jax",
+        None,
+        warnings=["allocates on demand"],
+    ),
+    Case(
+        "jax-shell-assignment",
+        pod(container(command=["sh", "-c", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 python train.py"])),
+        None,
+        None,
+        warnings=["VRAM is unknown"],
+    ),
     # MPS
-    Case("mps-limit-gib",
-         pod(container(command=["python", "serve.py"], env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})),
-         None, bytes=16 * GiB, evidence=["env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16G"]),
-    Case("mps-limit-mib",
-         pod(container(command=["python", "serve.py"], env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"})),
-         None, bytes=12288 * MiB),
-    Case("mps-limit-several-devices",
-         pod(container(command=["python", "serve.py"], gpus=2,
-                       env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G,1=12G"})),
-         None, bytes=12 * GiB, gpus=2),
-    Case("mps-limit-missing-device",
-         pod(container(command=["python", "serve.py"], gpus=2, env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G"})),
-         None, bytes=8 * GiB, gpus=2, warnings=["sets no limit for device(s) 1"]),
-    Case("mps-limit-garbage",
-         pod(container(command=["python", "serve.py"], env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "16 gigs"})),
-         None, None, errors=["is not <device>=<amount>M|G"]),
-    Case("mps-thread-percentage",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.2"],
-                       env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"})),
-         "vllm", Fraction(1, 5), sm_percent=25),
-    Case("mps-thread-percentage-out-of-range",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.2"],
-                       env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "150"})),
-         "vllm", Fraction(1, 5), errors=["not a percentage in (0, 100]"]),
-    Case("mps-limit-beats-claim-when-within",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.2"],
-                       env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G"})),
-         "vllm", bytes=20 * GiB),
+    Case(
+        "mps-limit-gib",
+        pod(container(command=["python", "serve.py"], env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})),
+        None,
+        bytes=16 * GiB,
+        evidence=["env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16G"],
+    ),
+    Case(
+        "mps-limit-mib",
+        pod(container(command=["python", "serve.py"], env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"})),
+        None,
+        bytes=12288 * MiB,
+    ),
+    Case(
+        "mps-limit-several-devices",
+        pod(container(command=["python", "serve.py"], gpus=2, env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G,1=12G"})),
+        None,
+        bytes=12 * GiB,
+        gpus=2,
+    ),
+    Case(
+        "mps-limit-missing-device",
+        pod(container(command=["python", "serve.py"], gpus=2, env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G"})),
+        None,
+        bytes=8 * GiB,
+        gpus=2,
+        warnings=["sets no limit for device(s) 1"],
+    ),
+    Case(
+        "mps-limit-garbage",
+        pod(container(command=["python", "serve.py"], env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "16 gigs"})),
+        None,
+        None,
+        errors=["is not <device>=<amount>M|G"],
+    ),
+    Case(
+        "mps-thread-percentage",
+        pod(
+            container(
+                command=["vllm", "serve", "--gpu-memory-utilization", "0.2"],
+                env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"},
+            )
+        ),
+        "vllm",
+        Fraction(1, 5),
+        sm_percent=25,
+    ),
+    Case(
+        "mps-thread-percentage-out-of-range",
+        pod(
+            container(
+                command=["vllm", "serve", "--gpu-memory-utilization", "0.2"],
+                env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "150"},
+            )
+        ),
+        "vllm",
+        Fraction(1, 5),
+        errors=["not a percentage in (0, 100]"],
+    ),
+    Case(
+        "mps-limit-beats-claim-when-within",
+        pod(
+            container(
+                command=["vllm", "serve", "--gpu-memory-utilization", "0.2"],
+                env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20G"},
+            )
+        ),
+        "vllm",
+        bytes=20 * GiB,
+    ),
     # Annotations
-    Case("annotation-quantity",
-         pod(container(command=["python", "serve.py"]), annotations={"vramguard.io/vram": "12Gi"}),
-         None, bytes=12 * GiB, evidence=["annotation vramguard.io/vram=12Gi"]),
-    Case("annotation-fraction",
-         pod(container(command=["python", "serve.py"]), annotations={"vramguard.io/vram": "0.25"}),
-         None, Fraction(1, 4)),
+    Case(
+        "annotation-quantity",
+        pod(container(command=["python", "serve.py"]), annotations={"vramguard.io/vram": "12Gi"}),
+        None,
+        bytes=12 * GiB,
+        evidence=["annotation vramguard.io/vram=12Gi"],
+    ),
+    Case(
+        "annotation-fraction",
+        pod(container(command=["python", "serve.py"]), annotations={"vramguard.io/vram": "0.25"}),
+        None,
+        Fraction(1, 4),
+    ),
     Case("annotation-one-is-whole-gpu", pod(container(), annotations={"vramguard.io/vram": "1"}), None, Fraction(1)),
-    Case("annotation-per-container-wins",
-         pod(container(), annotations={"vramguard.io/vram": "0.5", "vramguard.io/vram.main": "10Gi"}),
-         None, bytes=10 * GiB),
-    Case("annotation-declaration-above-claim",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.2"]),
-             annotations={"vramguard.io/vram": "0.25"}),
-         "vllm", Fraction(1, 4)),
-    Case("annotation-claim-exceeds-declaration",
-         pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.3"]),
-             annotations={"vramguard.io/vram": "0.25"}),
-         "vllm", Fraction(1, 4), errors=["more than its vramguard.io/vram declaration"]),
-    Case("annotation-invalid-quantity", pod(container(), annotations={"vramguard.io/vram": "12 GB"}),
-         None, None, errors=["neither a quantity"]),
-    Case("annotation-fraction-too-big", pod(container(), annotations={"vramguard.io/vram": "1.5"}),
-         None, None, errors=["must be in (0, 1]"]),
-    Case("annotation-tiny", pod(container(), annotations={"vramguard.io/vram": "12"}),
-         None, None, errors=["under 1Mi"]),
-    Case("mps-limit-below-declared-bytes",
-         pod(container(env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G"}),
-             annotations={"vramguard.io/vram": "6Gi"}),
-         None, bytes=6 * GiB),
+    Case(
+        "annotation-per-container-wins",
+        pod(container(), annotations={"vramguard.io/vram": "0.5", "vramguard.io/vram.main": "10Gi"}),
+        None,
+        bytes=10 * GiB,
+    ),
+    Case(
+        "annotation-declaration-above-claim",
+        pod(
+            container(command=["vllm", "serve", "--gpu-memory-utilization", "0.2"]),
+            annotations={"vramguard.io/vram": "0.25"},
+        ),
+        "vllm",
+        Fraction(1, 4),
+    ),
+    Case(
+        "annotation-claim-exceeds-declaration",
+        pod(
+            container(command=["vllm", "serve", "--gpu-memory-utilization", "0.3"]),
+            annotations={"vramguard.io/vram": "0.25"},
+        ),
+        "vllm",
+        Fraction(1, 4),
+        errors=["more than its vramguard.io/vram declaration"],
+    ),
+    Case(
+        "annotation-invalid-quantity",
+        pod(container(), annotations={"vramguard.io/vram": "12 GB"}),
+        None,
+        None,
+        errors=["neither a quantity"],
+    ),
+    Case(
+        "annotation-fraction-too-big",
+        pod(container(), annotations={"vramguard.io/vram": "1.5"}),
+        None,
+        None,
+        errors=["must be in (0, 1]"],
+    ),
+    Case(
+        "annotation-tiny", pod(container(), annotations={"vramguard.io/vram": "12"}), None, None, errors=["under 1Mi"]
+    ),
+    Case(
+        "mps-limit-below-declared-bytes",
+        pod(container(env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G"}), annotations={"vramguard.io/vram": "6Gi"}),
+        None,
+        bytes=6 * GiB,
+    ),
     # Unknown and resources
-    Case("unknown-engine", pod(container(command=["python", "serve.py"])), None, None,
-         warnings=["no known engine and no vramguard.io/vram annotation"]),
-    Case("gpu-shared-resource", pod(container(resource="nvidia.com/gpu.shared", command=["vllm", "serve",
-         "--gpu-memory-utilization", "0.2"])), "vllm", Fraction(1, 5)),
-    Case("mig-resource", pod(container(resource="nvidia.com/mig-3g.40gb", command=["vllm", "serve",
-         "--gpu-memory-utilization", "0.8"])), "vllm", Fraction(4, 5)),
-    Case("gpu-count-as-string", pod(container(gpus="2", command=["vllm", "serve", "-tp", "2",
-         "--gpu-memory-utilization", "0.5"])), "vllm", Fraction(1, 2), gpus=2),
-    Case("gpu-count-fractional", pod(container(gpus="0.5", command=["vllm", "serve",
-         "--gpu-memory-utilization", "0.5"])), "vllm", Fraction(1, 2), errors=["not a whole number of devices"]),
+    Case(
+        "unknown-engine",
+        pod(container(command=["python", "serve.py"])),
+        None,
+        None,
+        warnings=["no known engine and no vramguard.io/vram annotation"],
+    ),
+    Case(
+        "gpu-shared-resource",
+        pod(container(resource="nvidia.com/gpu.shared", command=["vllm", "serve", "--gpu-memory-utilization", "0.2"])),
+        "vllm",
+        Fraction(1, 5),
+    ),
+    Case(
+        "mig-resource",
+        pod(container(resource="nvidia.com/mig-3g.40gb", command=["vllm", "serve", "--gpu-memory-utilization", "0.8"])),
+        "vllm",
+        Fraction(4, 5),
+    ),
+    Case(
+        "gpu-count-as-string",
+        pod(container(gpus="2", command=["vllm", "serve", "-tp", "2", "--gpu-memory-utilization", "0.5"])),
+        "vllm",
+        Fraction(1, 2),
+        gpus=2,
+    ),
+    Case(
+        "gpu-count-fractional",
+        pod(container(gpus="0.5", command=["vllm", "serve", "--gpu-memory-utilization", "0.5"])),
+        "vllm",
+        Fraction(1, 2),
+        errors=["not a whole number of devices"],
+    ),
 ]
 
 
@@ -283,8 +615,12 @@ def test_container_demand(case: Case) -> None:
 
 
 def test_containers_without_gpus_are_left_out() -> None:
-    demand = derive_pod_demand(pod(container(name="sidecar", gpus=None),
-                                   container(name="llm", command=["vllm", "serve", "--gpu-memory-utilization", "0.2"])))
+    demand = derive_pod_demand(
+        pod(
+            container(name="sidecar", gpus=None),
+            container(name="llm", command=["vllm", "serve", "--gpu-memory-utilization", "0.2"]),
+        )
+    )
     assert [c.name for c in demand.containers] == ["llm"]
 
 
@@ -293,16 +629,26 @@ def test_zero_gpus_is_no_gpu_container() -> None:
 
 
 def test_init_and_sidecar_containers() -> None:
-    spec = pod(container(name="app", command=["vllm", "serve", "--gpu-memory-utilization", "0.2"]),
-               initContainers=[container(name="warmup", annotations=None) | {"command": ["python", "warm.py"]},
-                               container(name="proxy", restartPolicy="Always", gpus=None)])
+    spec = pod(
+        container(name="app", command=["vllm", "serve", "--gpu-memory-utilization", "0.2"]),
+        initContainers=[
+            container(name="warmup", annotations=None) | {"command": ["python", "warm.py"]},
+            container(name="proxy", restartPolicy="Always", gpus=None),
+        ],
+    )
     demand = derive_pod_demand(spec)
     assert [(c.name, c.init) for c in demand.containers] == [("warmup", True), ("app", False)]
 
 
 def test_claim_above_mps_limit_needs_device_size() -> None:
-    demand = derive_pod_demand(pod(container(command=["vllm", "serve", "--gpu-memory-utilization", "0.3"],
-                                             env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})))
+    demand = derive_pod_demand(
+        pod(
+            container(
+                command=["vllm", "serve", "--gpu-memory-utilization", "0.3"],
+                env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"},
+            )
+        )
+    )
     assert not demand.errors  # a fraction against bytes: unknown until the GPU is known
     assert demand.conflicts(40 * GiB) == []  # 12 GiB fits under 16 GiB
     [problem] = demand.conflicts(80 * GiB)  # 24 GiB does not

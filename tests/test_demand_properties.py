@@ -11,9 +11,27 @@ from tests.podspecs import container, pod
 from vramguard.demand import derive_pod_demand
 from vramguard.demand.commandline import ContainerEnv, EnvValue, expand_kubernetes, split_script
 
-FLAGS = ["--gpu-memory-utilization", "--gpu_memory_utilization", "-tp", "--tensor-parallel-size", "-pp",
-         "--kv-cache-memory-bytes", "--mem-fraction-static", "--cuda-memory-fraction", "--num-shard",
-         "--config", "--tp", "--dp", "serve", "vllm", "-m", "sglang.launch_server", "&&", ";", "|"]
+FLAGS = [
+    "--gpu-memory-utilization",
+    "--gpu_memory_utilization",
+    "-tp",
+    "--tensor-parallel-size",
+    "-pp",
+    "--kv-cache-memory-bytes",
+    "--mem-fraction-static",
+    "--cuda-memory-fraction",
+    "--num-shard",
+    "--config",
+    "--tp",
+    "--dp",
+    "serve",
+    "vllm",
+    "-m",
+    "sglang.launch_server",
+    "&&",
+    ";",
+    "|",
+]
 words = st.one_of(
     st.sampled_from(FLAGS),
     st.text(max_size=12),
@@ -30,32 +48,56 @@ commands = st.one_of(
     st.text(max_size=80).map(lambda s: ["bash", "-lc", s]),
 )
 env_values = st.dictionaries(
-    st.sampled_from(["A", "UTIL", "CUDA_MEMORY_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                     "XLA_PYTHON_CLIENT_PREALLOCATE", "NUM_SHARD"]),
+    st.sampled_from(
+        [
+            "A",
+            "UTIL",
+            "CUDA_MEMORY_FRACTION",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            "XLA_PYTHON_CLIENT_PREALLOCATE",
+            "NUM_SHARD",
+        ]
+    ),
     st.one_of(words, st.text(max_size=20)),
     max_size=4,
 )
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=8))
-junk = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                          st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                    max_leaves=10)
+junk = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=10,
+)
 
 
 @st.composite
 def pods(draw: st.DrawFn) -> dict[str, Any]:
     spec = container(
-        image=draw(st.sampled_from(["vllm/vllm-openai:v0.20.0", "vllm/vllm-openai", "ghcr.io/huggingface/"
-                                    "text-generation-inference:2", "x", ""])),
+        image=draw(
+            st.sampled_from(
+                [
+                    "vllm/vllm-openai:v0.20.0",
+                    "vllm/vllm-openai",
+                    "ghcr.io/huggingface/text-generation-inference:2",
+                    "x",
+                    "",
+                ]
+            )
+        ),
         command=draw(st.one_of(st.none(), commands)),
         args=draw(st.one_of(st.none(), argv)),
         env=draw(env_values),
         gpus=draw(st.one_of(st.integers(-2, 8), st.sampled_from(["1", "2", "0.5", "x", "1e3", ""]))),
         resource=draw(st.sampled_from(["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"])),
     )
-    annotations = draw(st.dictionaries(st.sampled_from(["vramguard.io/vram", "vramguard.io/vram.main"]),
-                                       st.one_of(words, st.sampled_from(["12Gi", "0.25", "1", "0", "-1Gi"])),
-                                       max_size=2))
+    annotations = draw(
+        st.dictionaries(
+            st.sampled_from(["vramguard.io/vram", "vramguard.io/vram.main"]),
+            st.one_of(words, st.sampled_from(["12Gi", "0.25", "1", "0", "-1Gi"])),
+            max_size=2,
+        )
+    )
     return pod(spec, annotations=annotations)
 
 
@@ -77,8 +119,21 @@ def test_never_raises_and_is_deterministic(spec: dict[str, Any]) -> None:
 def test_arbitrary_json_never_raises(value: Any) -> None:
     derive_pod_demand({"spec": value, "metadata": value})
     derive_pod_demand({"spec": {"containers": [value], "initContainers": value}})
-    derive_pod_demand({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": value}},
-                                                "command": value, "args": value, "env": value}]}})
+    derive_pod_demand(
+        {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "resources": {"limits": {"nvidia.com/gpu": value}},
+                        "command": value,
+                        "args": value,
+                        "env": value,
+                    }
+                ]
+            }
+        }
+    )
 
 
 @given(st.text(max_size=60))

@@ -17,7 +17,7 @@ from vramguard.quantity import MiB, QuantityError, parse_bytes
 
 PREFIX = "vramguard.io/"
 VRAM = PREFIX + "vram"
-_PLAIN_NUMBER = re.compile(r"^\s*(?:\d+\.\d*|\.\d+|\d+)\s*$")
+_PLAIN_NUMBER = re.compile(r"^\s*(?:\d+\.\d*|\.\d+|\d+)\s*$", re.ASCII)
 
 
 def container_key(container: str) -> str:

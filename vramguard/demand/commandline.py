@@ -18,9 +18,9 @@ from typing import Any
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "busybox"})
 PREFIX_COMMANDS = frozenset({"exec", "nohup", "time", "command", "builtin"})
-_SHELL_VAR = re.compile(r"\$\{(\w+)(?::?[-=]([^}]*))?\}|\$(\w+)")
+_SHELL_VAR = re.compile(r"\$\{(\w+)(?::?[-=]([^}]*))?\}|\$(\w+)", re.ASCII)
 _PUNCTUATION = frozenset("();<>|&\n")
-_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=", re.ASCII)
 MAX_SHELL_DEPTH = 4
 
 

@@ -16,7 +16,7 @@ from vramguard.quantity import GiB, MiB
 
 MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-_ENTRY = re.compile(r"^\s*(?P<device>[A-Za-z0-9-]+)\s*=\s*(?P<amount>\d+)\s*(?P<unit>[MG])B?\s*$")
+_ENTRY = re.compile(r"^\s*(?P<device>[A-Za-z0-9-]+)\s*=\s*(?P<amount>\d+)\s*(?P<unit>[MG])B?\s*$", re.ASCII)
 _UNITS = {"M": MiB, "G": GiB}
 
 

@@ -10,8 +10,8 @@ from fractions import Fraction
 
 from vramguard.demand.commandline import ContainerEnv
 
-_DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,7 @@ def parse_fraction(text: str) -> Fraction | None:
 def parse_positive_int(text: str) -> int | None:
     """A strictly positive integer, or ``None``."""
     text = text.strip()
-    if not text.isdigit() or len(text) > 6:
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
         return None
     value = int(text)
     return value if value > 0 else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-_PYTHON = re.compile(r"^python(?:\d+(?:\.\d+)?)?$")
+_PYTHON = re.compile(r"^python(?:\d+(?:\.\d+)?)?$", re.ASCII)
 _PYTHON_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "-Q"})
 
 

@@ -1,0 +1,175 @@
+"""Serving an aiohttp application over HTTPS until SIGTERM, then shutting down gracefully.
+
+Shutdown order on SIGTERM or SIGINT: readiness turns 503 (``shutting-down``), an optional drain
+delay lets the endpoints controller take the pod out of the Service, the listener closes,
+requests in flight get up to ``shutdown_timeout`` seconds to finish, idle connections close.
+
+Slow or stuck clients are bounded: a connection that sends no complete request within
+``keepalive_timeout`` seconds is closed (aiohttp arms that timer at connect time too, so it also
+covers trickled headers), the TLS handshake has asyncio's 60 s limit, bodies read through
+``service.http`` have their own time limit, and after a response aiohttp discards an unread
+body for at most ``lingering_time`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from service.http import READINESS_KEY
+from service.tls import DEFAULT_RELOAD_INTERVAL, ReloadingTLSContext
+
+__all__ = ["RunningServer", "ServerSettings", "run_https", "serve"]
+
+logger = logging.getLogger(__name__)
+
+TLSArgument = ssl.SSLContext | ReloadingTLSContext | None
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Connection handling limits; the defaults suit in-cluster callers (Go HTTP clients)."""
+
+    # Longer than the 90 s IdleConnTimeout of the Go transports in the kube-apiserver and the
+    # kube-scheduler: if the server closed idle connections first, a POST racing the close would
+    # fail (Go retries only idempotent requests), turning into a webhook or extender error.
+    keepalive_timeout: float = 120.0
+    # Time requests in flight get to finish after the listener closes.
+    shutdown_timeout: float = 15.0
+    # Time between readiness turning 503 and the listener closing; set a few seconds in a cluster
+    # so that no new request is routed to a pod that no longer accepts it.
+    drain_delay: float = 0.0
+    # Time spent discarding a request body the handler did not read, before closing.
+    lingering_time: float = 2.0
+    # How often a ReloadingTLSContext checks its files.
+    reload_interval: float = DEFAULT_RELOAD_INTERVAL
+    # Access logs are off: probes and scheduler calls would flood them; metrics carry the counts.
+    access_log: bool = False
+    backlog: int = 128
+    max_line_size: int = 8190
+    max_field_size: int = 8190
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """Where a started server listens."""
+
+    host: str
+    port: int
+    scheme: str
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server, e.g. ``https://127.0.0.1:8443``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    tls: TLSArgument,
+    *,
+    settings: ServerSettings | None = None,
+) -> AsyncIterator[RunningServer]:
+    """Serve ``app`` on ``host:port`` while the ``async with`` body runs; stop gracefully on exit.
+
+    ``port`` 0 picks a free port (see :attr:`RunningServer.port`). With a
+    :class:`~service.tls.ReloadingTLSContext` its watcher runs alongside the server and, if the
+    application has a readiness registry without a ``"tls"`` check, one is added. ``tls`` None
+    serves plain HTTP (tests, or a loopback-only port).
+    """
+    settings = settings or ServerSettings()
+    ssl_context = tls.context if isinstance(tls, ReloadingTLSContext) else tls
+    readiness = app.get(READINESS_KEY)
+    if isinstance(tls, ReloadingTLSContext) and readiness is not None and "tls" not in readiness:
+        readiness.add("tls", tls.is_loaded)
+
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
+        keepalive_timeout=settings.keepalive_timeout,
+        lingering_time=settings.lingering_time,
+        shutdown_timeout=settings.shutdown_timeout,
+        max_line_size=settings.max_line_size,
+        max_field_size=settings.max_field_size,
+    )
+    await runner.setup()
+    watcher: asyncio.Task[None] | None = None
+    try:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=settings.backlog)
+        await site.start()
+        if isinstance(tls, ReloadingTLSContext):
+            watcher = asyncio.create_task(tls.watch(settings.reload_interval), name="tls-reload")
+        server = RunningServer(host=host, port=site.port, scheme="https" if ssl_context else "http")
+        logger.info("serving on %s", server.url)
+        yield server
+    finally:
+        if readiness is not None:
+            readiness.begin_shutdown()
+        await runner.cleanup()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+
+async def run_https(
+    app: web.Application,
+    host: str,
+    port: int,
+    tls: TLSArgument,
+    *,
+    settings: ServerSettings | None = None,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[RunningServer], None] | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT (or ``stop`` is set), then shut down gracefully.
+
+    Tests pass ``port=0``, learn the port from ``on_started``, and end the server by setting
+    ``stop`` (``handle_signals=False`` leaves the process's signal handling alone). Signal
+    handlers are installed only from the main thread and removed on return.
+    """
+    settings = settings or ServerSettings()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    if handle_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(signum, _request_stop, stop, signum)
+            except (NotImplementedError, RuntimeError, ValueError):
+                # No signal support on this loop or thread: rely on ``stop`` alone.
+                continue
+            installed.append(signum)
+    try:
+        async with serve(app, host, port, tls, settings=settings) as server:
+            if on_started is not None:
+                on_started(server)
+            await stop.wait()
+            readiness = app.get(READINESS_KEY)
+            if readiness is not None:
+                readiness.begin_shutdown()
+            if settings.drain_delay > 0:
+                logger.info("draining for %g s before closing the listener", settings.drain_delay)
+                await asyncio.sleep(settings.drain_delay)
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+    logger.info("server stopped")
+
+
+def _request_stop(stop: asyncio.Event, signum: signal.Signals) -> None:
+    logger.info("received %s, shutting down", signum.name)
+    stop.set()

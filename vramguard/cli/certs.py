@@ -1,0 +1,259 @@
+"""``vramguard certs``: a CA and a serving certificate for the webhook or the extender Service.
+
+Writes ``ca.crt``, ``tls.crt`` and ``tls.key`` (the key names of a ``kubernetes.io/tls`` Secret),
+and with ``--patch-webhook`` puts the CA into the ``caBundle`` of every webhook of a
+ValidatingWebhookConfiguration. The certificate code lives in ``service.certs``; it and the
+Kubernetes client are imported inside the handler, keeping ``vramguard`` importable without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["WebhookPatchError", "patch_webhook_ca_bundle", "register", "run"]
+
+_PROG = "vramguard certs"
+# Exit codes: 0 done, 1 the Kubernetes configuration or API call failed, 2 bad input.
+_EXIT_OK, _EXIT_PATCH_FAILED, _EXIT_USAGE = 0, 1, 2
+# An unreachable API server must not hang the command (the client has no timeout by default).
+_API_TIMEOUT_S = 30
+
+
+class WebhookPatchError(Exception):
+    """The webhook configuration could not be read or patched; the message says why."""
+
+
+class AdmissionApi(Protocol):
+    """The two calls of ``kubernetes.client.AdmissionregistrationV1Api`` used here."""
+
+    def read_validating_webhook_configuration(self, name: str, *, _request_timeout: float | None = ...) -> Any:
+        """Return the named ValidatingWebhookConfiguration."""
+
+    def patch_validating_webhook_configuration(
+        self,
+        name: str,
+        body: list[dict[str, Any]],
+        *,
+        _content_type: str | None = ...,
+        _request_timeout: float | None = ...,
+    ) -> Any:
+        """Apply a patch to the named ValidatingWebhookConfiguration."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``certs`` sub-command to the ``vramguard`` parser."""
+    parser = subparsers.add_parser(
+        "certs",
+        help="create a CA and a serving certificate for the webhook or extender Service",
+        description=(
+            "Create a CA (or reuse one) and a serving certificate for a Service's DNS names "
+            "(<service>, <service>.<namespace>, <service>.<namespace>.svc[.<cluster-domain>]); "
+            "write ca.crt, tls.crt and tls.key into --out."
+        ),
+    )
+    parser.add_argument("--service", required=True, help="Service name, e.g. vramguard-webhook")
+    parser.add_argument("--namespace", required=True, help="namespace of the Service")
+    parser.add_argument("--out", required=True, type=Path, help="directory to write the files into")
+    parser.add_argument(
+        "--ip",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="add an IP address SAN, e.g. 127.0.0.1 (repeatable)",
+    )
+    parser.add_argument("--dns", action="append", default=[], metavar="NAME", help="add a DNS name SAN (repeatable)")
+    parser.add_argument("--ca-cert", type=Path, metavar="FILE", help="sign with this existing CA certificate")
+    parser.add_argument("--ca-key", type=Path, metavar="FILE", help="private key of --ca-cert")
+    parser.add_argument(
+        "--ca-key-out",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "save the key of a newly created CA here (0600), to issue later certificates with "
+            "--ca-cert/--ca-key; kept out of --out so the Secret never holds the signing key"
+        ),
+    )
+    parser.add_argument(
+        "--days", type=int, default=365, help="validity of the serving certificate in days (default 365)"
+    )
+    parser.add_argument(
+        "--ca-days",
+        type=int,
+        default=3650,
+        help="validity of a newly created CA in days (default 3650; ignored with --ca-cert)",
+    )
+    parser.add_argument("--cluster-domain", default="cluster.local", help="cluster DNS domain (default cluster.local)")
+    parser.add_argument(
+        "--key-type",
+        default="ecdsa-p256",
+        choices=("ecdsa-p256", "ecdsa-p384", "rsa-2048", "rsa-3072", "rsa-4096"),
+        help="key algorithm (default ecdsa-p256)",
+    )
+    parser.add_argument(
+        "--patch-webhook",
+        metavar="NAME",
+        help="set caBundle in every webhook of this ValidatingWebhookConfiguration",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig for --patch-webhook (default: in-cluster, then $KUBECONFIG or ~/.kube/config)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``vramguard certs``; return the exit code (2 for bad input, with a one-line error)."""
+    # Imported here: cryptography is a service dependency, not one of the pure core.
+    from cryptography import x509  # noqa: PLC0415
+
+    from service import certs  # noqa: PLC0415
+
+    if (args.ca_cert is None) != (args.ca_key is None):
+        return _usage_error("--ca-cert and --ca-key go together")
+    if args.ca_key_out is not None and args.ca_cert is not None:
+        return _usage_error("--ca-key-out saves a new CA's key; it cannot be used with --ca-cert")
+    if args.kubeconfig is not None and args.patch_webhook is None:
+        return _usage_error("--kubeconfig is only used with --patch-webhook")
+
+    api: AdmissionApi | None = None
+    if args.patch_webhook is not None:
+        # Configuration problems surface before any file is written.
+        try:
+            api = _admission_api(args.kubeconfig)
+        except WebhookPatchError as exc:
+            print(f"{_PROG}: error: {exc}", file=sys.stderr)
+            return _EXIT_PATCH_FAILED
+
+    try:
+        if args.ca_cert is not None:
+            ca = certs.load_ca(args.ca_cert, args.ca_key)
+            created_ca = False
+        else:
+            ca = certs.create_ca(
+                f"vramguard CA for {args.service}.{args.namespace}", days=args.ca_days, key_type=args.key_type
+            )
+            created_ca = True
+        leaf = certs.issue_service_certificate(
+            ca,
+            args.service,
+            args.namespace,
+            extra_dns_names=args.dns,
+            ip_addresses=args.ip,
+            cluster_domain=args.cluster_domain,
+            days=args.days,
+            key_type=args.key_type,
+        )
+        # The CA key first: if it cannot be saved, no certificate signed by a lost key is written.
+        if created_ca and args.ca_key_out is not None:
+            certs.write_ca_key(args.ca_key_out, ca)
+        files = certs.write_serving_files(args.out, leaf)
+    except certs.CertificateError as exc:
+        return _usage_error(str(exc))
+
+    sans = leaf.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = [str(name.value) for name in sans]
+    print(f"wrote {files.ca_cert}, {files.tls_cert}, {files.tls_key}")
+    print(f"serving certificate for {', '.join(names)}; expires {leaf.certificate.not_valid_after_utc:%Y-%m-%d}")
+    if created_ca and args.ca_key_out is None:
+        print("the new CA's key was not saved (use --ca-key-out to keep it); renewing will need a new CA")
+
+    if api is not None:
+        try:
+            count = patch_webhook_ca_bundle(api, args.patch_webhook, leaf.ca_pem())
+        except WebhookPatchError as exc:
+            print(f"{_PROG}: error: {exc}", file=sys.stderr)
+            return _EXIT_PATCH_FAILED
+        print(f"set caBundle in {count} webhook(s) of ValidatingWebhookConfiguration {args.patch_webhook}")
+    return _EXIT_OK
+
+
+def patch_webhook_ca_bundle(api: AdmissionApi, name: str, ca_pem: bytes) -> int:
+    """Set ``clientConfig.caBundle`` of every webhook in ValidatingWebhookConfiguration ``name``.
+
+    Uses a JSON patch guarded by ``test`` operations on each webhook's name, so a concurrent
+    reordering of the list fails instead of patching the wrong entry, and no other field of the
+    object is rewritten (a read-modify-replace through client models could drop fields the client
+    does not know). Returns the number of webhooks patched.
+    """
+    try:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover - kubernetes is a declared dependency
+        raise WebhookPatchError(f"the kubernetes client is not installed: {exc}") from None
+
+    try:
+        configuration = api.read_validating_webhook_configuration(name, _request_timeout=_API_TIMEOUT_S)
+    except ApiException as exc:
+        raise WebhookPatchError(f"cannot read ValidatingWebhookConfiguration {name}: {_api_reason(exc)}") from None
+    except Exception as exc:
+        raise WebhookPatchError(f"request to the API server failed: {_one_line(exc)}") from None
+    webhooks = list(getattr(configuration, "webhooks", None) or [])
+    if not webhooks:
+        raise WebhookPatchError(f"ValidatingWebhookConfiguration {name} has no webhooks to patch")
+
+    bundle = base64.b64encode(ca_pem).decode("ascii")
+    patch: list[dict[str, Any]] = []
+    for index, webhook in enumerate(webhooks):
+        patch.append({"op": "test", "path": f"/webhooks/{index}/name", "value": webhook.name})
+        # "add" creates caBundle or replaces it: JSON patch "replace" fails when it is absent.
+        patch.append({"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": bundle})
+    try:
+        api.patch_validating_webhook_configuration(
+            name, patch, _content_type="application/json-patch+json", _request_timeout=_API_TIMEOUT_S
+        )
+    except ApiException as exc:
+        raise WebhookPatchError(f"cannot patch ValidatingWebhookConfiguration {name}: {_api_reason(exc)}") from None
+    except Exception as exc:
+        raise WebhookPatchError(f"request to the API server failed: {_one_line(exc)}") from None
+    return len(webhooks)
+
+
+def _admission_api(kubeconfig: Path | None) -> AdmissionApi:
+    try:
+        from kubernetes import client, config  # noqa: PLC0415
+        from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover - kubernetes is a declared dependency
+        raise WebhookPatchError(f"the kubernetes client is not installed: {exc}") from None
+    try:
+        if kubeconfig is not None:
+            config.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        else:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except ConfigException:
+                config.load_kube_config()  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        # Kubeconfig loading fails in many ways (YAML syntax, missing keys, unreadable files);
+        # whichever it is, the user needs one line naming it, not a traceback.
+        raise WebhookPatchError(f"cannot load Kubernetes configuration: {_one_line(exc)}") from None
+    api: AdmissionApi = client.AdmissionregistrationV1Api()
+    return api
+
+
+def _api_reason(exc: Any) -> str:
+    status = getattr(exc, "status", None)
+    if not status:
+        return _one_line(exc)
+    reason = f"HTTP {status} {getattr(exc, 'reason', None) or 'error'}"
+    # The API server explains itself in a Status object ("... not found", "test operation failed").
+    try:
+        message = json.loads(getattr(exc, "body", None) or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{reason}: {_one_line(message)}" if isinstance(message, str) and message else reason
+
+
+def _one_line(exc: object) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] if text else type(exc).__name__
+
+
+def _usage_error(message: str) -> int:
+    print(f"{_PROG}: error: {message}", file=sys.stderr)
+    return _EXIT_USAGE
