@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from vramguard.cli import certs, explain
+from vramguard.cli import certs, explain, extender, plan, webhook
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-REGISTRY: tuple[Registrar, ...] = (explain.register, certs.register)
+REGISTRY: tuple[Registrar, ...] = (
+    explain.register, plan.register, extender.register, webhook.register, certs.register
+)

@@ -1,0 +1,59 @@
+"""The extender's HTTP endpoints: ``POST /filter``, ``/prioritize``, ``/bind`` on the shared app."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from extender.metrics import ExtenderMetrics
+from extender.verbs import Verbs
+from extender.wire import ExtenderArgs, ExtenderBindingArgs, binding_result, filter_result, host_priorities
+from service.http import Readiness, create_app, read_model
+
+logger = logging.getLogger(__name__)
+
+NOT_SYNCED = "vramguard: cluster state not synced yet; retrying"
+
+
+def build_app(
+    verbs: Verbs, synced: asyncio.Event, readiness: Readiness, registry: CollectorRegistry
+) -> web.Application:
+    """The aiohttp application of the extender; ``synced`` gates every verb."""
+    metrics = ExtenderMetrics(registry, verbs.state)
+    readiness.add("caches-synced", synced.is_set)
+    app = create_app(registry=registry, readiness=readiness)
+
+    async def filter_handler(request: web.Request) -> web.Response:
+        args = await read_model(request, ExtenderArgs)
+        if not synced.is_set():
+            # An error fails this scheduling attempt; the scheduler retries the pod later.
+            return web.json_response(filter_result(args, [], {}, {}, NOT_SYNCED))
+        outcome = verbs.filter(args.Pod, args.node_names())
+        metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
+        metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
+        metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
+        return web.json_response(filter_result(args, outcome.passing, outcome.failed, outcome.unresolvable))
+
+    async def prioritize_handler(request: web.Request) -> web.Response:
+        args = await read_model(request, ExtenderArgs)
+        if not synced.is_set():
+            return web.json_response(host_priorities(dict.fromkeys(args.node_names(), 0)))
+        return web.json_response(host_priorities(verbs.prioritize(args.Pod, args.node_names())))
+
+    async def bind_handler(request: web.Request) -> web.Response:
+        args = await read_model(request, ExtenderBindingArgs)
+        if not synced.is_set():
+            return web.json_response(binding_result(NOT_SYNCED))
+        error = await verbs.bind(args.PodName, args.PodNamespace, args.PodUID, args.Node)
+        metrics.decisions.labels("bind", "error" if error else "bound").inc()
+        if error:
+            logger.info("bind %s/%s: %s", args.PodNamespace, args.PodName, error)
+        return web.json_response(binding_result(error))
+
+    app.router.add_post("/filter", filter_handler)
+    app.router.add_post("/prioritize", prioritize_handler)
+    app.router.add_post("/bind", bind_handler)
+    return app

@@ -1,0 +1,86 @@
+"""Run the extender: informers for Nodes, Namespaces and bound Pods, the policy watcher, HTTPS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from extender.app import build_app
+from extender.state import ClusterState
+from extender.verbs import Verbs
+from service.http import Readiness
+from service.kube import Connection, Informer, KubeClient
+from service.server import ServerSettings, run_https
+from service.tls import ReloadingTLSContext
+from vramguard.policy import PolicyFile, default_policy
+
+logger = logging.getLogger(__name__)
+
+# Bound, non-terminal pods only: a pod leaving this set arrives as a DELETED event.
+BOUND_PODS = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
+POLICY_RELOAD_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class ExtenderSettings:
+    """Validated once at start-up (files loaded, addresses parsed) and passed explicitly."""
+
+    host: str
+    port: int
+    tls: ReloadingTLSContext | None
+    connection: Connection
+    policy_file: PolicyFile | None
+    server: ServerSettings
+
+
+async def run(settings: ExtenderSettings) -> None:
+    """Serve until SIGTERM; readiness waits for the caches and the TLS files."""
+    policy_file = settings.policy_file
+    policy = policy_file.policy if policy_file is not None else default_policy()
+    state = ClusterState(policy)
+    client = KubeClient(settings.connection)
+    informers = [
+        Informer(client, "/api/v1/nodes", state.nodes),
+        Informer(client, "/api/v1/namespaces", state.namespaces),
+        Informer(client, "/api/v1/pods", state.pods, BOUND_PODS),
+    ]
+    synced = asyncio.Event()
+    registry = CollectorRegistry()
+    readiness = Readiness()
+    app = build_app(Verbs(state, client), synced, readiness, registry)
+
+    async def wait_synced() -> None:
+        # Nodes and namespaces first, so that the pods' claims see their classes and devices.
+        for informer in informers:
+            await informer.synced.wait()
+        synced.set()
+        logger.info("caches synced: %d nodes, %d GPU pods", len(list(state.node_names())), state.ledger.pod_count())
+
+    async def watch_policy() -> None:
+        assert policy_file is not None
+        while True:
+            await asyncio.sleep(POLICY_RELOAD_SECONDS)
+            new, error = policy_file.reload()
+            if error:
+                logger.error("policy %s not reloaded: %s", policy_file.path, error)
+            elif new is not state.policy:
+                state.set_policy(new)
+                logger.info("policy %s reloaded", policy_file.path)
+
+    tasks = [asyncio.create_task(informer.run()) for informer in informers]
+    tasks.append(asyncio.create_task(wait_synced()))
+    if policy_file is not None:
+        tasks.append(asyncio.create_task(watch_policy()))
+    try:
+        await run_https(app, settings.host, settings.port, settings.tls, settings=settings.server)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await client.close()

@@ -1,0 +1,51 @@
+"""Prometheus metrics of the extender: the ledger as gauges (read at scrape time) and decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from extender.state import ClusterState
+
+
+class LedgerCollector(Collector):
+    """Per GPU budget, reserved (worst case) and free bytes, and pods per GPU; per namespace bytes."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Read the ledger now; nothing is cached between scrapes."""
+        labels = ["node", "gpu", "product", "sharing"]
+        budget = GaugeMetricFamily("vramguard_gpu_budget_bytes", "VRAM budget of a GPU (memory less headroom).",
+                                   labels=labels)
+        reserved = GaugeMetricFamily("vramguard_gpu_reserved_bytes",
+                                     "VRAM a GPU may hold in the worst case, whatever replica the plugin picked.",
+                                     labels=labels)
+        free = GaugeMetricFamily("vramguard_gpu_free_bytes", "Budget left on a GPU in the worst case.",
+                                 labels=labels)
+        pods = GaugeMetricFamily("vramguard_gpu_pods", "Pods known or intended on a GPU.", labels=labels)
+        for node in sorted(self.state.node_names()):
+            for row in self.state.ledger.usage(node):
+                values = [node, row.device.id, row.device.product, row.device.sharing]
+                budget.add_metric(values, row.budget)
+                reserved.add_metric(values, row.worst_bytes)
+                free.add_metric(values, max(0, row.budget - row.worst_bytes))
+                pods.add_metric(values, len(row.pods))
+        yield from (budget, reserved, free, pods)
+
+
+class ExtenderMetrics:
+    """Counters of the extender's decisions."""
+
+    def __init__(self, registry: CollectorRegistry, state: ClusterState) -> None:
+        self.decisions = Counter(
+            "vramguard_extender_decisions",
+            "Filter verdicts per node and bind outcomes.",
+            labelnames=("verb", "result"),
+            registry=registry,
+        )
+        registry.register(LedgerCollector(state))

@@ -1,0 +1,238 @@
+"""The cluster as the extender sees it: nodes, namespaces and bound GPU pods, kept by informers.
+
+Everything here is derived from the API server, so a restart loses nothing: the ledger is rebuilt
+from the Nodes (GPU Feature Discovery labels, the agent's report) and from the bound, non-terminal
+pods that hold GPU resources, whoever placed them. Only a few fields of each object are kept.
+
+Reservations made by ``bind`` that the watch has not confirmed yet are *in flight*; a re-list keeps
+them, so no interleaving of watch events and binds can drop a reservation and overcommit a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vramguard.demand import DemandOptions, derive_pod_demand
+from vramguard.inventory import NodeInventory, read_inventory
+from vramguard.ledger import Ledger, PodRef
+from vramguard.placement import PodClaims, apply_intended, pod_claims
+from vramguard.policy import ClassChoice, Policy
+
+PLACEMENT_ANNOTATION = "vramguard.io/placement"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    """What identifies a pod in messages and the ledger."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def ref(self) -> PodRef:
+        """The ledger's reference."""
+        return PodRef(self.uid, self.namespace, self.name)
+
+
+def pod_key(pod: Mapping[str, Any]) -> PodKey:
+    """UID, namespace and name of a pod object."""
+    metadata = pod.get("metadata") or {}
+    return PodKey(str(metadata.get("uid", "")), str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+
+
+def asks_for_gpu(pod: Mapping[str, Any], options: DemandOptions) -> bool:
+    """A cheap check before deriving demand: does any container name a GPU resource?"""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    for field_name in ("containers", "initContainers"):
+        for container in spec.get(field_name) or ():
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            for section in ("limits", "requests"):
+                values = resources.get(section)
+                if isinstance(values, dict) and any(options.is_gpu(k) for k in values):
+                    return True
+    return False
+
+
+class ClusterState:
+    """Nodes, namespaces and GPU pods, with the ledger that follows them."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.options = demand_options(policy)
+        self.ledger = Ledger(policy.headrooms())
+        self.namespace_labels: dict[str, dict[str, str]] = {}
+        self._inventories: dict[str, NodeInventory] = {}
+        self._bound: dict[str, str] = {}
+        """Bound pod UID -> node, for the pods the ledger holds because the API says so."""
+        self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
+        """Pod UID -> (node, pod, claims) reserved by bind and not yet seen bound by the watch."""
+        self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
+        self.pods = _Delegate(self._replace_pods, self._upsert_pod, self._delete_pod)
+        self.namespaces = _Delegate(self._replace_namespaces, self._upsert_namespace, self._delete_namespace)
+
+    # -- policy -------------------------------------------------------------------------------
+
+    def set_policy(self, policy: Policy) -> None:
+        """Apply a reloaded policy: budgets follow the new headrooms."""
+        self.policy = policy
+        self.options = demand_options(policy)
+        self.ledger.set_headrooms(policy.headrooms())
+
+    def choose_class(self, pod: Mapping[str, Any]) -> ClassChoice:
+        """The class of a pod, from its labels and its namespace's."""
+        metadata = pod.get("metadata") or {}
+        labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else None
+        namespace = str(metadata.get("namespace", ""))
+        return self.policy.choose_class(labels, self.namespace_labels.get(namespace))
+
+    def claims_for(self, pod: Mapping[str, Any], choice: ClassChoice) -> PodClaims:
+        """The pod's claims under its class (pods still to be placed)."""
+        return pod_claims(derive_pod_demand(pod, self.options), choice, pod_key(pod).uid)
+
+    # -- nodes ----------------------------------------------------------------------------------
+
+    def _upsert_node(self, node: JSON) -> None:
+        inventory = read_inventory(
+            node,
+            gpu_resources=tuple(self.policy.gpu_resources),
+            mig_prefixes=tuple(self.policy.gpu_resource_prefixes),
+        )
+        if self._inventories.get(inventory.node) == inventory:
+            return  # a status heartbeat: nothing vramguard reads has changed
+        self._inventories[inventory.node] = inventory
+        self.ledger.upsert_node(inventory)
+
+    def _delete_node(self, node: JSON) -> None:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        self._inventories.pop(name, None)
+        self.ledger.remove_node(name)
+
+    def _replace_nodes(self, nodes: list[JSON]) -> None:
+        seen = set()
+        for node in nodes:
+            self._upsert_node(node)
+            seen.add(str((node.get("metadata") or {}).get("name", "")))
+        for name in set(self._inventories) - seen:
+            self._delete_node({"metadata": {"name": name}})
+
+    # -- namespaces -----------------------------------------------------------------------------
+
+    def _upsert_namespace(self, namespace: JSON) -> None:
+        metadata = namespace.get("metadata") or {}
+        labels = metadata.get("labels")
+        self.namespace_labels[str(metadata.get("name", ""))] = dict(labels) if isinstance(labels, dict) else {}
+
+    def _delete_namespace(self, namespace: JSON) -> None:
+        self.namespace_labels.pop(str((namespace.get("metadata") or {}).get("name", "")), None)
+
+    def _replace_namespaces(self, namespaces: list[JSON]) -> None:
+        self.namespace_labels.clear()
+        for namespace in namespaces:
+            self._upsert_namespace(namespace)
+
+    # -- pods -----------------------------------------------------------------------------------
+
+    def bound_claims(self, pod: Mapping[str, Any]) -> PodClaims:
+        """The claims of a pod already on a node: unknown VRAM holds a whole GPU, whatever its
+        class says (it runs, so it counts), and the devices recorded at bind are kept as intended."""
+        choice = self.choose_class(pod)
+        if choice.qos.unknown_vram != "whole-gpu":
+            whole_gpu = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
+            choice = ClassChoice(choice.name, whole_gpu, choice.source)
+        claims = pod_claims(derive_pod_demand(pod, self.options), choice, pod_key(pod).uid)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        recorded = _recorded_placement(annotations.get(PLACEMENT_ANNOTATION))
+        if recorded:
+            claims = PodClaims(claims.uid, apply_intended(claims.claims, recorded), claims.init, claims.refusal)
+        return claims
+
+    def _upsert_pod(self, pod: JSON) -> None:
+        key = pod_key(pod)
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or phase in TERMINAL_PHASES or not asks_for_gpu(pod, self.options):
+            self._forget(key.uid)
+            return
+        self.in_flight.pop(key.uid, None)
+        claims = self.bound_claims(pod)
+        self.ledger.reserve(node, key.ref(), claims.claims, force=True)
+        self._bound[key.uid] = node
+
+    def _delete_pod(self, pod: JSON) -> None:
+        self._forget(pod_key(pod).uid)
+
+    def _forget(self, uid: str) -> None:
+        node = self._bound.pop(uid, None)
+        if node is None and uid in self.in_flight:
+            return  # being bound right now; the bind itself releases it if it fails
+        self.ledger.release(uid)
+
+    def _replace_pods(self, pods: list[JSON]) -> None:
+        for uid in list(self._bound):
+            del self._bound[uid]
+            self.ledger.release(uid)
+        for pod in pods:
+            self._upsert_pod(pod)
+        for uid, (node, ref, claims) in self.in_flight.items():
+            if uid not in self._bound:
+                self.ledger.reserve(node, ref, claims.claims, force=True)
+
+    # -- bind bookkeeping -----------------------------------------------------------------------
+
+    def begin_bind(self, node: str, pod: PodKey, claims: PodClaims) -> None:
+        """Remember a reservation bind made, until the watch shows the pod bound (or bind fails)."""
+        self.in_flight[pod.uid] = (node, pod.ref(), claims)
+
+    def abort_bind(self, uid: str) -> None:
+        """Bind failed: release what it reserved, unless the watch already shows the pod bound."""
+        entry = self.in_flight.pop(uid, None)
+        if entry is not None and uid not in self._bound:
+            self.ledger.release(uid)
+
+    def is_bound(self, uid: str) -> str | None:
+        """The node a pod is bound to, as the watch last said."""
+        return self._bound.get(uid)
+
+    def node_names(self) -> Iterable[str]:
+        """Every node with an inventory."""
+        return self._inventories.keys()
+
+
+class _Delegate:
+    """Adapts three callables to the informer's ``Store`` protocol."""
+
+    def __init__(self, replace: Any, upsert: Any, delete: Any) -> None:
+        self.replace = replace
+        self.upsert = upsert
+        self.delete = delete
+
+
+def demand_options(policy: Policy) -> DemandOptions:
+    """Which resources are GPUs, from the policy."""
+    return DemandOptions(frozenset(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
+
+
+def _recorded_placement(value: Any) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, str):
+        return {}
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return {}
+    containers = decoded.get("containers") if isinstance(decoded, dict) else None
+    if not isinstance(containers, dict):
+        return {}
+    return {
+        str(name): tuple(str(d) for d in devices)
+        for name, devices in containers.items()
+        if isinstance(devices, list)
+    }

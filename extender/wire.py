@@ -1,0 +1,88 @@
+"""The scheduler extender wire format (``k8s.io/kube-scheduler/extender/v1``).
+
+Go's encoding/json without JSON tags: field names are PascalCase (``Pod``, ``NodeNames``,
+``FailedNodes``). Only the fields vramguard reads are modelled; the rest is ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class NodeList(_Wire):
+    """``v1.NodeList``: only the items matter."""
+
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExtenderArgs(_Wire):
+    """The body of ``filter`` and ``prioritize``.
+
+    With ``nodeCacheCapable: true`` the scheduler sends ``NodeNames`` and ``Nodes`` is null;
+    otherwise it sends whole ``Nodes``.
+    """
+
+    Pod: dict[str, Any]
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+    def node_names(self) -> list[str]:
+        """The candidate nodes' names, whichever form they came in."""
+        if self.NodeNames is not None:
+            return self.NodeNames
+        if self.Nodes is None:
+            return []
+        names = []
+        for node in self.Nodes.items:
+            metadata = node.get("metadata")
+            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if isinstance(name, str):
+                names.append(name)
+        return names
+
+
+class ExtenderBindingArgs(_Wire):
+    """The body of ``bind``."""
+
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+def filter_result(
+    args: ExtenderArgs,
+    passing: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str],
+    error: str = "",
+) -> dict[str, Any]:
+    """``ExtenderFilterResult``: ``NodeNames`` always a list (null would filter out every node),
+    and ``Nodes`` echoed back for schedulers that are not node-cache capable."""
+    nodes: dict[str, Any] | None = None
+    if args.NodeNames is None and args.Nodes is not None:
+        keep = set(passing)
+        nodes = {"items": [n for n in args.Nodes.items if (n.get("metadata") or {}).get("name") in keep]}
+    return {
+        "Nodes": nodes,
+        "NodeNames": passing,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": error,
+    }
+
+
+def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
+    """``HostPriorityList``: one ``{"Host", "Score"}`` per node, scores 0..10."""
+    return [{"Host": host, "Score": score} for host, score in scores.items()]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    """``ExtenderBindingResult``: an empty ``Error`` means bound."""
+    return {"Error": error}

@@ -1,0 +1,297 @@
+"""Placement: filter verdicts and their messages, scores, and the GPUs chosen at bind."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from vramguard.demand.model import ContainerDemand, PodDemand, Vram
+from vramguard.inventory import Gpu, NodeInventory, read_inventory
+from vramguard.ledger import Claim, Ledger, PodRef
+from vramguard.placement import (
+    PodClaims,
+    Verdict,
+    apply_intended,
+    choose_gpus,
+    filter_node,
+    pod_claims,
+    score_node,
+)
+from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Policy, default_policy
+from vramguard.quantity import GiB
+
+POLICY = default_policy()
+BEST_EFFORT = POLICY.choose_class({}, {})
+GUARANTEED = POLICY.choose_class({QOS_CLASS_LABEL: "guaranteed"}, {})
+BURSTABLE = POLICY.choose_class({QOS_CLASS_LABEL: "burstable"}, {})
+REJECTING = Policy.from_yaml(
+    "default_class: strict\nclasses: {strict: {sharing: [time-slicing], unknown_vram: reject}}"
+).choose_class({}, {})
+
+
+def gfd_node(name: str, *, count: int = 1, replicas: int = 4, sharing: str = "time-slicing",
+             memory_mib: int = 81559, product: str = "NVIDIA-H100-80GB-HBM3") -> dict[str, Any]:
+    labels = {
+        "nvidia.com/gpu.count": str(count),
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.memory": str(memory_mib),
+        "nvidia.com/gpu.replicas": str(replicas),
+        "nvidia.com/gpu.sharing-strategy": sharing,
+    }
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"nvidia.com/gpu": str(count * replicas)}}}
+
+
+def mig_node(name: str) -> dict[str, Any]:
+    labels = {
+        "nvidia.com/gpu.count": "1", "nvidia.com/gpu.replicas": "0", "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig-3g.40gb.count": "2", "nvidia.com/mig-3g.40gb.memory": "40448",
+    }
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"nvidia.com/mig-3g.40gb": "2"}}}
+
+
+def ledger_of(*nodes: dict[str, Any], policy: Policy = POLICY) -> Ledger:
+    ledger = Ledger(policy.headrooms())
+    for obj in nodes:
+        ledger.upsert_node(read_inventory(obj))
+    return ledger
+
+
+def container(vram: Vram | None, *, name: str = "vllm", gpus: int = 1, resource: str = "nvidia.com/gpu",
+              init: bool = False) -> ContainerDemand:
+    return ContainerDemand(name=name, resource=resource, gpus=gpus, init=init, declared=vram)
+
+
+def demand(*containers: ContainerDemand) -> PodDemand:
+    return PodDemand(tuple(containers))
+
+
+def hold(ledger: Ledger, node: str, uid: str, vram: Vram | None, choice: ClassChoice = BEST_EFFORT,
+         **kwargs: Any) -> None:
+    claims = pod_claims(demand(container(vram, **kwargs)), choice, uid)
+    assert ledger.reserve(node, PodRef(uid, "team-a", uid), claims.claims).ok
+
+
+GIB = Vram(bytes=GiB)
+
+
+def gib(n: float) -> Vram:
+    return Vram(bytes=int(n * GiB))
+
+
+H100_BUDGET = 81559 * (1 << 20) * 9 // 10
+
+
+def test_message_in_the_issues_style() -> None:
+    ledger = ledger_of(gfd_node("h100"))
+    hold(ledger, "h100", "a", Vram(bytes=H100_BUDGET - 8 * GiB))
+    verdict = filter_node(ledger, "h100", pod_claims(demand(container(gib(24))), BEST_EFFORT, "b"), BEST_EFFORT)
+    assert verdict.verdict is Verdict.FAIL
+    assert verdict.message == (
+        "GPU 0 (NVIDIA H100 80GB HBM3): 8.0 GiB of 71.7 GiB VRAM budget free, pod needs 24.0 GiB per GPU"
+    )
+
+
+def test_seed_scenario_four_pods_at_030() -> None:
+    ledger = ledger_of(gfd_node("h100"))
+    pods = [pod_claims(demand(container(Vram(fraction=Fraction(3, 10)))), BEST_EFFORT, f"p{i}") for i in range(4)]
+    verdicts = []
+    for claims in pods:
+        verdict = filter_node(ledger, "h100", claims, BEST_EFFORT)
+        verdicts.append(verdict.verdict)
+        if verdict.ok:
+            assignment = choose_gpus(ledger, "h100", claims, BEST_EFFORT)
+            assert assignment is not None
+            assert ledger.reserve("h100", PodRef(claims.uid), assignment.claims).ok
+    assert verdicts == [Verdict.PASS] * 3 + [Verdict.FAIL]
+    assert filter_node(ledger, "h100", pods[3], BEST_EFFORT).message == (
+        "GPU 0 (NVIDIA H100 80GB HBM3): 0.0 GiB of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU"
+    )
+
+
+FILTER_CASES = [
+    pytest.param(gfd_node("n"), demand(container(gib(72))), BEST_EFFORT, Verdict.UNRESOLVABLE,
+                 "GPU 0 (NVIDIA H100 80GB HBM3): 71.7 GiB of 71.7 GiB VRAM budget free, pod needs 72.0 GiB per GPU",
+                 id="bigger-than-any-budget"),
+    pytest.param(gfd_node("n"), demand(container(gib(10))), GUARANTEED, Verdict.UNRESOLVABLE,
+                 "class guaranteed does not allow time-slicing GPUs (node offers time-slicing)",
+                 id="class-forbids-time-slicing"),
+    pytest.param(gfd_node("n", replicas=1, sharing="none"), demand(container(gib(10))), BEST_EFFORT,
+                 Verdict.UNRESOLVABLE, "class best-effort does not allow unshared GPUs (node offers whole GPUs)",
+                 id="best-effort-not-on-whole-gpus"),
+    pytest.param(gfd_node("n"), demand(container(gib(10), resource="nvidia.com/mig-3g.40gb")), GUARANTEED,
+                 Verdict.UNRESOLVABLE, "node offers no nvidia.com/mig-3g.40gb (it has nvidia.com/gpu)",
+                 id="resource-missing"),
+    pytest.param(mig_node("n"), demand(container(Vram(fraction=Fraction(1, 2)), resource="nvidia.com/mig-3g.40gb")),
+                 GUARANTEED, Verdict.PASS, "", id="mig-for-guaranteed"),
+    pytest.param(mig_node("n"), demand(container(gib(40), resource="nvidia.com/mig-3g.40gb")), GUARANTEED,
+                 Verdict.UNRESOLVABLE,
+                 "MIG 3g.40gb #0 (NVIDIA H100 80GB HBM3): 35.5 GiB of 35.5 GiB VRAM budget free, pod needs "
+                 "40.0 GiB per GPU; also MIG 3g.40gb #1", id="mig-instance-too-small"),
+    pytest.param(gfd_node("n"), demand(container(None)), REJECTING, Verdict.UNRESOLVABLE,
+                 "container vllm: VRAM unknown and class strict does not place such pods; declare it with the "
+                 "annotation vramguard.io/vram (e.g. vramguard.io/vram.vllm: 16Gi)", id="unknown-vram-rejected"),
+    pytest.param(gfd_node("n"), demand(container(None)), BEST_EFFORT, Verdict.PASS, "", id="unknown-vram-whole-gpu"),
+    pytest.param(gfd_node("n", replicas=2, sharing="mps"), demand(container(gib(36))), BURSTABLE,
+                 Verdict.UNRESOLVABLE, "GPU 0 (NVIDIA H100 80GB HBM3): pod needs 36.0 GiB per GPU, more than the "
+                 "35.8 GiB one of its 2 MPS replicas may use", id="mps-share-exceeded"),
+    pytest.param(gfd_node("n", replicas=2, sharing="mps"), demand(container(None)), BURSTABLE, Verdict.PASS, "",
+                 id="mps-unknown-takes-one-share"),
+    pytest.param(gfd_node("n", count=2), demand(container(gib(40), gpus=2)), BEST_EFFORT, Verdict.UNRESOLVABLE,
+                 "GPU 0 (NVIDIA H100 80GB HBM3): 71.7 GiB of 71.7 GiB VRAM budget free, pod needs 80.0 GiB on it "
+                 "(2 of its GPU replicas may be given the same GPU); also GPU 1", id="two-replicas-on-one-gpu"),
+    pytest.param(gfd_node("n", count=1, replicas=1, sharing="none"), demand(container(gib(1), gpus=2)), GUARANTEED,
+                 Verdict.UNRESOLVABLE, "pod needs 2 nvidia.com/gpu, node has 1 (1 free)",
+                 id="more-devices-than-exist"),
+    pytest.param({"metadata": {"name": "n", "labels": {}}}, demand(container(GIB)), BEST_EFFORT,
+                 Verdict.UNRESOLVABLE, "node has no GPUs (no GPU Feature Discovery labels)", id="cpu-node"),
+]
+
+
+@pytest.mark.parametrize(("node", "pod", "choice", "verdict", "message"), FILTER_CASES)
+def test_filter_on_an_empty_node(node: dict[str, Any], pod: PodDemand, choice: ClassChoice, verdict: Verdict,
+                                 message: str) -> None:
+    ledger = ledger_of(node)
+    result = filter_node(ledger, "n", pod_claims(pod, choice, "uid"), choice)
+    assert (result.verdict, result.message) == (verdict, message)
+
+
+def test_unknown_node_fails_resolvably() -> None:
+    pod = pod_claims(demand(container(GIB)), BEST_EFFORT)
+    result = filter_node(Ledger(POLICY.headrooms()), "ghost", pod, BEST_EFFORT)
+    assert (result.verdict, result.message) == (Verdict.FAIL, "node ghost is not known to vramguard yet")
+
+
+def test_gpu_without_memory_size_is_unresolvable() -> None:
+    node = gfd_node("n")
+    del node["metadata"]["labels"]["nvidia.com/gpu.memory"]
+    result = filter_node(ledger_of(node), "n", pod_claims(demand(container(GIB)), BEST_EFFORT), BEST_EFFORT)
+    assert result.verdict is Verdict.UNRESOLVABLE
+    assert result.message.startswith("GPU 0 (NVIDIA H100 80GB HBM3): memory size unknown")
+
+
+def test_unknown_vram_takes_the_whole_gpu() -> None:
+    ledger = ledger_of(gfd_node("n"))
+    hold(ledger, "n", "a", GIB)
+    result = filter_node(ledger, "n", pod_claims(demand(container(None)), BEST_EFFORT, "b"), BEST_EFFORT)
+    assert result.verdict is Verdict.FAIL
+    assert result.message == (
+        "GPU 0 (NVIDIA H100 80GB HBM3): 70.7 GiB of 71.7 GiB VRAM budget free, pod needs 71.7 GiB per GPU; "
+        "its VRAM is unknown, so it takes a whole GPU (declare vramguard.io/vram)"
+    )
+
+
+def test_message_counts_pods_of_unknown_placement() -> None:
+    ledger = ledger_of(gfd_node("n", count=2))
+    hold(ledger, "n", "a", gib(40))
+    result = filter_node(ledger, "n", pod_claims(demand(container(gib(40))), BEST_EFFORT, "b"), BEST_EFFORT)
+    assert result.verdict is Verdict.FAIL
+    assert result.message == (
+        "GPU 0 (NVIDIA H100 80GB HBM3): 31.7 GiB of 71.7 GiB VRAM budget free, pod needs 40.0 GiB per GPU; "
+        "counting 1 pod whose GPU is not known yet; also GPU 1"
+    )
+
+
+INIT_CASES = [
+    pytest.param(
+        [container(gib(10), name="warm", init=True), container(gib(20))],
+        [("vllm", (gib(20), gib(10)))], [("vllm", 1), ("warm", 1)], id="init-shares-the-app-device"),
+    pytest.param(
+        [container(gib(10), name="warm", init=True, gpus=2), container(gib(20))],
+        [("vllm", (gib(20), gib(10))), ("warm", (gib(10),))], [("vllm", 1), ("warm", 2)],
+        id="init-needs-more-devices"),
+    pytest.param(
+        [container(gib(10), name="a"), container(gib(20), name="b", gpus=2)],
+        [("a", (gib(10),)), ("b", (gib(20),)), ("b", (gib(20),))], [("a", 1), ("b", 2)],
+        id="each-container-its-own-replicas"),
+    pytest.param(
+        [container(None)], [("vllm", (None,))], [("vllm", 1)], id="unknown-is-whole"),
+]
+
+
+@pytest.mark.parametrize(("containers", "claims", "assigned"), INIT_CASES)
+def test_pod_claims(containers: list[ContainerDemand], claims: list[tuple[str, tuple[Vram | None, ...]]],
+                    assigned: list[tuple[str, int]]) -> None:
+    result = pod_claims(demand(*containers), BEST_EFFORT, "uid")
+    assert [(c.container, c.vram) for c in result.claims] == claims
+    ledger = ledger_of(gfd_node("n", count=2))
+    assignment = choose_gpus(ledger, "n", result, BEST_EFFORT)
+    assert assignment is not None
+    assert sorted((name, len(ids)) for name, ids in assignment.containers.items()) == assigned
+
+
+def test_init_container_larger_than_app_holds_its_amount() -> None:
+    ledger = ledger_of(gfd_node("n"))
+    claims = pod_claims(demand(container(gib(30), name="warm", init=True), container(gib(10))), BEST_EFFORT, "a")
+    assert ledger.reserve("n", PodRef("a"), claims.claims).ok
+    assert [u.known_bytes for u in ledger.usage("n")] == [30 * GiB]
+
+
+def scored(ledger: Ledger, node: str, vram: Vram, choice: ClassChoice) -> int:
+    return score_node(ledger, node, pod_claims(demand(container(vram)), choice, "new"), choice)
+
+
+def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
+    spread = ClassChoice("spread", BEST_EFFORT.qos.model_copy(update={"scoring": "spread"}), "default")
+    ledger = ledger_of(gfd_node("empty"), gfd_node("busy"), gfd_node("full"))
+    hold(ledger, "busy", "a", gib(40))
+    hold(ledger, "full", "b", gib(70))
+    binpack_scores = [scored(ledger, n, gib(10), BEST_EFFORT) for n in ("empty", "busy", "full")]
+    spread_scores = [scored(ledger, n, gib(10), spread) for n in ("empty", "busy", "full")]
+    assert binpack_scores[0] < binpack_scores[1]
+    assert binpack_scores[2] == 0  # does not fit
+    assert spread_scores[0] > spread_scores[1]
+    assert all(0 <= s <= 10 for s in binpack_scores + spread_scores)
+    assert scored(ledger, "empty", Vram(bytes=H100_BUDGET), BEST_EFFORT) == 10
+
+
+@pytest.mark.parametrize(("scoring", "device"), [("binpack", "1"), ("spread", "0")])
+def test_choose_gpus_follows_the_class(scoring: str, device: str) -> None:
+    choice = ClassChoice("c", BEST_EFFORT.qos.model_copy(update={"scoring": scoring}), "default")
+    ledger = ledger_of(gfd_node("n", count=2))
+    ledger.reserve("n", PodRef("a"), [Claim("nvidia.com/gpu", "vllm", (gib(10),), intended="1")])
+    claims = pod_claims(demand(container(gib(10))), choice, "b")
+    assignment = choose_gpus(ledger, "n", claims, choice)
+    assert assignment is not None
+    assert assignment.containers == {"vllm": (device,)}
+    assert assignment.claims[0].intended == device and assignment.claims[0].gpu is None
+    assert json.loads(assignment.annotation()) == {"node": "n", "containers": {"vllm": [device]}}
+    assert ledger.reserve("n", PodRef("b"), assignment.claims).ok
+    assert ledger.check_invariants() == []
+
+
+def test_choose_gpus_spreads_replicas_of_one_container() -> None:
+    ledger = ledger_of(gfd_node("n", count=2, replicas=1, sharing="none"))
+    claims = pod_claims(demand(container(gib(60), gpus=2)), GUARANTEED, "a")
+    assignment = choose_gpus(ledger, "n", claims, GUARANTEED)
+    assert assignment is not None and assignment.containers == {"vllm": ("0", "1")}
+    assert choose_gpus(Ledger(POLICY.headrooms()), "ghost", claims, GUARANTEED) is None
+
+
+def test_apply_intended_rebuilds_claims_from_the_recorded_decision() -> None:
+    claims = pod_claims(demand(container(GIB, gpus=2), container(GIB, name="side")), BEST_EFFORT, "a").claims
+    rebuilt = apply_intended(claims, {"vllm": ["1", "0"]})
+    assert [c.intended for c in rebuilt] == ["1", "0", None]
+
+
+def test_filter_rechecks_a_reserved_pod_without_counting_it_twice() -> None:
+    ledger = ledger_of(gfd_node("n"))
+    claims = pod_claims(demand(container(gib(50))), BEST_EFFORT, "a")
+    assert ledger.reserve("n", PodRef("a"), claims.claims).ok
+    assert filter_node(ledger, "n", claims, BEST_EFFORT).ok
+    assert not filter_node(ledger, "n", PodClaims("b", claims.claims), BEST_EFFORT).ok
+
+
+def test_node_offering_a_shared_mig_instance_is_not_isolation() -> None:
+    gpu = Gpu("7g.80gb#0", 0, "H100", 80 * 10**9, "time-slicing", 2, "nvidia.com/mig-7g.80gb", "7g.80gb")
+    ledger = Ledger(POLICY.headrooms())
+    ledger.upsert_node(NodeInventory("n", (gpu,)))
+    pod = pod_claims(demand(container(GIB, resource="nvidia.com/mig-7g.80gb")), GUARANTEED)
+    assert filter_node(ledger, "n", pod, GUARANTEED).message == (
+        "class guaranteed does not allow time-slicing GPUs (node offers time-slicing)"
+    )

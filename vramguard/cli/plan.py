@@ -1,0 +1,195 @@
+"""``vramguard plan``: where the GPU pods of a manifest would go on a set of Nodes, and why some cannot.
+
+Reads Nodes, Namespaces, Pods and workloads from one file (YAML or JSON), places the pods one by one
+in file order with the same filter, score and GPU choice as the extender, and prints the placement,
+the pods left pending with each node's reason, and the final state of every GPU. Pods that already
+name a node (``spec.nodeName``) are counted there first, as the extender counts pods it did not place.
+Pure: it reads files and prints; it talks to no cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramguard.demand import DemandOptions, derive_pod_demand
+from vramguard.demand.objects import DocumentError, load_documents, pod_template
+from vramguard.inventory import read_inventory
+from vramguard.ledger import Ledger, PodRef
+from vramguard.placement import PodClaims, Verdict, choose_gpus, filter_node, pod_claims, score_node
+from vramguard.policy import ClassChoice, Policy, PolicyError, default_policy, load_policy
+from vramguard.quantity import format_bytes
+
+EXIT_ALL_PLACED, EXIT_SOME_PENDING, EXIT_UNREADABLE = 0, 1, 2
+_REPLICATED = {"Deployment", "StatefulSet", "ReplicaSet", "ReplicationController"}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``plan`` sub-command."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="show where GPU pods would be placed on given Nodes, and which stay pending and why",
+        description="Read Nodes, Namespaces, Pods and workloads (YAML, JSON, multi-document, kind: List) "
+        "and place the GPU pods in file order as the vramguard extender would. Exit 0: every pod "
+        "placed; 1: some pods stay pending; 2: unreadable input or policy.",
+    )
+    parser.add_argument("file", metavar="FILE|-", help="manifest file, or - for standard input")
+    parser.add_argument("--policy", metavar="FILE", help="policy file (default: the shipped policy)")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    parser.set_defaults(handler=run)
+
+
+@dataclass
+class Plan:
+    """The outcome of placing every pod."""
+
+    placed: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan the input and print it; the exit code says whether every pod was placed."""
+    try:
+        policy = load_policy(args.policy) if args.policy else default_policy()
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+        objects = load_documents(text)
+    except (OSError, UnicodeDecodeError, DocumentError, PolicyError) as exc:
+        print(f"vramguard plan: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    plan = make_plan(objects, policy)
+    if args.output == "json":
+        print(json.dumps({"placed": plan.placed, "pending": plan.pending, "gpus": plan.gpus,
+                          "notes": plan.notes}, indent=2))
+    else:
+        print(render_text(plan))
+    return EXIT_SOME_PENDING if plan.pending else EXIT_ALL_PLACED
+
+
+def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
+    """Place the pods of ``objects`` on its Nodes, in order."""
+    plan = Plan()
+    ledger = Ledger(policy.headrooms())
+    for obj in objects:
+        if obj.get("kind") == "Node":
+            inventory = read_inventory(
+                obj, gpu_resources=policy.gpu_resources, mig_prefixes=policy.gpu_resource_prefixes
+            )
+            ledger.upsert_node(inventory)
+            plan.notes.extend(f"node {inventory.node}: {note}" for note in inventory.notes)
+    namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
+    pods = [pod for obj in objects for pod in _pods_of(obj)]
+    # Pods already on a node hold their GPUs before anything is placed, as in a running cluster.
+    pods.sort(key=lambda pod: not pod.node)
+    options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
+    for pod in pods:
+        demand = derive_pod_demand(pod.template, options)
+        if demand.wants_gpu:
+            choice = policy.choose_class(_labels(_meta(pod.template)), namespaces.get(pod.ref.namespace))
+            _place(plan, ledger, pod, pod_claims(demand, choice, pod.ref.uid), choice)
+    for node in sorted(ledger.node_names()):
+        for row in ledger.usage(node):
+            plan.gpus.append({
+                "node": node, "gpu": row.device.label, "budget": row.budget, "reserved": row.worst_bytes,
+                "free": row.budget - row.worst_bytes, "pods": list(row.pods),
+            })
+    plan.notes.extend(ledger.check_invariants())
+    return plan
+
+
+def _place(plan: Plan, ledger: Ledger, pod: _Pod, claims: PodClaims, choice: ClassChoice) -> None:
+    """Count a bound pod where it is, or place a pending one on the best node that fits."""
+    entry: dict[str, Any] = {"pod": str(pod.ref), "class": choice.name}
+    if pod.node:
+        ledger.reserve(pod.node, pod.ref, claims.claims, force=True)
+        plan.placed.append({**entry, "node": pod.node, "containers": {}, "bound": True})
+        return
+    nodes = sorted(ledger.node_names())
+    verdicts = {node: filter_node(ledger, node, claims, choice) for node in nodes}
+    fitting = [node for node, verdict in verdicts.items() if verdict.ok]
+    if not fitting:
+        reasons = {
+            node: {"unresolvable": verdict.verdict is Verdict.UNRESOLVABLE, "message": verdict.message}
+            for node, verdict in verdicts.items()
+        }
+        plan.pending.append({**entry, "reasons": reasons})
+        return
+    # The highest score wins; ties go to the first node by name, so the plan is reproducible.
+    best = max(fitting, key=lambda node: (score_node(ledger, node, claims, choice, checked=True), -nodes.index(node)))
+    assignment = choose_gpus(ledger, best, claims, choice)
+    assert assignment is not None
+    ledger.reserve(best, pod.ref, assignment.claims)
+    plan.placed.append({**entry, "node": best, "containers": dict(assignment.containers), "bound": False})
+
+
+def render_text(plan: Plan) -> str:
+    """Placed pods, pending pods with each node's reason, and a table of GPUs."""
+    lines: list[str] = []
+    for entry in plan.placed:
+        how = "already bound to" if entry["bound"] else "->"
+        devices = ", ".join(f"{c}: GPU {'+'.join(ids)}" for c, ids in entry["containers"].items())
+        suffix = f"  [{devices}]" if devices else ""
+        lines.append(f"placed   {entry['pod']} ({entry['class']}) {how} {entry['node']}{suffix}")
+    for entry in plan.pending:
+        lines.append(f"pending  {entry['pod']} ({entry['class']})")
+        for node, reason in entry["reasons"].items():
+            kind = "never" if reason["unresolvable"] else "now"
+            lines.append(f"           {node} ({kind}): {reason['message']}")
+        if not entry["reasons"]:
+            lines.append("           no nodes in the input")
+    if plan.gpus:
+        rows = [("NODE", "GPU", "BUDGET", "RESERVED", "FREE", "PODS")]
+        rows += [
+            (g["node"], g["gpu"], format_bytes(g["budget"]), format_bytes(g["reserved"]),
+             format_bytes(g["free"]), ", ".join(g["pods"]) or "-")
+            for g in plan.gpus
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines.append("")
+        lines.extend("  ".join(row[i].ljust(widths[i]) for i in range(5)) + "  " + row[5] for row in rows)
+    lines.extend(f"note: {note}" for note in plan.notes)
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Pod:
+    ref: PodRef
+    template: Mapping[str, Any]
+    node: str
+
+
+def _pods_of(obj: Mapping[str, Any]) -> list[_Pod]:
+    """A Pod, or one pod per replica of a workload's template (named ``<workload>-<n>``)."""
+    template = pod_template(obj)
+    if template is None or obj.get("kind") == "PodTemplate":
+        return []
+    metadata = _meta(obj)
+    namespace = str(metadata.get("namespace") or "default")
+    name = str(metadata.get("name") or metadata.get("generateName") or "unnamed")
+    spec = template.get("spec")
+    node = str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
+    if obj.get("kind") == "Pod":
+        return [_Pod(PodRef(str(metadata.get("uid") or f"{namespace}/{name}"), namespace, name), template, node)]
+    workload = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    assert isinstance(workload, Mapping)
+    count = workload.get("replicas", 1) if obj.get("kind") in _REPLICATED else workload.get("parallelism", 1)
+    count = count if isinstance(count, int) and count >= 0 else 1
+    return [_Pod(PodRef(f"{namespace}/{name}-{i}", namespace, f"{name}-{i}"), template, node) for i in range(count)]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
+    labels = metadata.get("labels")
+    if not isinstance(labels, Mapping):
+        return {}
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}

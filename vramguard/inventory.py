@@ -1,0 +1,428 @@
+"""A node's GPU devices, read from GPU Feature Discovery labels and, when present, the agent's report.
+
+The unit vramguard accounts is a *device*: something the device plugin hands to a container and
+that has its own memory. That is a physical GPU, or a MIG instance (a hardware partition with its
+own memory; fractions inside it are fractions of the instance). Each device has ``replicas`` slots:
+time-slicing and MPS advertise one device as R replicas; a whole GPU or a MIG instance has one.
+
+Where the facts come from (labels written by GPU Feature Discovery, see NVIDIA/k8s-device-plugin
+``internal/lm``):
+
+- full GPUs: ``nvidia.com/gpu.count``, ``.product``, ``.memory`` (MiB), ``.replicas``,
+  ``.sharing-strategy`` (``none|time-slicing|mps``). With time-slicing the product gains a
+  ``-SHARED`` suffix unless the resource is renamed (``nvidia.com/gpu.shared``).
+- ``nvidia.com/mig.strategy=single``: the ``nvidia.com/gpu.*`` labels describe the MIG devices
+  instead (``gpu.product`` = ``A100-SXM4-40GB-MIG-1g.5gb``, ``gpu.count`` = MIG devices,
+  ``gpu.memory`` = memory of one MIG device), served as ``nvidia.com/gpu``.
+- ``nvidia.com/mig.strategy=mixed``: one resource per profile, ``nvidia.com/mig-<profile>``, with
+  labels ``nvidia.com/mig-<profile>.count``, ``.memory``, ``.product``, ``.replicas``,
+  ``.sharing-strategy``. When ``.memory`` is missing the size comes from the profile's name in
+  decimal gigabytes (``3g.40gb`` -> 40 GB), which is below the real size of every known profile,
+  so the budget errs on the safe side.
+
+The node's ``status.allocatable`` (else ``capacity``) says what the device plugin advertises right
+now; when it lists a resource, the device count follows it (``allocatable / replicas``), because
+under the mixed strategy ``gpu.count`` also counts the MIG-enabled GPUs that serve no
+``nvidia.com/gpu``, and an unhealthy GPU drops out of allocatable but not out of the labels.
+
+The agent's report (annotation ``vramguard.io/gpus``, JSON, versioned) overrides memory sizes, adds
+memory used on each device by processes of no known pod, and says which device each container of
+each pod really got. It is parsed defensively: junk is ignored with a reason, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vramguard.quantity import MiB, QuantityError, parse_quantity
+
+Sharing = Literal["none", "time-slicing", "mps", "mig"]
+SHARING_STRATEGIES: tuple[Sharing, ...] = ("none", "time-slicing", "mps", "mig")
+
+LABEL_PREFIX = "nvidia.com/"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+AGENT_REPORT_ANNOTATION = "vramguard.io/gpus"
+AGENT_REPORT_VERSION = 1
+
+DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
+_FULL_GPU_LABELS = "nvidia.com/gpu"
+_MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:\+.*)?$")
+_GB = 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One device the device plugin hands out: a physical GPU or a MIG instance."""
+
+    id: str
+    """Unique on the node: the GPU index (``"0"``) or ``"<profile>#<n>"`` for a MIG instance."""
+    index: int
+    """GPU index, or the instance's ordinal among the node's instances of its profile."""
+    product: str
+    """Human product name, e.g. ``NVIDIA H100 80GB HBM3``."""
+    memory_bytes: int
+    """Total memory of the device (a MIG instance: the instance's memory); 0 when unknown."""
+    sharing: Sharing
+    replicas: int
+    """How many containers' devices the plugin may put on it (1 for an unshared device)."""
+    resource: str
+    """The extended resource that hands it out."""
+    mig_profile: str | None = None
+    foreign_bytes: int = 0
+    """Memory the agent saw used by processes of no known pod."""
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``GPU 0 (NVIDIA H100 80GB HBM3)``."""
+        if self.mig_profile is not None:
+            return f"MIG {self.mig_profile} #{self.index} ({self.product})"
+        return f"GPU {self.index} ({self.product})"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedGpu:
+    """What the agent measured on one device."""
+
+    id: str
+    memory_bytes: int | None = None
+    foreign_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    """The node agent's report (annotation ``vramguard.io/gpus``), format version 1.
+
+    JSON shape::
+
+        {"version": 1,
+         "gpus": [{"id": "0", "memory_bytes": 85520809984, "foreign_bytes": 0}, ...],
+         "pods": {"<pod uid>": {"<container>": ["0", "1"]}}}
+
+    Device ids are :attr:`Gpu.id` values. ``pods`` lists the devices each container really holds,
+    as the kubelet's PodResources API reports them.
+    """
+
+    version: int = AGENT_REPORT_VERSION
+    gpus: tuple[ReportedGpu, ...] = ()
+    placements: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """The devices of one node and what the agent knows about them."""
+
+    node: str
+    devices: tuple[Gpu, ...] = ()
+    placements: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    """Per pod UID, per container: the device ids it really holds (from the agent)."""
+    notes: tuple[str, ...] = ()
+    """What was ignored and why (malformed labels, junk in the agent report)."""
+
+    def resources(self) -> tuple[str, ...]:
+        """The GPU resources the node hands out, in device order."""
+        return tuple(dict.fromkeys(d.resource for d in self.devices))
+
+    def devices_for(self, resource: str) -> tuple[Gpu, ...]:
+        """The devices behind ``resource`` (empty when the node does not offer it)."""
+        return tuple(d for d in self.devices if d.resource == resource)
+
+
+def human_product(label: str) -> str:
+    """``NVIDIA-H100-80GB-HBM3-SHARED`` -> ``NVIDIA H100 80GB HBM3`` (GFD replaced spaces by dashes)."""
+    name = label.removesuffix("-SHARED")
+    name = re.sub(r"-MIG-.*$", "", name)
+    return name.replace("-", " ").strip() or "unknown GPU"
+
+
+def mig_profile_bytes(profile: str) -> int | None:
+    """The memory a MIG profile's name promises, in decimal GB (``3g.40gb`` -> 40 * 10**9)."""
+    match = _MIG_PROFILE.match(profile)
+    return int(match["gb"]) * _GB if match else None
+
+
+def read_inventory(
+    node: Mapping[str, Any],
+    report: AgentReport | None = None,
+    *,
+    gpu_resources: tuple[str, ...] = DEFAULT_GPU_RESOURCES,
+    mig_prefixes: tuple[str, ...] = DEFAULT_MIG_PREFIXES,
+) -> NodeInventory:
+    """The devices of a Node (a JSON-decoded object), refined by the agent's report when given.
+
+    Pass ``report=None`` to read the report from the node's ``vramguard.io/gpus`` annotation; pass
+    an explicit report to override it. Never raises on malformed input.
+    """
+    metadata = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+    assert isinstance(metadata, Mapping)
+    name = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
+    assert isinstance(name, str)
+    labels = _string_map(metadata.get("labels"))
+    notes: list[str] = []
+    advertised = _advertised(node, notes)
+
+    devices: list[Gpu] = []
+    devices.extend(_full_gpus(labels, advertised, gpu_resources, notes))
+    devices.extend(_mig_instances(labels, advertised, mig_prefixes, notes))
+
+    if report is None:
+        annotation = _string_map(metadata.get("annotations")).get(AGENT_REPORT_ANNOTATION)
+        if annotation is not None:
+            report, problems = parse_agent_report(annotation)
+            notes.extend(problems)
+    placements: Mapping[str, Mapping[str, tuple[str, ...]]] = {}
+    if report is not None:
+        devices, placements = _apply_report(devices, report, notes)
+    return NodeInventory(name, tuple(devices), placements, tuple(notes))
+
+
+def _full_gpus(
+    labels: Mapping[str, str],
+    advertised: Mapping[str, int] | None,
+    gpu_resources: tuple[str, ...],
+    notes: list[str],
+) -> list[Gpu]:
+    count = _int_label(labels, f"{_FULL_GPU_LABELS}.count", notes)
+    if count is None:
+        return []
+    if labels.get(MIG_STRATEGY_LABEL) == "mixed" and labels.get(f"{_FULL_GPU_LABELS}.replicas") == "0":
+        # GFD labels MIG-enabled GPUs with replicas 0 ("sharing disabled"); they serve no full GPU.
+        return []
+    product_label = labels.get(f"{_FULL_GPU_LABELS}.product", "")
+    replicas = max(1, _int_label(labels, f"{_FULL_GPU_LABELS}.replicas", notes) or 1)
+    memory_mib = _int_label(labels, f"{_FULL_GPU_LABELS}.memory", notes)
+    mig_profile: str | None = None
+    if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in product_label:
+        # The nvidia.com/gpu.* labels describe MIG devices, served under the full-GPU resource name.
+        mig_profile = product_label.split("-MIG-", 1)[1]
+    sharing = _sharing(labels.get(f"{_FULL_GPU_LABELS}.sharing-strategy"), replicas, mig_profile, notes)
+
+    resource = gpu_resources[0] if gpu_resources else _FULL_GPU_LABELS
+    if advertised is not None:
+        offered = [r for r in gpu_resources if advertised.get(r, 0) > 0]
+        if not offered:
+            return []  # e.g. mixed MIG strategy: the labelled GPUs are all MIG-enabled
+        resource = offered[0]
+        # An unhealthy GPU leaves allocatable (all its replicas) before it leaves the labels.
+        count = min(count, -(-advertised[resource] // replicas))
+    memory = _device_memory(memory_mib, mig_profile, f"{_FULL_GPU_LABELS}.memory", notes)
+    product = human_product(product_label) if product_label else "unknown GPU"
+    return [
+        Gpu(
+            id=f"{mig_profile}#{i}" if mig_profile else str(i),
+            index=i,
+            product=product,
+            memory_bytes=memory,
+            sharing=sharing,
+            replicas=replicas,
+            resource=resource,
+            mig_profile=mig_profile,
+        )
+        for i in range(count)
+    ]
+
+
+def _mig_instances(
+    labels: Mapping[str, str],
+    advertised: Mapping[str, int] | None,
+    mig_prefixes: tuple[str, ...],
+    notes: list[str],
+) -> list[Gpu]:
+    if labels.get(MIG_STRATEGY_LABEL) != "mixed":
+        return []
+    resources: set[str] = set()
+    for key in labels:
+        if key.endswith(".count") and key.startswith(mig_prefixes):
+            resources.add(key.removesuffix(".count"))
+    if advertised is not None:
+        # What the plugin advertises wins: a profile can be labelled yet not (yet) served.
+        resources = {r for r in resources if advertised.get(r, 0) > 0}
+        resources |= {r for r, n in advertised.items() if n > 0 and r.startswith(mig_prefixes)}
+    parent_product = human_product(labels.get(f"{_FULL_GPU_LABELS}.product", ""))
+    devices: list[Gpu] = []
+    for resource in sorted(resources):
+        prefix = next(p for p in mig_prefixes if resource.startswith(p))
+        profile = resource.removeprefix(prefix)
+        replicas = max(1, _int_label(labels, f"{resource}.replicas", notes) or 1)
+        if advertised is not None:
+            count = -(-advertised.get(resource, 0) // replicas)
+        else:
+            count = _int_label(labels, f"{resource}.count", notes) or 0
+        memory = _device_memory(
+            _int_label(labels, f"{resource}.memory", notes), profile, f"{resource}.memory", notes
+        )
+        product_label = labels.get(f"{resource}.product")
+        product = human_product(product_label) if product_label else parent_product
+        sharing = _sharing(labels.get(f"{resource}.sharing-strategy"), replicas, profile, notes)
+        devices.extend(
+            Gpu(f"{profile}#{i}", i, product, memory, sharing, replicas, resource, profile)
+            for i in range(count)
+        )
+    return devices
+
+
+def _sharing(value: str | None, replicas: int, mig_profile: str | None, notes: list[str]) -> Sharing:
+    """The device's sharing strategy; a shared MIG instance counts as shared, not as isolated."""
+    if replicas > 1:
+        if value in ("time-slicing", "mps"):
+            return value  # type: ignore[return-value]
+        if value not in (None, "none"):
+            notes.append(f"unknown sharing strategy {value!r}; treated as time-slicing")
+        # Older GFD versions label replicas but no strategy; time-slicing is the plugin's default.
+        return "time-slicing"
+    return "mig" if mig_profile is not None else "none"
+
+
+def _device_memory(mib: int | None, profile: str | None, label: str, notes: list[str]) -> int:
+    if mib is not None and mib > 0:
+        return mib * MiB
+    if profile is not None:
+        from_name = mig_profile_bytes(profile)
+        if from_name is not None:
+            return from_name
+    notes.append(f"label {label} is missing; the device's memory is unknown")
+    return 0
+
+
+def _advertised(node: Mapping[str, Any], notes: list[str]) -> dict[str, int] | None:
+    """Extended resources the device plugin advertises (allocatable, else capacity); None if neither.
+
+    A node with a status but no GPU resource in it advertises nothing: its device plugin is not
+    (yet) registered, so the scheduler cannot place GPU pods there whatever the labels say.
+    """
+    status = node.get("status")
+    if not isinstance(status, Mapping):
+        return None
+    result: dict[str, int] | None = None
+    for section in ("allocatable", "capacity"):
+        values = status.get(section)
+        if not isinstance(values, Mapping):
+            continue
+        result = {}
+        for key, raw in values.items():
+            if not isinstance(key, str) or not key.startswith(LABEL_PREFIX):
+                continue
+            try:
+                result[key] = int(parse_quantity(str(raw)))
+            except QuantityError:
+                notes.append(f"status.{section}[{key}]={raw!r} is not a quantity; ignored")
+        if result:
+            return result
+    return result
+
+
+def _int_label(labels: Mapping[str, str], key: str, notes: list[str]) -> int | None:
+    value = labels.get(key)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        notes.append(f"label {key}={value!r} is not an integer; ignored")
+        return None
+    if number < 0:
+        notes.append(f"label {key}={value!r} is negative; ignored")
+        return None
+    return number
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def parse_agent_report(text: str) -> tuple[AgentReport | None, list[str]]:
+    """Read the agent's JSON report; junk is skipped with a reason, never raised.
+
+    Returns ``(None, reasons)`` when nothing usable is left (not JSON, unknown version).
+    """
+    problems: list[str] = []
+    try:
+        data = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        return None, [f"agent report ignored: not JSON ({exc})"]
+    if not isinstance(data, Mapping):
+        return None, ["agent report ignored: not a JSON object"]
+    version = data.get("version")
+    if version != AGENT_REPORT_VERSION or isinstance(version, bool):
+        return None, [
+            f"agent report ignored: version {version!r} is not {AGENT_REPORT_VERSION}, "
+            "the version this vramguard reads"
+        ]
+    gpus: list[ReportedGpu] = []
+    raw_gpus = data.get("gpus", [])
+    if not isinstance(raw_gpus, list):
+        problems.append("agent report: 'gpus' is not a list; ignored")
+        raw_gpus = []
+    for position, entry in enumerate(raw_gpus):
+        reported = _reported_gpu(entry, position, problems)
+        if reported is not None:
+            gpus.append(reported)
+    placements: dict[str, dict[str, tuple[str, ...]]] = {}
+    raw_pods = data.get("pods", {})
+    if not isinstance(raw_pods, Mapping):
+        problems.append("agent report: 'pods' is not an object; ignored")
+        raw_pods = {}
+    for uid, containers in raw_pods.items():
+        if not isinstance(containers, Mapping):
+            problems.append(f"agent report: pod {uid}: not an object of containers; ignored")
+            continue
+        per_container: dict[str, tuple[str, ...]] = {}
+        for container, ids in containers.items():
+            if isinstance(ids, list) and all(isinstance(i, str) for i in ids):
+                per_container[str(container)] = tuple(ids)
+            else:
+                problems.append(f"agent report: pod {uid} container {container}: not a list of ids; ignored")
+        placements[str(uid)] = per_container
+    return AgentReport(AGENT_REPORT_VERSION, tuple(gpus), placements), problems
+
+
+def _reported_gpu(entry: Any, position: int, problems: list[str]) -> ReportedGpu | None:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
+        problems.append(f"agent report: gpus[{position}] has no string 'id'; ignored")
+        return None
+    memory = entry.get("memory_bytes")
+    foreign = entry.get("foreign_bytes", 0)
+    if memory is not None and not _byte_count(memory):
+        problems.append(f"agent report: gpus[{position}].memory_bytes={memory!r} is not a byte count; ignored")
+        memory = None
+    if not _byte_count(foreign):
+        problems.append(f"agent report: gpus[{position}].foreign_bytes={foreign!r} is not a byte count; ignored")
+        foreign = 0
+    return ReportedGpu(entry["id"], memory, foreign)
+
+
+def _byte_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _apply_report(
+    devices: list[Gpu], report: AgentReport, notes: list[str]
+) -> tuple[list[Gpu], Mapping[str, Mapping[str, tuple[str, ...]]]]:
+    by_id = {d.id: d for d in devices}
+    for reported in report.gpus:
+        device = by_id.get(reported.id)
+        if device is None:
+            notes.append(f"agent report: device {reported.id!r} is not among the node's devices; ignored")
+            continue
+        memory = device.memory_bytes if reported.memory_bytes in (None, 0) else reported.memory_bytes
+        assert memory is not None
+        by_id[reported.id] = Gpu(
+            device.id, device.index, device.product, memory, device.sharing, device.replicas,
+            device.resource, device.mig_profile, reported.foreign_bytes,
+        )
+    placements: dict[str, dict[str, tuple[str, ...]]] = {}
+    for uid, containers in report.placements.items():
+        for container, ids in containers.items():
+            known = tuple(i for i in ids if i in by_id)
+            if len(known) != len(ids):
+                notes.append(f"agent report: pod {uid} container {container} names unknown devices; ignored")
+                continue
+            placements.setdefault(uid, {})[container] = known
+    return [by_id[d.id] for d in devices], placements
+

@@ -1,0 +1,322 @@
+"""Filter, score and choose GPUs for a pod: pure functions over the ledger, the demand and the policy.
+
+The extender turns a pod into claims once (:func:`pod_claims`), then asks for each node whether it
+fits (:func:`filter_node`), how well (:func:`score_node`), and at bind which devices to record
+(:func:`choose_gpus`) before reserving them in the ledger.
+
+**Init containers.** A regular init container runs before the app containers and the kubelet hands
+its devices on to them, so a pod's devices of a resource number ``max(largest init container, sum of
+app containers)``. vramguard gives every one of those devices the largest of the app container's
+amount and every init container's amount. That over-reserves only when an init container uses more
+VRAM than an app container on the same resource, which is rare (GPU init containers mostly warm a
+cache), and it never under-reserves whichever devices the init container gets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from vramguard.demand.model import PodDemand, Vram
+from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, Shortfall
+from vramguard.policy import ClassChoice
+from vramguard.quantity import GiB, MiB, format_bytes
+
+VRAM_ANNOTATION = "vramguard.io/vram"
+MAX_SCORE = 10
+_SHARING_ADJECTIVE = {"none": "unshared", "time-slicing": "time-slicing", "mps": "MPS", "mig": "MIG"}
+_SHARING_OFFER = {"none": "whole GPUs", "time-slicing": "time-slicing", "mps": "MPS", "mig": "MIG instances"}
+
+
+class Verdict(StrEnum):
+    """A node's answer to the filter."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    """Does not fit now; may fit once other pods leave (preemption may help)."""
+    UNRESOLVABLE = "unresolvable"
+    """Can never fit this node, whatever is evicted."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """The filter's answer for one node, with the message for the pod's FailedScheduling event."""
+
+    verdict: Verdict
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the node passes."""
+        return self.verdict is Verdict.PASS
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaims:
+    """A pod's claims under its class, computed once and used for every node."""
+
+    uid: str
+    claims: tuple[Claim, ...] = ()
+    init: tuple[tuple[str, str, int], ...] = ()
+    """Init containers as (container, resource, devices): they reuse the pod's first devices."""
+    refusal: str | None = None
+    """Why the pod can be placed on no node (its class rejects unknown VRAM)."""
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The GPU resources the pod asks for."""
+        return tuple(dict.fromkeys(c.resource for c in self.claims))
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The devices chosen for a pod at bind: claims ready for :meth:`Ledger.reserve`, and per container."""
+
+    node: str
+    claims: tuple[Claim, ...]
+    containers: Mapping[str, tuple[str, ...]]
+    """Container name -> the device ids vramguard intends it to use (init containers included)."""
+
+    def annotation(self) -> str:
+        """The decision as compact JSON, for the pod's ``vramguard.io/`` annotation."""
+        return json.dumps({"node": self.node, "containers": dict(self.containers)}, separators=(",", ":"))
+
+
+def pod_claims(demand: PodDemand, choice: ClassChoice, uid: str = "") -> PodClaims:
+    """The claims a pod makes, one per device replica, under its class's rule for unknown VRAM."""
+    unknown = [c.name for c in demand.containers if c.reservation is None]
+    if unknown and choice.qos.unknown_vram == "reject":
+        names = ", ".join(unknown)
+        return PodClaims(uid, refusal=(
+            f"container {names}: VRAM unknown and class {choice.name} does not place such pods; "
+            f"declare it with the annotation {VRAM_ANNOTATION} (e.g. {VRAM_ANNOTATION}.{unknown[0]}: 16Gi)"
+        ))
+    claims: list[Claim] = []
+    init: list[tuple[str, str, int]] = []
+    for resource in dict.fromkeys(c.resource for c in demand.containers):
+        apps = [c for c in demand.containers if c.resource == resource and not c.init]
+        inits = [c for c in demand.containers if c.resource == resource and c.init]
+        init_amounts: tuple[Vram | None, ...] = tuple(dict.fromkeys(c.reservation for c in inits))
+        slots = [(c.name, c.reservation) for c in apps for _ in range(c.gpus)]
+        largest_init = max(inits, key=lambda c: c.gpus, default=None)
+        if largest_init is not None and largest_init.gpus > len(slots):
+            slots += [(largest_init.name, largest_init.reservation)] * (largest_init.gpus - len(slots))
+        for name, amount in slots:
+            candidates = tuple(dict.fromkeys((amount, *init_amounts)))
+            claims.append(Claim(resource, name, candidates))
+        init.extend((c.name, resource, c.gpus) for c in inits)
+    return PodClaims(uid, tuple(claims), tuple(init))
+
+
+def filter_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) -> NodeVerdict:
+    """Whether the pod's claims fit ``node`` without any device exceeding its budget, under its class.
+
+    Unresolvable: the node lacks a resource the pod asks for, the class forbids the node's sharing,
+    or the claims do not fit even the empty node. Otherwise a failure names each device's numbers.
+    """
+    if pod.refusal is not None:
+        return NodeVerdict(Verdict.UNRESOLVABLE, pod.refusal)
+    if not pod.claims:
+        return NodeVerdict(Verdict.PASS)  # no GPU asked for: nothing of vramguard's to check
+    inventory = ledger.inventory(node)
+    if inventory is None:
+        return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet")
+    if not inventory.devices:
+        return NodeVerdict(Verdict.UNRESOLVABLE, "node has no GPUs (no GPU Feature Discovery labels)")
+    for resource in pod.resources:
+        devices = inventory.devices_for(resource)
+        if not devices:
+            offered = ", ".join(inventory.resources())
+            return NodeVerdict(Verdict.UNRESOLVABLE, f"node offers no {resource} (it has {offered})")
+        forbidden = sorted({d.sharing for d in devices} - set(choice.qos.sharing))
+        if forbidden:
+            kinds = ", ".join(_SHARING_ADJECTIVE[s] for s in forbidden)
+            offers = ", ".join(_SHARING_OFFER[s] for s in forbidden)
+            return NodeVerdict(
+                Verdict.UNRESOLVABLE, f"class {choice.name} does not allow {kinds} GPUs (node offers {offers})"
+            )
+        sizeless = [d for d in devices if d.memory_bytes == 0]
+        if sizeless:
+            return NodeVerdict(
+                Verdict.UNRESOLVABLE,
+                f"{sizeless[0].label}: memory size unknown (no nvidia.com/gpu.memory label or agent report)",
+            )
+    fit = ledger.fits(node, pod.claims, pod.uid or None)
+    if fit.ok:
+        return NodeVerdict(Verdict.PASS)
+    verdict = Verdict.UNRESOLVABLE if fit.unresolvable else Verdict.FAIL
+    return NodeVerdict(verdict, describe_fit(fit, pod.claims))
+
+
+def describe_fit(fit: Fit, claims: Sequence[Claim]) -> str:
+    """The message of a failed fit: the device with most room first, its numbers, then the others."""
+    whole = any(None in c.vram for c in claims)
+    parts = list(fit.problems)
+    shortfalls = sorted(fit.shortfalls, key=lambda s: (-s.free, s.device.index))
+    if shortfalls:
+        first = shortfalls[0]
+        text = _shortfall_text(first)
+        if whole:
+            text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
+        if first.unknown_pods:
+            text += f"; counting {_pods(first.unknown_pods)} whose GPU is not known yet"
+        if len(shortfalls) > 1:
+            text += "; also " + ", ".join(s.device.label.split(" (")[0] for s in shortfalls[1:])
+        parts.insert(0, text)
+    return "; ".join(parts)
+
+
+def _shortfall_text(shortfall: Shortfall) -> str:
+    free = max(shortfall.free, 0)
+    head = (
+        f"{shortfall.device.label}: {_like(free, shortfall.budget)} of {format_bytes(shortfall.budget)} "
+        "VRAM budget free, pod needs "
+    )
+    if shortfall.devices <= 1:
+        return head + f"{format_bytes(shortfall.need)} per GPU"
+    return head + (
+        f"{format_bytes(shortfall.need)} on it ({shortfall.devices} of its GPU replicas may be given "
+        "the same GPU)"
+    )
+
+
+def _like(count: int, reference: int) -> str:
+    """``count`` in the unit ``format_bytes`` picks for ``reference`` (``0.0 GiB`` of ``71.7 GiB``)."""
+    if reference >= GiB:
+        return f"{count / GiB:.1f} GiB"
+    if reference >= MiB:
+        return f"{count / MiB:.1f} MiB"
+    return format_bytes(count)
+
+
+def _pods(count: int) -> str:
+    return f"{count} pod" if count == 1 else f"{count} pods"
+
+
+def score_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice, *, checked: bool = False) -> int:
+    """0..10 for a node the pod fits: ``binpack`` favours the fullest devices that still fit (less
+    fragmentation), ``spread`` the emptiest with the fewest co-tenants (less jitter). 0 if it fails.
+
+    ``checked=True`` skips the filter for nodes that just passed it (the scheduler prioritizes only those).
+    """
+    if not checked and not filter_node(ledger, node, pod, choice).ok:
+        return 0
+    assignment = choose_gpus(ledger, node, pod, choice)
+    if assignment is None or not assignment.claims:
+        return 0
+    usage = {u.device.id: u for u in ledger.usage(node, pods=False)}
+    added: dict[str, tuple[int, int]] = {}
+    for claim in assignment.claims:
+        device = claim.gpu or claim.intended
+        if device is None or device not in usage:
+            continue
+        row = usage[device]
+        amount = claim.bytes_on(row.device.memory_bytes, _whole(row))
+        before = added.get(device, (0, 0))
+        added[device] = (before[0] + amount, before[1] + 1)
+    if not added:
+        return 0
+    fullness = []
+    crowding = []
+    for device, (amount, slots) in added.items():
+        row = usage[device]
+        fullness.append(min(1.0, (row.expected_bytes + amount) / row.budget) if row.budget else 1.0)
+        crowding.append(min(1.0, (row.slots_used + slots) / row.device.replicas))
+    mean_full = sum(fullness) / len(fullness)
+    mean_crowd = sum(crowding) / len(crowding)
+    score = mean_full if choice.qos.scoring == "binpack" else 1 - (mean_full + mean_crowd) / 2
+    return max(0, min(MAX_SCORE, round(score * MAX_SCORE)))
+
+
+def _whole(row: DeviceUsage) -> int:
+    return row.budget // row.device.replicas if row.device.sharing == "mps" else row.budget
+
+
+def choose_gpus(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) -> Assignment | None:
+    """The devices to record for each claim and container; ``None`` when the node is unknown.
+
+    A claim whose device is known (given on the claim, or the only device of its resource) keeps it.
+    For the others this is vramguard's intended placement, from the expected usage (known plus intended
+    claims): ``binpack`` takes the fullest device that still has room, ``spread`` the emptiest. The
+    device plugin may still pick another replica; the ledger's accounting does not rely on it.
+    """
+    if ledger.inventory(node) is None:
+        return None
+    rows = ledger.usage(node, pods=False)
+    state = {u.device.id: [u.expected_bytes, u.slots_used] for u in rows}
+    by_id = {u.device.id: u for u in rows}
+    chosen: list[Claim] = []
+    containers: dict[str, list[str]] = {}
+    order = sorted(range(len(pod.claims)), key=lambda i: _largest(pod.claims[i], rows), reverse=True)
+    picks: dict[int, Claim] = {}
+    for i in order:
+        claim = pod.claims[i]
+        known = claim.gpu if claim.gpu in by_id else _only_device(rows, claim.resource)
+        if known is not None:
+            picks[i] = replace(claim, intended=known)
+            _take(state, by_id[known], claim)
+            continue
+        pick = _pick(rows, state, claim, choice.qos.scoring)
+        picks[i] = replace(claim, intended=pick)
+        if pick is not None:
+            _take(state, by_id[pick], claim)
+    for i in range(len(pod.claims)):
+        claim = picks[i]
+        chosen.append(claim)
+        target = claim.gpu or claim.intended
+        if target is not None:
+            containers.setdefault(claim.container, []).append(target)
+    for name, resource, count in pod.init:
+        devices = [c.gpu or c.intended for c in chosen if c.resource == resource]
+        containers[name] = [d for d in devices if d is not None][:count]
+    return Assignment(node, tuple(chosen), {k: tuple(v) for k, v in containers.items()})
+
+
+def _only_device(rows: Sequence[DeviceUsage], resource: str) -> str | None:
+    devices = [u.device.id for u in rows if u.device.resource == resource]
+    return devices[0] if len(devices) == 1 else None
+
+
+def _largest(claim: Claim, rows: Sequence[DeviceUsage]) -> int:
+    sizes = [claim.bytes_on(u.device.memory_bytes, _whole(u)) for u in rows if u.device.resource == claim.resource]
+    return max(sizes, default=0)
+
+
+def _take(state: dict[str, list[int]], row: DeviceUsage, claim: Claim) -> None:
+    state[row.device.id][0] += claim.bytes_on(row.device.memory_bytes, _whole(row))
+    state[row.device.id][1] += 1
+
+
+def _pick(rows: Sequence[DeviceUsage], state: Mapping[str, list[int]], claim: Claim, scoring: str) -> str | None:
+    candidates = []
+    for row in rows:
+        if row.device.resource != claim.resource:
+            continue
+        used, slots = state[row.device.id]
+        if slots >= row.device.replicas:
+            continue
+        amount = claim.bytes_on(row.device.memory_bytes, _whole(row))
+        room = row.budget - used - amount
+        candidates.append((room >= 0, row, used, slots))
+    if not candidates:
+        return None
+    fitting = [c for c in candidates if c[0]] or candidates
+    if scoring == "binpack":
+        best = min(fitting, key=lambda c: (c[1].budget - c[2], c[1].device.index))
+    else:
+        best = min(fitting, key=lambda c: (c[3], c[2] - c[1].budget, c[1].device.index))
+    return best[1].device.id
+
+
+def apply_intended(claims: Sequence[Claim], containers: Mapping[str, Sequence[str]]) -> tuple[Claim, ...]:
+    """Claims with the devices recorded at bind set as intended (to rebuild the ledger from pods)."""
+    position: dict[str, int] = {}
+    result = []
+    for claim in claims:
+        devices = containers.get(claim.container, ())
+        index = position.get(claim.container, 0)
+        position[claim.container] = index + 1
+        result.append(replace(claim, intended=devices[index]) if index < len(devices) else claim)
+    return tuple(result)

@@ -1,0 +1,347 @@
+"""The policy: QoS classes, enforcement modes and VRAM quotas, shared by the extender and the webhook.
+
+A pod's class comes from its label ``vramguard.io/qos-class``, else from its namespace's label of
+the same name, else from ``default_class``. A class says which sharing strategies its pods may use
+(``none``, ``time-slicing``, ``mps``, ``mig``), how much of each GPU to keep free (``headroom``),
+how to rank nodes (``binpack`` | ``spread``), and what to do when a pod's VRAM is unknown
+(``whole-gpu`` | ``reject``); the webhook reads ``max_vram_per_gpu``, ``require_mps_limit`` and
+``allow_implicit_defaults``.
+
+The policy file is YAML. Unknown keys are refused, and every validation error becomes one line
+naming the key, so a typo in the file cannot silently change what is enforced. :class:`PolicyFile`
+re-reads the file when its content changes and keeps the previous policy when the new one is
+invalid: a bad edit must never take a service down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from vramguard.demand.model import Vram
+from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
+from vramguard.quantity import QuantityError, parse_bytes
+
+QOS_CLASS_LABEL = "vramguard.io/qos-class"
+ENFORCE_LABEL = "vramguard.io/enforce"
+DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
+
+Enforcement = Literal["enforce", "warn", "audit"]
+Scoring = Literal["binpack", "spread"]
+UnknownVram = Literal["whole-gpu", "reject"]
+
+# A class is chosen by a label value, so its name must be a valid label value.
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_PLAIN_NUMBER = re.compile(r"^(?:\d+\.\d*|\.\d+|\d+)$")
+
+
+class PolicyError(ValueError):
+    """The policy file is unreadable or invalid; the message has one line per problem."""
+
+
+def _text(value: Any) -> Any:
+    # YAML turns `0.5` and `40` into numbers; quantities are read from their text.
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+Quantity = Annotated[str, BeforeValidator(_text)]
+
+
+def parse_vram_limit(text: str) -> Vram:
+    """A quantity (``40Gi``) or a fraction of the GPU (``0.5``, ``1``), as the annotation reads it."""
+    text = text.strip()
+    if _PLAIN_NUMBER.match(text) and ("." in text or Fraction(text) <= 1):
+        fraction = Fraction(text)
+        if not 0 < fraction <= 1:
+            raise ValueError(f"{text}: a fraction of the GPU must be in (0, 1]")
+        return Vram(fraction=fraction)
+    try:
+        count = parse_bytes(text)
+    except QuantityError as exc:
+        raise ValueError(f"{text!r} is neither a quantity (like 40Gi) nor a fraction (like 0.5)") from exc
+    if count == 0:
+        raise ValueError(f"{text!r} is zero")
+    return Vram(bytes=count)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QosClass(_Strict):
+    """What a class of pods may use and how they are placed."""
+
+    description: str = ""
+    sharing: tuple[Sharing, ...] = Field(min_length=1)
+    """Sharing strategies of the GPUs its pods may be placed on."""
+    headroom: Decimal = Field(default=Decimal("0.10"), ge=0, lt=1)
+    """Fraction of each GPU kept free (runtime overhead, fragmentation, CUDA contexts)."""
+    scoring: Scoring = "binpack"
+    unknown_vram: UnknownVram = "whole-gpu"
+    max_vram_per_gpu: Quantity | None = None
+    """Largest reservation per GPU, a quantity or a fraction of the GPU (webhook)."""
+    require_mps_limit: bool = False
+    """Containers must set ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (webhook)."""
+    allow_implicit_defaults: bool = True
+    """Whether an engine's implicit default (vLLM's 0.92) is acceptable (webhook)."""
+
+    @field_validator("sharing")
+    @classmethod
+    def _unique(cls, value: tuple[Sharing, ...]) -> tuple[Sharing, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("lists a strategy twice")
+        return value
+
+    @field_validator("max_vram_per_gpu")
+    @classmethod
+    def _vram_limit(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_vram_limit(value)
+        return value
+
+    @property
+    def headroom_fraction(self) -> Fraction:
+        """The headroom as an exact fraction (``0.1`` -> 1/10)."""
+        return Fraction(self.headroom)
+
+    @property
+    def max_vram(self) -> Vram | None:
+        """``max_vram_per_gpu`` parsed, or ``None``."""
+        return parse_vram_limit(self.max_vram_per_gpu) if self.max_vram_per_gpu is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ClassChoice:
+    """The class a pod falls in, where that came from, and what was wrong on the way."""
+
+    name: str
+    qos: QosClass
+    source: Literal["pod", "namespace", "default"]
+    problem: str | None = None
+
+
+class Policy(_Strict):
+    """The whole policy file."""
+
+    default_class: str = "best-effort"
+    classes: dict[str, QosClass] = Field(min_length=1)
+    enforcement: Enforcement = "warn"
+    """Default enforcement of namespaces without a ``vramguard.io/enforce`` label (webhook)."""
+    quotas: dict[str, Quantity] = Field(default_factory=dict)
+    """VRAM quota per namespace: the sum over its live GPU pods (webhook)."""
+    gpu_resources: tuple[str, ...] = DEFAULT_GPU_RESOURCES
+    """Extended resources that are GPUs or GPU replicas."""
+    gpu_resource_prefixes: tuple[str, ...] = DEFAULT_MIG_PREFIXES
+    """Prefixes of resources that are MIG instances (``nvidia.com/mig-<profile>``)."""
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names(cls, value: dict[str, QosClass]) -> dict[str, QosClass]:
+        bad = [name for name in value if not _LABEL_VALUE.match(name)]
+        if bad:
+            raise ValueError(f"class names must be valid label values: {', '.join(map(repr, bad))}")
+        return value
+
+    @field_validator("quotas")
+    @classmethod
+    def _quotas(cls, value: dict[str, str]) -> dict[str, str]:
+        for namespace, quantity in value.items():
+            try:
+                parse_bytes(quantity)
+            except QuantityError as exc:
+                raise ValueError(f"namespace {namespace}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> Policy:
+        if self.default_class not in self.classes:
+            raise ValueError(
+                f"default_class {self.default_class!r} is not a class (classes: {', '.join(self.classes)})"
+            )
+        return self
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Policy:
+        """Parse and validate a policy; raise :class:`PolicyError` with one line per problem."""
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise PolicyError(f"policy is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        if not isinstance(data, Mapping):
+            raise PolicyError("policy must be a YAML mapping (keys default_class, classes, ...)")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise PolicyError(describe_errors(exc)) from None
+
+    def choose_class(
+        self, pod_labels: Mapping[str, str] | None, namespace_labels: Mapping[str, str] | None
+    ) -> ClassChoice:
+        """The pod's class: its label, else its namespace's label, else the default class.
+
+        A label naming no class is skipped (the next source decides) and reported in ``problem``,
+        so the webhook can tell the user and the extender can still place the pod.
+        """
+        problems: list[str] = []
+        sources: tuple[tuple[Literal["pod", "namespace"], Mapping[str, str] | None], ...] = (
+            ("pod", pod_labels),
+            ("namespace", namespace_labels),
+        )
+        for source, labels in sources:
+            name = (labels or {}).get(QOS_CLASS_LABEL)
+            if name is None:
+                continue
+            if name in self.classes:
+                return ClassChoice(name, self.classes[name], source, "; ".join(problems) or None)
+            problems.append(
+                f"{source} label {QOS_CLASS_LABEL}={name} names no class "
+                f"(classes: {', '.join(self.classes)})"
+            )
+        return ClassChoice(
+            self.default_class, self.classes[self.default_class], "default", "; ".join(problems) or None
+        )
+
+    def headroom_for(self, sharing: Sharing) -> Fraction:
+        """The headroom of GPUs shared by ``sharing``: the largest among classes allowed on them.
+
+        A GPU's budget must not depend on which pod asks, or two classes could fill it to different
+        levels; the most careful class that may use such a GPU sets it for everyone. A strategy no
+        class allows still hosts pods placed by others, so it takes the default class's headroom.
+        """
+        allowed = [c.headroom_fraction for c in self.classes.values() if sharing in c.sharing]
+        return max(allowed) if allowed else self.classes[self.default_class].headroom_fraction
+
+    def headrooms(self) -> dict[Sharing, Fraction]:
+        """:meth:`headroom_for` of every sharing strategy, for the ledger."""
+        return {sharing: self.headroom_for(sharing) for sharing in SHARING_STRATEGIES}
+
+    def quota_bytes(self, namespace: str) -> int | None:
+        """The namespace's VRAM quota in bytes, or ``None`` when it has none."""
+        quantity = self.quotas.get(namespace)
+        return parse_bytes(quantity) if quantity is not None else None
+
+    def enforcement_for(self, namespace_labels: Mapping[str, str] | None) -> tuple[Enforcement, str | None]:
+        """The namespace's enforcement mode from its ``vramguard.io/enforce`` label, else the default.
+
+        An invalid label value falls back to the default and is reported as the second item.
+        """
+        value = (namespace_labels or {}).get(ENFORCE_LABEL)
+        if value in ("enforce", "warn", "audit"):
+            return value, None  # type: ignore[return-value]
+        if value is None:
+            return self.enforcement, None
+        return self.enforcement, (
+            f"namespace label {ENFORCE_LABEL}={value} is not enforce, warn or audit; "
+            f"using {self.enforcement}"
+        )
+
+
+def describe_errors(error: ValidationError) -> str:
+    """One line per validation problem, naming the key, e.g. ``classes.gold.headroom: ...``."""
+    lines = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            parent = ".".join(str(part) for part in item["loc"][:-1])
+            allowed = ", ".join(_allowed_keys(item["loc"][:-1]))
+            where = f" in {parent}" if parent else ""
+            lines.append(f"unknown key {item['loc'][-1]!r}{where} (allowed: {allowed})")
+        elif item["type"] == "missing":
+            lines.append(f"{location}: required")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{location}: {message}" if location else message)
+    return "invalid policy:\n  " + "\n  ".join(lines)
+
+
+def _allowed_keys(parent: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = Policy
+    if len(parent) == 2 and parent[0] == "classes":
+        model = QosClass
+    return list(model.model_fields)
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file; raise :class:`PolicyError` naming the file on any problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"cannot read policy {path}: {exc}") from None
+    try:
+        return Policy.from_yaml(text)
+    except PolicyError as exc:
+        raise PolicyError(f"{path}: {exc}") from None
+
+
+def default_policy() -> Policy:
+    """The policy shipped with vramguard (``vramguard/default_policy.yaml``)."""
+    text = importlib.resources.files("vramguard").joinpath(DEFAULT_POLICY_RESOURCE).read_text("utf-8")
+    return Policy.from_yaml(text)
+
+
+class PolicyFile:
+    """A policy file that is re-read when its content changes, keeping the last good policy.
+
+    The file's stat (inode, size, modification time) is checked first, so a reload that finds no
+    change costs one ``stat``; Kubernetes swaps ConfigMap files through a symlink, which changes
+    the inode. Content is compared by hash, so a touch without a change parses nothing.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        """Load the policy at ``path``; raise :class:`PolicyError` when it is invalid."""
+        self.path = Path(path)
+        self._stamp = self._stat()
+        self._digest, text = self._read()
+        try:
+            self.policy = Policy.from_yaml(text)
+        except PolicyError as exc:
+            raise PolicyError(f"{self.path}: {exc}") from None
+
+    def reload(self) -> tuple[Policy, str | None]:
+        """The current policy and, when the file changed into something unusable, why it was kept."""
+        stamp = self._stat()
+        if stamp == self._stamp and stamp is not None:
+            return self.policy, None
+        self._stamp = stamp
+        try:
+            digest, text = self._read()
+        except PolicyError as exc:
+            return self.policy, f"{exc}; keeping the previous policy"
+        if digest == self._digest:
+            return self.policy, None
+        try:
+            policy = Policy.from_yaml(text)
+        except PolicyError as exc:
+            return self.policy, f"{self.path}: {exc}\nkeeping the previous policy"
+        self._digest, self.policy = digest, policy
+        return policy, None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            info = self.path.stat()
+        except OSError:
+            return None
+        return info.st_ino, info.st_size, info.st_mtime_ns
+
+    def _read(self) -> tuple[str, str]:
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise PolicyError(f"cannot read policy {self.path}: {exc}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"policy {self.path} is not UTF-8: {exc}") from None
+        return hashlib.sha256(data).hexdigest(), text
