@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
-from extender.state import ClusterState
+from extender.state import ClusterState, slim_node, slim_pod
 from extender.verbs import Verbs
 from service.http import Readiness
 from service.kube import Connection, Informer, KubeClient
@@ -44,9 +44,9 @@ async def run(settings: ExtenderSettings) -> None:
     state = ClusterState(policy)
     client = KubeClient(settings.connection)
     informers = [
-        Informer(client, "/api/v1/nodes", state.nodes),
+        Informer(client, "/api/v1/nodes", state.nodes, slim=slim_node),
         Informer(client, "/api/v1/namespaces", state.namespaces),
-        Informer(client, "/api/v1/pods", state.pods, BOUND_PODS),
+        Informer(client, "/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
     ]
     synced = asyncio.Event()
     registry = CollectorRegistry()

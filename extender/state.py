@@ -11,11 +11,12 @@ them, so no interleaving of watch events and binds can drop a reservation and ov
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.demand import DemandOptions, derive_pod_demand
+from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.ledger import Ledger, PodRef
 from vramguard.placement import PodClaims, apply_intended, pod_claims
@@ -24,6 +25,10 @@ from vramguard.policy import ClassChoice, Policy
 PLACEMENT_ANNOTATION = "vramguard.io/placement"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 JSON = dict[str, Any]
+VRAM_ANNOTATION_PREFIX = "vramguard.io/vram"
+"""Demand reads only these annotations (``vramguard.io/vram`` and ``vramguard.io/vram.<container>``)."""
+CACHED_DEMANDS = 4096
+"""Distinct pod templates whose demand and claims are kept: replicas share one entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,54 @@ def pod_key(pod: Mapping[str, Any]) -> PodKey:
     """UID, namespace and name of a pod object."""
     metadata = pod.get("metadata") or {}
     return PodKey(str(metadata.get("uid", "")), str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+
+
+_CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "envFrom", "resources", "restartPolicy")
+
+
+def slim_pod(pod: Mapping[str, Any]) -> JSON:
+    """The fields of a pod the extender reads (demand, class, placement), nothing else."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    slim_spec: JSON = {"nodeName": spec.get("nodeName")}
+    for field_name in ("containers", "initContainers"):
+        containers = spec.get(field_name)
+        if isinstance(containers, list):
+            slim_spec[field_name] = [
+                {k: c[k] for k in _CONTAINER_FIELDS if k in c} if isinstance(c, dict) else c for c in containers
+            ]
+    return {
+        "metadata": {
+            "uid": metadata.get("uid"),
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "resourceVersion": metadata.get("resourceVersion"),
+            "labels": metadata.get("labels"),
+            "annotations": {k: v for k, v in annotations.items() if k.startswith("vramguard.io/")}
+            if isinstance(annotations, dict) else None,
+        },
+        "spec": slim_spec,
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
+def slim_node(node: Mapping[str, Any]) -> JSON:
+    """The fields of a node the inventory reads: labels, vramguard annotations, GPU capacity."""
+    metadata = node.get("metadata") or {}
+    status = node.get("status") or {}
+    annotations = metadata.get("annotations") or {}
+    return {
+        "metadata": {
+            "name": metadata.get("name"),
+            "uid": metadata.get("uid"),
+            "resourceVersion": metadata.get("resourceVersion"),
+            "labels": metadata.get("labels"),
+            "annotations": {k: v for k, v in annotations.items() if k.startswith("vramguard.io/")}
+            if isinstance(annotations, dict) else None,
+        },
+        "status": {"capacity": status.get("capacity"), "allocatable": status.get("allocatable")},
+    }
 
 
 def asks_for_gpu(pod: Mapping[str, Any], options: DemandOptions) -> bool:
@@ -67,6 +120,8 @@ class ClusterState:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
+        self.policy_version = 0
+        """Counts policy reloads (cached verdicts are per version)."""
         self.options = demand_options(policy)
         self.ledger = Ledger(policy.headrooms())
         self.namespace_labels: dict[str, dict[str, str]] = {}
@@ -78,13 +133,20 @@ class ClusterState:
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
         self.pods = _Delegate(self._replace_pods, self._upsert_pod, self._delete_pod)
         self.namespaces = _Delegate(self._replace_namespaces, self._upsert_namespace, self._delete_namespace)
+        # Derived once per pod template, not per pod: replicas of a Deployment share their demand and
+        # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
+        self._demands: OrderedDict[str, PodDemand] = OrderedDict()
+        self._claims: OrderedDict[tuple[object, ...], PodClaims] = OrderedDict()
 
     # -- policy -------------------------------------------------------------------------------
 
     def set_policy(self, policy: Policy) -> None:
         """Apply a reloaded policy: budgets follow the new headrooms."""
         self.policy = policy
+        self.policy_version += 1
         self.options = demand_options(policy)
+        self._demands.clear()
+        self._claims.clear()
         self.ledger.set_headrooms(policy.headrooms())
 
     def choose_class(self, pod: Mapping[str, Any]) -> ClassChoice:
@@ -96,7 +158,35 @@ class ClusterState:
 
     def claims_for(self, pod: Mapping[str, Any], choice: ClassChoice) -> PodClaims:
         """The pod's claims under its class (pods still to be placed)."""
-        return pod_claims(derive_pod_demand(pod, self.options), choice, pod_key(pod).uid)
+        return self._pod_claims(pod, choice, pod_key(pod).uid)
+
+    def _pod_claims(
+        self,
+        pod: Mapping[str, Any],
+        choice: ClassChoice,
+        uid: str,
+        recorded: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> PodClaims:
+        """``pod_claims`` of the pod's demand, with ``recorded`` devices as intended; cached per template."""
+        template = _template_key(pod)
+        key = (template, choice.name, choice.qos.unknown_vram, tuple(sorted(recorded.items())) if recorded else ())
+        shared = self._claims.get(key)
+        if shared is None:
+            shared = pod_claims(self._demand(pod, template), choice)
+            if recorded:
+                shared = PodClaims("", apply_intended(shared.claims, recorded), shared.init, shared.refusal)
+            self._claims[key] = shared
+            if len(self._claims) > CACHED_DEMANDS:
+                self._claims.popitem(last=False)
+        return PodClaims(uid, shared.claims, shared.init, shared.refusal)
+
+    def _demand(self, pod: Mapping[str, Any], template: str) -> PodDemand:
+        demand = self._demands.get(template)
+        if demand is None:
+            demand = self._demands[template] = derive_pod_demand(pod, self.options)
+            if len(self._demands) > CACHED_DEMANDS:
+                self._demands.popitem(last=False)
+        return demand
 
     # -- nodes ----------------------------------------------------------------------------------
 
@@ -148,12 +238,9 @@ class ClusterState:
         if choice.qos.unknown_vram != "whole-gpu":
             whole_gpu = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
             choice = ClassChoice(choice.name, whole_gpu, choice.source)
-        claims = pod_claims(derive_pod_demand(pod, self.options), choice, pod_key(pod).uid)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        recorded = _recorded_placement(annotations.get(PLACEMENT_ANNOTATION))
-        if recorded:
-            claims = PodClaims(claims.uid, apply_intended(claims.claims, recorded), claims.init, claims.refusal)
-        return claims
+        recorded = _recorded_placement(annotations.get(PLACEMENT_ANNOTATION) if isinstance(annotations, dict) else None)
+        return self._pod_claims(pod, choice, pod_key(pod).uid, recorded)
 
     def _upsert_pod(self, pod: JSON) -> None:
         key = pod_key(pod)
@@ -164,7 +251,7 @@ class ClusterState:
             return
         self.in_flight.pop(key.uid, None)
         claims = self.bound_claims(pod)
-        self.ledger.reserve(node, key.ref(), claims.claims, force=True)
+        self.ledger.hold(node, key.ref(), claims.claims)
         self._bound[key.uid] = node
 
     def _delete_pod(self, pod: JSON) -> None:
@@ -184,7 +271,7 @@ class ClusterState:
             self._upsert_pod(pod)
         for uid, (node, ref, claims) in self.in_flight.items():
             if uid not in self._bound:
-                self.ledger.reserve(node, ref, claims.claims, force=True)
+                self.ledger.hold(node, ref, claims.claims)
 
     # -- bind bookkeeping -----------------------------------------------------------------------
 
@@ -219,6 +306,21 @@ class _Delegate:
 def demand_options(policy: Policy) -> DemandOptions:
     """Which resources are GPUs, from the policy."""
     return DemandOptions(frozenset(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
+
+
+def _template_key(pod: Mapping[str, Any]) -> str:
+    """What a pod's demand depends on, as text: its containers, init containers and VRAM annotations."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    declared = (
+        sorted((k, v) for k, v in annotations.items() if isinstance(k, str) and k.startswith(VRAM_ANNOTATION_PREFIX))
+        if isinstance(annotations, dict)
+        else None
+    )
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return json.dumps([declared, repr(spec)], default=repr)
+    return json.dumps([declared, spec.get("initContainers"), spec.get("containers")], default=repr)
 
 
 def _recorded_placement(value: Any) -> dict[str, tuple[str, ...]]:

@@ -74,7 +74,8 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
         ssl_context = False
 
     def authorization() -> str | None:
-        token: str | None = configuration.get_api_key_with_prefix("authorization")
+        # The client's loaders store the token under "BearerToken" (older releases: "authorization").
+        token: str | None = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         return token
 
     return Connection(configuration.host.rstrip("/"), ssl_context, authorization)
@@ -159,13 +160,20 @@ class KubeClient:
         """DELETE an object at once (grace period 0)."""
         return await self.request("DELETE", path, {"gracePeriodSeconds": 0})
 
-    async def list_all(self, path: str, params: Mapping[str, str] | None = None) -> tuple[list[JSON], str]:
-        """Every item of a collection, paginated; returns ``(items, resourceVersion)``."""
+    async def list_all(
+        self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
+    ) -> tuple[list[JSON], str]:
+        """Every item of a collection, paginated; returns ``(items, resourceVersion)``.
+
+        ``slim`` is applied to each item as its page arrives, so a list of 50,000 pods never holds
+        more than one page of full objects (managedFields, status, volumes, ...) at a time.
+        """
         items: list[JSON] = []
         query = {"limit": str(LIST_PAGE_SIZE), **(params or {})}
         while True:
             page = await self.get(path, query)
-            items.extend(page.get("items") or [])
+            page_items = page.get("items") or []
+            items.extend(map(slim, page_items) if slim is not None else page_items)
             metadata = page.get("metadata") or {}
             token = metadata.get("continue")
             if not token:
@@ -236,12 +244,19 @@ class Informer:
     """
 
     def __init__(
-        self, client: KubeClient, path: str, store: Store, params: Mapping[str, str] | None = None
+        self,
+        client: KubeClient,
+        path: str,
+        store: Store,
+        params: Mapping[str, str] | None = None,
+        slim: Callable[[JSON], JSON] | None = None,
     ) -> None:
         self.client = client
         self.path = path
         self.store = store
         self.params = dict(params or {})
+        self.slim = slim
+        """Keeps only the fields the store reads, for listed and watched objects alike."""
         self.synced = asyncio.Event()
         self.resource_version = ""
 
@@ -251,7 +266,7 @@ class Informer:
         while True:
             try:
                 if not self.resource_version:
-                    objects, self.resource_version = await self.client.list_all(self.path, self.params)
+                    objects, self.resource_version = await self.client.list_all(self.path, self.params, self.slim)
                     self.store.replace(objects)
                     self.synced.set()
                 await self._watch()
@@ -270,10 +285,11 @@ class Informer:
             backoff = min(backoff * 2, 10.0)
 
     async def _watch(self) -> None:
-        async for kind, obj in self.client.watch(self.path, self.resource_version, self.params):
+        async for kind, raw in self.client.watch(self.path, self.resource_version, self.params):
             if kind == "ERROR":
-                raise ApiError(int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", "")))
-            version = (obj.get("metadata") or {}).get("resourceVersion")
+                raise ApiError(int(raw.get("code", 500)), str(raw.get("reason", "")), str(raw.get("message", "")))
+            version = (raw.get("metadata") or {}).get("resourceVersion")
+            obj = self.slim(raw) if self.slim is not None and kind != "BOOKMARK" else raw
             if kind in ("ADDED", "MODIFIED"):
                 self.store.upsert(obj)
             elif kind == "DELETED":

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import NOT_SYNCED, build_app
-from extender.state import PLACEMENT_ANNOTATION, ClusterState
+from extender.state import PLACEMENT_ANNOTATION, ClusterState, slim_node, slim_pod
 from extender.verbs import Verbs
 from service.http import Readiness
 from service.kube import ApiError
@@ -70,12 +70,6 @@ class FakeKube:
             raise ApiError(404, "NotFound", f"pods {name!r} not found")
         return self.pods[name]
 
-    async def patch(self, path: str, body: Any, patch_type: str = "merge") -> dict[str, Any]:
-        self.calls.append(("PATCH", path, body))
-        name = path.rsplit("/", 1)[-1]
-        self.pods[name]["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
-        return self.pods[name]
-
     async def create(self, path: str, body: Any) -> dict[str, Any]:
         self.calls.append(("POST", path, body))
         await asyncio.sleep(0)
@@ -83,6 +77,8 @@ class FakeKube:
             raise self.fail_binding
         pod = self.pods[body["metadata"]["name"]]
         pod["spec"]["nodeName"] = body["target"]["name"]
+        # As the API server does: the Binding's annotations land on the pod.
+        pod["metadata"].setdefault("annotations", {}).update(body["metadata"].get("annotations", {}))
         return {}
 
     def deliver(self, name: str) -> None:
@@ -135,11 +131,10 @@ async def test_bind_records_the_placement_and_creates_the_binding() -> None:
     _, verbs, fake = make([gpu_node("h100")])
     assert await schedule(verbs, fake, vllm_pod("p", "0.2"), ["h100"]) == "h100"
     methods = [(m, path) for m, path, _ in fake.calls]
-    assert methods == [("PATCH", "/api/v1/namespaces/default/pods/p"),
-                       ("POST", "/api/v1/namespaces/default/pods/p/binding")]
+    assert methods == [("POST", "/api/v1/namespaces/default/pods/p/binding")]
     placement = json.loads(fake.pods["p"]["metadata"]["annotations"][PLACEMENT_ANNOTATION])
     assert placement == {"node": "h100", "containers": {"vllm": ["0"]}}
-    binding = fake.calls[1][2]
+    binding = fake.calls[0][2]
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "h100"}
     assert binding["metadata"]["uid"] == "uid-p"
 
@@ -339,3 +334,20 @@ async def test_not_synced_answers_with_error() -> None:
 async def test_metrics_show_per_gpu_budget(client: TestClient) -> None:  # type: ignore[type-arg]
     text = await (await client.get("/metrics")).text()
     assert 'vramguard_gpu_budget_bytes{gpu="0",node="h100"' in text
+
+
+def test_slim_objects_keep_what_the_extender_reads() -> None:
+    pod = vllm_pod("p", "0.3", node="h100")
+    pod["metadata"]["managedFields"] = [{"manager": "kubectl"}] * 50
+    pod["metadata"]["annotations"] = {"vramguard.io/vram": "0.5", "kubectl.kubernetes.io/last-applied": "x" * 1000}
+    pod["spec"]["volumes"] = [{"name": "v"}]
+    slim = slim_pod(pod)
+    assert "managedFields" not in slim["metadata"] and "volumes" not in slim["spec"]
+    assert slim["metadata"]["annotations"] == {"vramguard.io/vram": "0.5"}
+    state = ClusterState(default_policy())
+    state.nodes.replace([slim_node(gpu_node("h100"))])
+    state.pods.replace([slim])
+    full = ClusterState(default_policy())
+    full.nodes.replace([gpu_node("h100")])
+    full.pods.replace([pod])
+    assert state.ledger.usage("h100") == full.ledger.usage("h100")

@@ -29,10 +29,15 @@ Under MPS the rule also holds, and each claim must fit one replica's share (the 
 The ledger is cheap enough for the extender's cluster state (5,000 nodes, 50,000 pods): counters per
 device are kept incrementally, the sorted unknown claims of a resource are cached as prefix sums
 until they change, and the check against an empty node is cached per kind of node and claims.
+A filter asks one pod's claims of thousands of nodes: the claims are prepared once per pod
+(:class:`_Query`), and each resource of a node keeps a summary per generation (:class:`_Summary`):
+the least room left for ``j`` more claims on any device that can take them, so the common verdict
+is a handful of integer comparisons, and a failure's numbers come from the same rows.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -160,7 +165,9 @@ class _Device:
 class _Group:
     """The devices behind one resource on one node, and the claims whose device is unknown."""
 
-    __slots__ = ("_prefix", "devices", "resource", "shape", "sizes", "slots", "unknown")
+    __slots__ = (
+        "_prefix", "_summary", "devices", "resource", "shape", "sharing", "sizeless", "sizes", "slots", "unknown"
+    )
 
     def __init__(self, resource: str, devices: list[_Device], shape: int) -> None:
         self.resource = resource
@@ -169,8 +176,11 @@ class _Group:
         """Identifies the devices and budgets: the empty-node check depends on nothing else."""
         self.sizes = tuple(dict.fromkeys(d.size for d in devices))
         self.slots = sum(d.gpu.replicas for d in devices)
+        self.sharing = frozenset(d.gpu.sharing for d in devices)
+        self.sizeless = next((d.gpu for d in devices if d.gpu.memory_bytes == 0), None)
         self.unknown: list[tuple[str, Claim]] = []
         self._prefix: dict[tuple[int, int], list[int]] = {}
+        self._summary: tuple[int, _Summary | None] | None = None
 
     def unknown_prefix(self, device: _Device) -> list[int]:
         """Prefix sums of the unknown claims' bytes on ``device``, largest first (cached)."""
@@ -183,6 +193,91 @@ class _Group:
     def changed(self) -> None:
         self._prefix.clear()
 
+    def summary(self, generation: int) -> _Summary | None:
+        """The group's rows and least room per number of new claims, at the node's ``generation``.
+
+        ``None`` when the group's devices differ in size or sharing (the general check applies).
+        """
+        cached = self._summary
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        summary = _Summary.of(self) if len(self.sizes) == 1 and len(self.sharing) == 1 else None
+        self._summary = (generation, summary)
+        return summary
+
+
+class _Summary:
+    """One resource of one node, as the fast check needs it (devices of one size and sharing).
+
+    ``rows``: per device, its free replica slots ``s`` (replicas minus known claims) and its budget
+    left after known claims. ``least[j]``: the least room any device that can take ``j`` more claims
+    (``s >= max(j, 1)``) has for them in the worst case, after the largest ``s - j`` unknown claims
+    of other pods: ``budget - known - theirs[s - j]``. A pod whose ``j`` largest claims fit
+    ``least[j]`` for every ``j`` fits every device whatever the device plugin picks.
+    """
+
+    __slots__ = ("least", "overfull", "rows", "theirs", "unknown_pods", "used", "whole")
+
+    def __init__(
+        self, rows: list[tuple[_Device, int, int]], theirs: list[int], used: int, unknown_pods: int, whole: int
+    ) -> None:
+        self.rows = rows
+        self.theirs = theirs
+        self.used = used
+        self.unknown_pods = unknown_pods
+        self.whole = whole
+        self.overfull = any(s < 0 for _, s, _ in rows)
+        """More known claims than replicas on some device (pods bound without vramguard)."""
+        last = len(theirs) - 1
+        most = max((s for _, s, _ in rows), default=0)
+        self.least = [
+            min(room - theirs[min(s - j, last)] for _, s, room in rows if s >= max(j, 1)) for j in range(most + 1)
+        ] if most >= 1 else []
+
+    @classmethod
+    def of(cls, group: _Group) -> _Summary:
+        first = group.devices[0]
+        rows = [(d, d.gpu.replicas - d.known_slots, d.budget - d.known_bytes) for d in group.devices]
+        used = len(group.unknown) + sum(d.known_slots for d in group.devices)
+        unknown_pods = len({uid for uid, _ in group.unknown})
+        return cls(rows, group.unknown_prefix(first), used, unknown_pods, first.whole)
+
+
+class _Query:
+    """One pod's claims, prepared once for the many nodes a filter asks about."""
+
+    __slots__ = ("by_resource", "claims", "never", "ours", "pinned", "uid")
+
+    def __init__(self, claims: tuple[Claim, ...], uid: str | None) -> None:
+        self.claims = claims
+        self.uid = uid
+        by_resource: dict[str, list[Claim]] = {}
+        for claim in claims:
+            by_resource.setdefault(claim.resource, []).append(claim)
+        self.by_resource = {r: tuple(c) for r, c in by_resource.items()}
+        self.pinned = any(c.gpu is not None for c in claims)
+        """Some claim names its device: the general check resolves it per node."""
+        self.ours: dict[tuple[str, tuple[int, int]], list[int]] = {}
+        self.never: dict[tuple[int, str], _Check] = {}
+
+    def prefix(self, resource: str, device: _Device) -> list[int]:
+        """Prefix sums of this pod's claims on ``resource`` on a device like ``device``, largest first."""
+        key = (resource, device.size)
+        cached = self.ours.get(key)
+        if cached is None:
+            amounts = sorted((device.claim_bytes(c) for c in self.by_resource[resource]), reverse=True)
+            cached = self.ours[key] = [0, *accumulate(amounts)]
+        return cached
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceOffer:
+    """What a node offers under one GPU resource, for the checks that do not depend on holdings."""
+
+    sharing: frozenset[Sharing]
+    sizeless: Gpu | None
+    """A device whose memory size is unknown, if any."""
+
 
 @dataclass(slots=True)
 class _Node:
@@ -190,6 +285,9 @@ class _Node:
     groups: dict[str, _Group]
     devices: dict[str, _Device]
     generation: int
+    offers: dict[str, ResourceOffer] = field(default_factory=dict)
+    usage: tuple[int, tuple[DeviceUsage, ...]] | None = None
+    """``usage(pods=False)`` at a generation."""
 
 
 @dataclass(slots=True)
@@ -215,6 +313,10 @@ class Ledger:
         self._clock = 0
         # The empty-node check per (kind of node, claims): thousands of nodes share a few kinds.
         self._never: dict[tuple[object, ...], _Check] = {}
+        self._query: _Query | None = None
+        # (generation, node) of every change, oldest first, so a cache can ask what changed since.
+        self._changes: list[tuple[int, str]] = []
+        self._changes_from = 0
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -236,6 +338,7 @@ class Ledger:
     def remove_node(self, name: str) -> None:
         """Forget a node; its pods stay recorded and are accounted again if the node returns."""
         if self._nodes.pop(name, None) is not None:
+            self._touch(name)
             for uid in self._pods_on.get(name, ()):
                 self._records[uid].held.clear()
 
@@ -257,6 +360,12 @@ class Ledger:
         """Every node the ledger knows."""
         return list(self._nodes)
 
+    def offers(self, name: str) -> dict[str, ResourceOffer] | None:
+        """Per GPU resource the node offers (in device order): its sharing strategies and a device of
+        unknown memory size if any; ``None`` when the node is unknown."""
+        node = self._nodes.get(name)
+        return node.offers if node is not None else None
+
     def budget(self, node: str, device_id: str) -> int | None:
         """The budget of one device in bytes, or ``None`` when unknown."""
         state = self._nodes.get(node)
@@ -271,7 +380,9 @@ class Ledger:
             devices[gpu.id] = device
             by_resource.setdefault(gpu.resource, []).append(device)
         groups = {resource: _Group(resource, group, self._shape(group)) for resource, group in by_resource.items()}
-        node = _Node(inventory, groups, devices, self._tick())
+        offers = {r: ResourceOffer(g.sharing, g.sizeless) for r, g in groups.items()}
+        node = _Node(inventory, groups, devices, 0, offers)
+        self._touch(node)
         self._nodes[inventory.node] = node
         for uid in self._pods_on.get(inventory.node, ()):
             record = self._records[uid]
@@ -291,6 +402,35 @@ class Ledger:
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
+
+    def _touch(self, node: _Node | str) -> int:
+        """A new generation for a node (a name: the node left), logged for :meth:`changed_since`."""
+        tick = self._tick()
+        if isinstance(node, _Node):
+            node.generation = tick
+            name = node.inventory.node
+        else:
+            name = node
+        self._changes.append((tick, name))
+        if len(self._changes) > _CACHE_LIMIT:
+            drop = len(self._changes) // 2
+            self._changes_from = self._changes[drop - 1][0]
+            del self._changes[:drop]
+        return tick
+
+    @property
+    def clock(self) -> int:
+        """The latest generation given to any node: :meth:`changed_since` takes it."""
+        return self._clock
+
+    def changed_since(self, clock: int) -> set[str] | None:
+        """Nodes whose generation changed (or that left) after ``clock``; ``None`` when that is too
+        long ago to tell."""
+        if clock < self._changes_from:
+            return None
+        changes = self._changes
+        start = bisect_right(changes, (clock, "\uffff"))
+        return {name for _, name in changes[start:]}
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -314,7 +454,19 @@ class Ledger:
         exclude = self._records.get(uid) if uid is not None else None
         if exclude is not None and exclude.node != node:
             exclude = None
-        return self._fit(state, tuple(claims), uid, exclude)
+        claims = claims if isinstance(claims, tuple) else tuple(claims)
+        if exclude is None:
+            fast = self._fast_fit(state, self._prepare(claims, uid))
+            if fast is not None:
+                return fast
+        return self._fit(state, claims, uid, exclude)
+
+    def _prepare(self, claims: tuple[Claim, ...], uid: str | None) -> _Query:
+        """The query for these claims: the last one when a filter asks the same claims again."""
+        query = self._query
+        if query is None or query.claims is not claims or query.uid != uid:
+            query = self._query = _Query(claims, uid)
+        return query
 
     def reserve(self, node: str, pod: PodRef, claims: Iterable[Claim], *, force: bool = False) -> Fit:
         """Hold ``claims`` for ``pod`` on ``node`` if they fit; idempotent for the same pod.
@@ -330,6 +482,20 @@ class Ledger:
         fit = self.fits(node, claims, pod.uid)
         if not fit.ok and not force:
             return fit
+        self._hold(node, pod, claims)
+        return fit
+
+    def hold(self, node: str, pod: PodRef, claims: Iterable[Claim]) -> None:
+        """Record ``claims`` for ``pod`` on ``node`` without checking them: a pod already bound (by
+        vramguard or anyone else) is real and must count. Same as ``reserve(force=True)``, minus the
+        verdict nobody reads (a re-list of 50,000 pods would compute 50,000 of them)."""
+        claims = tuple(claims)
+        current = self._records.get(pod.uid)
+        if current is not None and current.node == node and current.claims == claims:
+            return
+        self._hold(node, pod, claims)
+
+    def _hold(self, node: str, pod: PodRef, claims: tuple[Claim, ...]) -> None:
         self.release(pod.uid)
         record = _Record(pod, node, claims)
         self._records[pod.uid] = record
@@ -337,7 +503,6 @@ class Ledger:
         state = self._nodes.get(node)
         if state is not None:
             self._account(state, record)
-        return fit
 
     def release(self, uid: str) -> bool:
         """Release everything pod ``uid`` holds; ``False`` when it held nothing."""
@@ -355,7 +520,7 @@ class Ledger:
 
     def _account(self, node: _Node, record: _Record) -> None:
         uid = record.pod.uid
-        node.generation = self._tick()
+        self._touch(node)
         for claim, device_id in _resolve(node, uid, record.claims):
             group = node.groups.get(claim.resource)
             if group is None:
@@ -378,7 +543,7 @@ class Ledger:
 
     def _unaccount(self, node: _Node, record: _Record) -> None:
         uid = record.pod.uid
-        node.generation = self._tick()
+        self._touch(node)
         for resource, device_id, claim in record.held:
             group = node.groups[resource]
             if device_id is not None:
@@ -424,6 +589,54 @@ class Ledger:
         ok = not problems and not shortfalls
         return Fit(ok, unresolvable and not ok, tuple(shortfalls), tuple(problems))
 
+    def _fast_fit(self, node: _Node, query: _Query) -> Fit | None:
+        """The verdict from the groups' summaries, exactly as :meth:`_fit` gives it, when every claim's
+        device is unknown on a multi-device group or is the single device of its group, and each
+        group's devices share one size and sharing; ``None`` otherwise (the general check applies)."""
+        if query.pinned or (query.uid is not None and query.uid in node.inventory.placements):
+            return None
+        problems: list[str] = []
+        shortfalls: list[Shortfall] = []
+        unresolvable = False
+        for resource, new in query.by_resource.items():
+            group = node.groups.get(resource)
+            if group is None:
+                offered = ", ".join(node.groups) or "no GPU resource"
+                problems.append(f"node offers no {resource} (it has {offered})")
+                unresolvable = True
+                continue
+            summary = group.summary(node.generation)
+            single = len(group.devices) == 1
+            if summary is None or (single and group.unknown):
+                return None
+            key = (group.shape, resource)
+            never = query.never.get(key)
+            if never is None:
+                only = group.devices[0].gpu.id if single else None
+                never = query.never[key] = self._never_fits(group, [(c, only) for c in new])
+            if never[0] or never[1]:
+                unresolvable = True
+                problems.extend(never[0])
+                shortfalls.extend(never[1])
+                continue
+            ours = query.prefix(resource, group.devices[0])
+            count = len(new)
+            least = summary.least
+            if (
+                summary.used + count <= group.slots
+                and not summary.overfull
+                and (not least or least[0] >= 0)
+                and all(ours[j] <= least[j] for j in range(1, min(count, len(least) - 1) + 1))
+                and (group.devices[0].gpu.sharing != "mps" or ours[1] <= summary.whole)
+            ):
+                continue
+            now = _check_summary(group, summary, ours, count, single=single)
+            problems.extend(now[0])
+            shortfalls.extend(now[1])
+        if not problems and not shortfalls:
+            return _FITS
+        return Fit(False, unresolvable, tuple(shortfalls), tuple(problems))
+
     def _never_fits(self, group: _Group, new: list[_Placed]) -> _Check:
         """The check against the empty node, cached: it depends on the kind of node and the claims."""
         key = (group.shape, *((d, *(c.bytes_on(*size) for size in group.sizes)) for c, d in new))
@@ -444,6 +657,8 @@ class Ledger:
         state = self._nodes.get(node)
         if state is None:
             return ()
+        if not pods and state.usage is not None and state.usage[0] == state.generation:
+            return state.usage[1]
         names: dict[str, list[str]] = {d: [] for d in state.devices}
         for uid in self._pods_on.get(node, ()) if pods else ():
             record = self._records[uid]
@@ -461,6 +676,8 @@ class Ledger:
                     node, device.gpu, device.budget, device.known_bytes, worst,
                     device.expected_bytes, device.expected_slots, tuple(sorted(names[device.gpu.id])),
                 ))
+        if not pods:
+            state.usage = (state.generation, tuple(rows))
         return tuple(rows)
 
     def check_invariants(self) -> list[str]:
@@ -503,6 +720,64 @@ class Ledger:
             if len(g.unknown) != unknown[r]
         ]
         return wrong
+
+
+_FITS = Fit(True)
+
+
+def _check_summary(group: _Group, summary: _Summary, ours: list[int], count: int, *, single: bool) -> _Check:
+    """:func:`_check_group` for a pod without holdings on the node, from the group's summary.
+
+    ``single``: the group has one device and the pod's ``count`` claims are known to be on it;
+    otherwise none of the pod's claims has a known device. ``ours``: the prefix sums of the pod's
+    claims on a device of the group, largest first.
+    """
+    problems: list[str] = []
+    shortfalls: list[Shortfall] = []
+    used = summary.used
+    if used + count > group.slots:
+        free = max(group.slots - used, 0)
+        problems.append(f"pod needs {count} {group.resource}, node has {group.slots} ({free} free)")
+        return tuple(problems), ()
+    theirs = summary.theirs
+    last = len(theirs) - 1
+    for device, free_slots, room in summary.rows:
+        gpu = device.gpu
+        slots = free_slots - count if single else free_slots
+        if slots < 0:
+            problems.append(f"{gpu.label}: all {gpu.replicas} replicas are taken")
+            continue
+        if not single and not slots:
+            continue  # none of the pod's devices can land here
+        if gpu.sharing == "mps":
+            biggest = ours[1] - ours[0] if count else 0
+            if biggest > device.whole:
+                problems.append(
+                    f"{gpu.label}: pod needs {format_bytes(biggest)} per GPU, more than the "
+                    f"{format_bytes(device.whole)} one of its {gpu.replicas} MPS replicas may use"
+                )
+                continue
+        if single:
+            rest = theirs[min(slots, last)]
+            if ours[count] + rest > room:
+                shortfalls.append(
+                    Shortfall(gpu, device.budget, room - rest, ours[count], count, summary.unknown_pods)
+                )
+            continue
+        for j in range(min(slots, count) + 1):
+            rest = theirs[min(slots - j, last)]
+            if ours[j] + rest <= room:
+                continue
+            if j == 0:
+                worst = device.budget - room + rest
+                problems.append(
+                    f"{gpu.label}: already over its VRAM budget ({format_bytes(worst)} of "
+                    f"{format_bytes(device.budget)}, pods bound without vramguard)"
+                )
+                break
+            shortfalls.append(Shortfall(gpu, device.budget, room - rest, ours[j], j, summary.unknown_pods))
+            break
+    return tuple(problems), tuple(shortfalls)
 
 
 def _resolve(node: _Node, uid: str | None, claims: Iterable[Claim]) -> list[_Placed]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vramguard.demand.model import PodDemand, Vram
-from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, Shortfall
+from vramguard.inventory import Gpu
+from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, ResourceOffer, Shortfall
 from vramguard.policy import ClassChoice
 from vramguard.quantity import GiB, MiB, format_bytes
 
@@ -116,38 +117,63 @@ def filter_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) 
     Unresolvable: the node lacks a resource the pod asks for, the class forbids the node's sharing,
     or the claims do not fit even the empty node. Otherwise a failure names each device's numbers.
     """
+    return filter_nodes(ledger, (node,), pod, choice)[0]
+
+
+def filter_nodes(ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: ClassChoice) -> list[NodeVerdict]:
+    """:func:`filter_node` for each of ``nodes``, with the pod's part of the work done once."""
     if pod.refusal is not None:
-        return NodeVerdict(Verdict.UNRESOLVABLE, pod.refusal)
+        return [NodeVerdict(Verdict.UNRESOLVABLE, pod.refusal)] * len(nodes)
     if not pod.claims:
-        return NodeVerdict(Verdict.PASS)  # no GPU asked for: nothing of vramguard's to check
-    inventory = ledger.inventory(node)
-    if inventory is None:
-        return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet")
-    if not inventory.devices:
+        return [_PASS] * len(nodes)  # no GPU asked for: nothing of vramguard's to check
+    resources = pod.resources
+    allowed = frozenset(choice.qos.sharing)
+    uid = pod.uid or None
+    verdicts = []
+    for node in nodes:
+        offers = ledger.offers(node)
+        if offers is None:
+            verdicts.append(NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet"))
+            continue
+        verdict = _static_verdict(offers, resources, allowed, choice.name)
+        if verdict is None:
+            fit = ledger.fits(node, pod.claims, uid)
+            if fit.ok:
+                verdict = _PASS
+            else:
+                verdict = NodeVerdict(
+                    Verdict.UNRESOLVABLE if fit.unresolvable else Verdict.FAIL, describe_fit(fit, pod.claims)
+                )
+        verdicts.append(verdict)
+    return verdicts
+
+
+def _static_verdict(
+    offers: Mapping[str, ResourceOffer], resources: Sequence[str], allowed: frozenset[str], name: str
+) -> NodeVerdict | None:
+    """What the node's devices alone decide: no GPU, no such resource, forbidden sharing, unknown size."""
+    if not offers:
         return NodeVerdict(Verdict.UNRESOLVABLE, "node has no GPUs (no GPU Feature Discovery labels)")
-    for resource in pod.resources:
-        devices = inventory.devices_for(resource)
-        if not devices:
-            offered = ", ".join(inventory.resources())
-            return NodeVerdict(Verdict.UNRESOLVABLE, f"node offers no {resource} (it has {offered})")
-        forbidden = sorted({d.sharing for d in devices} - set(choice.qos.sharing))
+    for resource in resources:
+        offer = offers.get(resource)
+        if offer is None:
+            return NodeVerdict(Verdict.UNRESOLVABLE, f"node offers no {resource} (it has {', '.join(offers)})")
+        forbidden = offer.sharing - allowed
         if forbidden:
-            kinds = ", ".join(_SHARING_ADJECTIVE[s] for s in forbidden)
-            offers = ", ".join(_SHARING_OFFER[s] for s in forbidden)
+            kinds = ", ".join(_SHARING_ADJECTIVE[s] for s in sorted(forbidden))
+            offered = ", ".join(_SHARING_OFFER[s] for s in sorted(forbidden))
             return NodeVerdict(
-                Verdict.UNRESOLVABLE, f"class {choice.name} does not allow {kinds} GPUs (node offers {offers})"
+                Verdict.UNRESOLVABLE, f"class {name} does not allow {kinds} GPUs (node offers {offered})"
             )
-        sizeless = [d for d in devices if d.memory_bytes == 0]
-        if sizeless:
+        if offer.sizeless is not None:
             return NodeVerdict(
                 Verdict.UNRESOLVABLE,
-                f"{sizeless[0].label}: memory size unknown (no nvidia.com/gpu.memory label or agent report)",
+                f"{offer.sizeless.label}: memory size unknown (no nvidia.com/gpu.memory label or agent report)",
             )
-    fit = ledger.fits(node, pod.claims, pod.uid or None)
-    if fit.ok:
-        return NodeVerdict(Verdict.PASS)
-    verdict = Verdict.UNRESOLVABLE if fit.unresolvable else Verdict.FAIL
-    return NodeVerdict(verdict, describe_fit(fit, pod.claims))
+    return None
+
+
+_PASS = NodeVerdict(Verdict.PASS)
 
 
 def describe_fit(fit: Fit, claims: Sequence[Claim]) -> str:
@@ -163,9 +189,16 @@ def describe_fit(fit: Fit, claims: Sequence[Claim]) -> str:
         if first.unknown_pods:
             text += f"; counting {_pods(first.unknown_pods)} whose GPU is not known yet"
         if len(shortfalls) > 1:
-            text += "; also " + ", ".join(s.device.label.split(" (")[0] for s in shortfalls[1:])
+            text += "; also " + ", ".join(_short_label(s.device) for s in shortfalls[1:])
         parts.insert(0, text)
     return "; ".join(parts)
+
+
+def _short_label(device: Gpu) -> str:
+    """``GPU 1`` or ``MIG 3g.40gb #0``: the device's label without the product."""
+    if device.mig_profile is not None:
+        return f"MIG {device.mig_profile} #{device.index}"
+    return f"GPU {device.index}"
 
 
 def _shortfall_text(shortfall: Shortfall) -> str:
@@ -203,13 +236,13 @@ def score_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice, *
     """
     if not checked and not filter_node(ledger, node, pod, choice).ok:
         return 0
-    assignment = choose_gpus(ledger, node, pod, choice)
-    if assignment is None or not assignment.claims:
+    if not pod.claims or ledger.inventory(node) is None:
         return 0
-    usage = {u.device.id: u for u in ledger.usage(node, pods=False)}
+    rows = ledger.usage(node, pods=False)
+    usage = {u.device.id: u for u in rows}
     added: dict[str, tuple[int, int]] = {}
-    for claim in assignment.claims:
-        device = claim.gpu or claim.intended
+    for claim, target in zip(pod.claims, _plan(rows, pod, choice.qos.scoring), strict=True):
+        device = claim.gpu or target
         if device is None or device not in usage:
             continue
         row = usage[device]
@@ -244,27 +277,10 @@ def choose_gpus(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) 
     """
     if ledger.inventory(node) is None:
         return None
-    rows = ledger.usage(node, pods=False)
-    state = {u.device.id: [u.expected_bytes, u.slots_used] for u in rows}
-    by_id = {u.device.id: u for u in rows}
-    chosen: list[Claim] = []
+    targets = _plan(ledger.usage(node, pods=False), pod, choice.qos.scoring)
+    chosen = [replace(claim, intended=target) for claim, target in zip(pod.claims, targets, strict=True)]
     containers: dict[str, list[str]] = {}
-    order = sorted(range(len(pod.claims)), key=lambda i: _largest(pod.claims[i], rows), reverse=True)
-    picks: dict[int, Claim] = {}
-    for i in order:
-        claim = pod.claims[i]
-        known = claim.gpu if claim.gpu in by_id else _only_device(rows, claim.resource)
-        if known is not None:
-            picks[i] = replace(claim, intended=known)
-            _take(state, by_id[known], claim)
-            continue
-        pick = _pick(rows, state, claim, choice.qos.scoring)
-        picks[i] = replace(claim, intended=pick)
-        if pick is not None:
-            _take(state, by_id[pick], claim)
-    for i in range(len(pod.claims)):
-        claim = picks[i]
-        chosen.append(claim)
+    for claim in chosen:
         target = claim.gpu or claim.intended
         if target is not None:
             containers.setdefault(claim.container, []).append(target)
@@ -272,6 +288,22 @@ def choose_gpus(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) 
         devices = [c.gpu or c.intended for c in chosen if c.resource == resource]
         containers[name] = [d for d in devices if d is not None][:count]
     return Assignment(node, tuple(chosen), {k: tuple(v) for k, v in containers.items()})
+
+
+def _plan(rows: Sequence[DeviceUsage], pod: PodClaims, scoring: str) -> list[str | None]:
+    """The device intended for each of the pod's claims, largest claims first (see :func:`choose_gpus`)."""
+    state = {u.device.id: [u.expected_bytes, u.slots_used] for u in rows}
+    by_id = {u.device.id: u for u in rows}
+    targets: list[str | None] = [None] * len(pod.claims)
+    order = sorted(range(len(pod.claims)), key=lambda i: _largest(pod.claims[i], rows), reverse=True)
+    for i in order:
+        claim = pod.claims[i]
+        known = claim.gpu if claim.gpu in by_id else _only_device(rows, claim.resource)
+        pick = known if known is not None else _pick(rows, state, claim, scoring)
+        targets[i] = pick
+        if pick is not None:
+            _take(state, by_id[pick], claim)
+    return targets
 
 
 def _only_device(rows: Sequence[DeviceUsage], resource: str) -> str | None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from vramguard.cli import certs, explain, extender, plan, webhook
+from vramguard.cli import agent, audit, certs, explain, extender, plan, webhook
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 REGISTRY: tuple[Registrar, ...] = (
-    explain.register, plan.register, extender.register, webhook.register, certs.register
+    explain.register, plan.register, audit.register, extender.register, webhook.register, certs.register,
+    agent.register,
 )

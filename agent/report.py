@@ -1,0 +1,383 @@
+"""From what NVML, the kubelet and the API server say to the report in ``vramguard.io/gpus``.
+
+Pure functions: no I/O. The report is :class:`vramguard.inventory.AgentReport`, version 1, and
+names devices as :attr:`vramguard.inventory.Gpu.id` does:
+
+- a GPU that is not in MIG mode: its NVML index, ``"0"``; the device plugin numbers GPUs the same
+  way, and GPU Feature Discovery counts them.
+- a MIG device: ``"<profile>#<n>"``, ``n`` counting the node's MIG devices of that profile in
+  (GPU index, MIG slot) order. Devices of one profile are interchangeable for the ledger, so only
+  the consistency of the numbering inside one report matters, and the order makes it stable.
+
+**Foreign bytes** of a device are the memory in use there that no pod holding a GPU accounts for.
+The rule, per device, from the most to the least that is known:
+
+1. The kubelet's answer is complete and no container holds the device: everything in use on it
+   is foreign (a leaked process, another scheduler's pod reaching it without a GPU request).
+2. Processes can be attributed to pods (the agent runs with ``hostPID`` and ``--host-pid``):
+   used memory minus the memory of processes whose cgroup names a pod that holds GPUs (from the
+   kubelet; when it cannot be asked, pods whose spec requests a GPU resource), never below 0.
+   When such a pod's process has an unknown usage the device's foreign bytes are unknown.
+3. Otherwise foreign usage is not measurable (PIDs of the host mean nothing in the agent's own
+   PID namespace) and is reported as 0, the format's default: the ledger then counts only what
+   pods declare.
+
+"Used" is NVML's used memory, which (with the v2 query) leaves out the driver's reserve: the
+budget's headroom covers that. A device whose used memory is unknown, or that is lost, is left
+out of the report, so the extender keeps the labels' sizes for it.
+
+**Placements** are reported per pod UID and container, only for containers whose every GPU device
+id maps to a device of this snapshot; an unmapped container is left out (its placement stays
+unknown, which the ledger treats conservatively).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.nvml import MemoryInfo, ProcessUsage, Snapshot
+from agent.podresources import PodDevices
+from agent.processes import ProcessOwner
+from vramguard.demand import DemandOptions, derive_pod_demand
+from vramguard.inventory import AGENT_REPORT_VERSION, AgentReport, ReportedGpu
+
+__all__ = [
+    "AgentView",
+    "ContainerUsage",
+    "DeviceView",
+    "PodInfo",
+    "build_view",
+    "devices_of",
+    "owners_for",
+    "report_json",
+    "report_text",
+    "snapshot_pids",
+]
+
+_DEFAULT_DEMAND = DemandOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """A device as the report names it, with what NVML measured on it."""
+
+    id: str
+    gpu_index: int
+    uuid: str | None
+    product: str | None
+    memory: MemoryInfo | None
+    processes: tuple[ProcessUsage, ...] | None
+    lost: bool = False
+    mig_profile: str | None = None
+    mig_slot: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the API server says about one pod on this node."""
+
+    uid: str
+    namespace: str
+    name: str
+    containers: Mapping[str, str] = field(default_factory=dict)
+    """Container ID (without the runtime prefix) -> container name, from the pod's status."""
+    wants_gpu: bool = False
+    """Whether its spec requests a GPU resource."""
+    declared: Mapping[str, Any] = field(default_factory=dict)
+    """Container name -> :class:`vramguard.demand.Vram` reservation per GPU, where known."""
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any], options: DemandOptions = _DEFAULT_DEMAND) -> PodInfo | None:
+        """Read a Pod object (JSON-decoded); ``None`` when it has no UID."""
+        metadata = pod.get("metadata") or {}
+        uid = metadata.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return None
+        status = pod.get("status") or {}
+        ids: dict[str, str] = {}
+        for key in ("initContainerStatuses", "containerStatuses"):
+            for entry in status.get(key) or ():
+                if isinstance(entry, Mapping) and isinstance(entry.get("containerID"), str) and entry.get("name"):
+                    ids[entry["containerID"].rpartition("://")[2]] = str(entry["name"])
+        demand = derive_pod_demand(pod, options)
+        declared = {c.name: c.reservation for c in demand.containers if c.reservation is not None}
+        return cls(
+            uid, str(metadata.get("namespace", "")), str(metadata.get("name", "")), ids, demand.wants_gpu, declared
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """One container's VRAM on one device: declared (per the pod spec) and used (per NVML)."""
+
+    namespace: str
+    pod: str
+    container: str
+    """Empty when a process could be tied to the pod but not to one of its containers."""
+    device: str
+    declared_bytes: int | None
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentView:
+    """Everything one cycle learned: the report, and the detail behind it for metrics and logs."""
+
+    report: AgentReport
+    devices: tuple[DeviceView, ...]
+    foreign: Mapping[str, int | None]
+    """Device id -> foreign bytes (``None``: not measurable, reported as 0)."""
+    usage: tuple[ContainerUsage, ...] = ()
+    notes: tuple[str, ...] = ()
+    placements_known: bool = False
+
+
+def devices_of(snapshot: Snapshot) -> list[DeviceView]:
+    """The snapshot's devices as the report names them, in (GPU index, MIG slot) order."""
+    devices: list[DeviceView] = []
+    ordinals: dict[str, int] = {}
+    for gpu in snapshot.gpus:
+        if gpu.mig_enabled:
+            for instance in sorted(gpu.mig_instances, key=lambda i: i.index):
+                if instance.profile is None:
+                    continue
+                n = ordinals.get(instance.profile, 0)
+                ordinals[instance.profile] = n + 1
+                devices.append(DeviceView(
+                    f"{instance.profile}#{n}", gpu.index, instance.uuid, gpu.name, instance.memory,
+                    instance.processes, gpu.lost, instance.profile, instance.index,
+                ))
+        else:
+            devices.append(DeviceView(
+                str(gpu.index), gpu.index, gpu.uuid, gpu.name, gpu.memory, gpu.processes, gpu.lost
+            ))
+    return devices
+
+
+class _DeviceIds:
+    """Device plugin ids -> report ids: UUIDs, indexes (``--device-id-strategy=index``), replicas."""
+
+    def __init__(self, snapshot: Snapshot, devices: Sequence[DeviceView]) -> None:
+        self._ids: dict[str, str] = {}
+        for device in devices:
+            if device.uuid:
+                self._ids[device.uuid] = device.id
+            if device.mig_slot is None:
+                self._ids[str(device.gpu_index)] = device.id
+            else:
+                self._ids[f"{device.gpu_index}:{device.mig_slot}"] = device.id
+        # A MIG-enabled GPU's own UUID or index names no device the plugin hands out.
+        self._mig_parents = {g.uuid for g in snapshot.gpus if g.mig_enabled and g.uuid}
+
+    def map(self, plugin_id: str) -> str | None:
+        """The report id of a device plugin id, or ``None`` when it names no known device."""
+        physical = plugin_id.split("::", 1)[0]
+        if physical in self._mig_parents:
+            return None
+        return self._ids.get(physical)
+
+
+def build_view(
+    snapshot: Snapshot | None,
+    pod_devices: Sequence[PodDevices] | None,
+    pods: Mapping[tuple[str, str], PodInfo] | None,
+    owners: Mapping[int, ProcessOwner | None] | None,
+    options: DemandOptions = _DEFAULT_DEMAND,
+) -> AgentView:
+    """Combine one cycle's readings.
+
+    ``snapshot``: NVML's, ``None`` when NVML is unavailable. ``pod_devices``: the kubelet's answer,
+    ``None`` when it could not be asked. ``pods``: this node's pods by (namespace, name), ``None``
+    before the API server answered. ``owners``: the pod of every GPU process by PID, ``None`` when
+    processes cannot be attributed (no host PID namespace).
+    """
+    notes: list[str] = []
+    if snapshot is None:
+        notes.append("NVML unavailable: no device is measured")
+    devices = devices_of(snapshot) if snapshot is not None else []
+    by_id = {d.id: d for d in devices}
+    placements, holders, complete = _placements(snapshot, devices, pod_devices, pods, options, notes)
+    gpu_pods = _gpu_pods(pod_devices, pods, options)
+
+    foreign: dict[str, int | None] = {}
+    reported: list[ReportedGpu] = []
+    for device in devices:
+        if device.lost or device.memory is None:
+            notes.append(f"device {device.id}: {'lost' if device.lost else 'memory unknown'}; left out of the report")
+            continue
+        amount = _foreign(device, holders.get(device.id, set()), complete, gpu_pods, owners)
+        foreign[device.id] = amount
+        reported.append(ReportedGpu(device.id, device.memory.total, amount or 0))
+
+    usage = _usage(by_id, placements, pods, owners)
+    report = AgentReport(AGENT_REPORT_VERSION, tuple(reported), placements)
+    return AgentView(report, tuple(devices), foreign, usage, tuple(notes), pod_devices is not None)
+
+
+def _placements(
+    snapshot: Snapshot | None,
+    devices: Sequence[DeviceView],
+    pod_devices: Sequence[PodDevices] | None,
+    pods: Mapping[tuple[str, str], PodInfo] | None,
+    options: DemandOptions,
+    notes: list[str],
+) -> tuple[dict[str, dict[str, tuple[str, ...]]], dict[str, set[str]], bool]:
+    """Placements by pod UID, holders (pod UIDs, ``""`` for unknown) by device, and completeness.
+
+    Complete means every GPU device the kubelet listed maps to a device of the snapshot: only
+    then does "no container holds this device" hold.
+    """
+    if pod_devices is None:
+        notes.append("kubelet PodResources unavailable: placements unknown")
+        return {}, {}, False
+    if snapshot is None:
+        return {}, {}, False
+    ids = _DeviceIds(snapshot, devices)
+    placements: dict[str, dict[str, tuple[str, ...]]] = {}
+    holders: dict[str, set[str]] = {}
+    complete = snapshot.complete
+    if pods is None:
+        notes.append("pods of the node not listed yet: placements cannot be keyed by pod UID")
+    for pod in pod_devices:
+        info = pods.get((pod.namespace, pod.name)) if pods is not None else None
+        for container in pod.containers:
+            plugin_ids = [i for resource, found in container.devices if options.is_gpu(resource) for i in found]
+            if not plugin_ids:
+                continue
+            mapped = [ids.map(i) for i in plugin_ids]
+            known = [m for m in mapped if m is not None]
+            for device_id in known:
+                holders.setdefault(device_id, set()).add(info.uid if info is not None else "")
+            if len(known) != len(mapped):
+                complete = False
+                missing = [i for i, m in zip(plugin_ids, mapped, strict=True) if m is None]
+                notes.append(
+                    f"pod {pod.namespace}/{pod.name} container {container.name}: devices {', '.join(missing)} "
+                    "not seen by NVML; placement left unknown"
+                )
+                continue
+            if info is None:
+                if pods is not None:
+                    notes.append(f"pod {pod.namespace}/{pod.name}: not among the node's pods yet; placement left out")
+                continue
+            placements.setdefault(info.uid, {})[container.name] = tuple(known)
+    return placements, holders, complete
+
+
+def _gpu_pods(
+    pod_devices: Sequence[PodDevices] | None,
+    pods: Mapping[tuple[str, str], PodInfo] | None,
+    options: DemandOptions,
+) -> set[str] | None:
+    """UIDs of the pods the ledger accounts: those holding GPU devices (else requesting them)."""
+    if pods is None:
+        return None
+    if pod_devices is not None:
+        uids = set()
+        for pod in pod_devices:
+            if any(options.is_gpu(r) and ids for c in pod.containers for r, ids in c.devices):
+                info = pods.get((pod.namespace, pod.name))
+                if info is None:
+                    return None  # a GPU pod whose UID is unknown: its processes cannot be told apart
+                uids.add(info.uid)
+        return uids
+    return {p.uid for p in pods.values() if p.wants_gpu}
+
+
+def _foreign(
+    device: DeviceView,
+    holders: set[str],
+    complete: bool,
+    gpu_pods: set[str] | None,
+    owners: Mapping[int, ProcessOwner | None] | None,
+) -> int | None:
+    assert device.memory is not None
+    used = device.memory.used
+    if complete and not holders:
+        return used  # rule 1: nobody holds it, so nobody's declaration covers what is in use
+    if owners is None or gpu_pods is None or device.processes is None:
+        return None  # rule 3: not measurable
+    accounted = 0
+    for process in device.processes:
+        owner = owners.get(process.pid)
+        if owner is None or owner.pod_uid not in gpu_pods:
+            continue
+        if process.used_bytes is None:
+            return None
+        accounted += process.used_bytes
+    return max(0, used - accounted)
+
+
+def _usage(
+    devices: Mapping[str, DeviceView],
+    placements: Mapping[str, Mapping[str, tuple[str, ...]]],
+    pods: Mapping[tuple[str, str], PodInfo] | None,
+    owners: Mapping[int, ProcessOwner | None] | None,
+) -> tuple[ContainerUsage, ...]:
+    """Declared (pods with a known placement) and used (attributed processes) VRAM per container."""
+    if pods is None:
+        return ()
+    by_uid = {p.uid: p for p in pods.values()}
+    rows: dict[tuple[str, str, str], list[int | None]] = {}  # (uid, container, device) -> [declared, used]
+    for uid, containers in placements.items():
+        info = by_uid.get(uid)
+        if info is None:
+            continue
+        for container, device_ids in containers.items():
+            vram = info.declared.get(container)
+            for device_id in device_ids:
+                device = devices[device_id]
+                declared = vram.on_device(device.memory.total) if vram is not None and device.memory else None
+                rows.setdefault((uid, container, device_id), [None, None])[0] = declared
+    if owners is not None:
+        for device in devices.values():
+            for process in device.processes or ():
+                owner = owners.get(process.pid)
+                info = by_uid.get(owner.pod_uid) if owner is not None else None
+                if owner is None or info is None:
+                    continue
+                container = info.containers.get(owner.container_id or "", "")
+                row = rows.setdefault((info.uid, container, device.id), [None, None])
+                if process.used_bytes is not None:
+                    row[1] = (row[1] or 0) + process.used_bytes
+    return tuple(
+        ContainerUsage(by_uid[uid].namespace, by_uid[uid].name, container, device, declared, used)
+        for (uid, container, device), (declared, used) in sorted(rows.items())
+    )
+
+
+def report_json(report: AgentReport) -> dict[str, Any]:
+    """The report as the annotation's JSON object (the shape ``parse_agent_report`` reads)."""
+    gpus: list[dict[str, Any]] = []
+    for gpu in report.gpus:
+        entry: dict[str, Any] = {"id": gpu.id}
+        if gpu.memory_bytes is not None:
+            entry["memory_bytes"] = gpu.memory_bytes
+        entry["foreign_bytes"] = gpu.foreign_bytes
+        gpus.append(entry)
+    pods = {uid: {c: list(ids) for c, ids in sorted(cs.items())} for uid, cs in sorted(report.placements.items())}
+    return {"version": report.version, "gpus": gpus, "pods": pods}
+
+
+def report_text(report: AgentReport) -> str:
+    """The annotation's value: compact JSON with sorted keys, so equal reports are equal strings."""
+    return json.dumps(report_json(report), separators=(",", ":"), sort_keys=True)
+
+
+def snapshot_pids(snapshot: Snapshot | None) -> list[int]:
+    """Every PID NVML reported on any device of the snapshot, once each."""
+    if snapshot is None:
+        return []
+    pids: dict[int, None] = {}
+    for device in devices_of(snapshot):
+        for process in device.processes or ():
+            pids[process.pid] = None
+    return list(pids)
+
+
+def owners_for(pids: Iterable[int], read: Callable[[int], ProcessOwner | None]) -> dict[int, ProcessOwner | None]:
+    """``read(pid)`` for every distinct PID (``read``: e.g. ``partial(owner_of, proc_root=...)``)."""
+    return {pid: read(pid) for pid in dict.fromkeys(pids)}

@@ -1,0 +1,576 @@
+"""Benchmark of the scheduler extender: latency, memory, and throughput on the real control plane.
+
+    python -m bench.extender [--quick] [--only latency,memory,throughput] [--work-dir DIR]
+
+Prints one JSON line per measurement, then a summary table.
+
+- **latency**: filter and prioritize for 5,000 time-sliced H100 nodes holding 50,000 running pods
+  (``bench.cluster_model``), with ``NodeNames`` as kube-scheduler sends them when the extender is
+  ``nodeCacheCapable``. A scheduling wave per pod shape: filter, prioritize, bind the best node, the
+  watch event of the binding, and a running pod deleted elsewhere, so that every request sees a
+  few nodes changed since the last. ``cold`` is the first request of a shape (no cached verdict),
+  ``steady`` the rest. Measured in-process (the verbs alone) and over HTTPS on loopback (the
+  extender's aiohttp app behind ``service.server.serve``, a client that keeps its connection).
+- **memory**: in a fresh interpreter, resident memory (``VmRSS``) and Python heap (``tracemalloc``)
+  held by the cluster state after the informers' lists of 5,000 Nodes and 50,000 Pods were fed
+  to it and dropped, and the peak (``VmHWM``) while they were.
+- **throughput**: on the local control plane (``e2e.cluster``), 2,000 GPU pods onto 500 cordoned
+  time-sliced nodes, then the nodes are uncordoned: pods bound per second from the first binding
+  to the last, once with kube-scheduler alone and once with the extender wired in. The final
+  placement is checked against the ledger's invariants (no GPU above budget whatever the device
+  plugin picked).
+
+``--quick`` shrinks everything (1,000 nodes, 10,000 pods; 100 nodes and 400 pods on the control
+plane) for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import random
+import resource
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
+from extender.app import build_app
+from extender.state import ClusterState
+from extender.verbs import Verbs
+from service.certs import create_ca, issue_serving_certificate, write_serving_files
+from service.http import Readiness
+from service.server import serve
+from service.tls import load_server_tls
+from vramguard.policy import default_policy
+
+JSON = dict[str, Any]
+PARTS = ("latency", "memory", "throughput")
+EXTENDER_ONLY = (
+    "import sys\n"
+    "from vramguard.cli import main\n"
+    "if sys.argv[1:2] == ['webhook']:\n"
+    "    sys.exit('the webhook is left out of this benchmark run')\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+"""``vramguard`` offering only the extender: the e2e harness starts each service whose ``--help`` works."""
+
+
+def emit(record: Mapping[str, Any]) -> None:
+    """One JSON line on stdout."""
+    print(json.dumps(record, separators=(",", ":")), flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by the nearest-rank method."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def latency_stats(values_s: list[float]) -> dict[str, float | int]:
+    """Count, p50, p99 and max in milliseconds."""
+    if not values_s:
+        return {"n": 0}
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(percentile(ms, 0.99), 2),
+        "max_ms": round(max(ms), 2),
+    }
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (``VmRSS``)."""
+    return _status_field("VmRSS")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (``VmHWM``; ``ru_maxrss`` where /proc is missing)."""
+    try:
+        return _status_field("VmHWM")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _status_field(name: str) -> int:
+    with Path("/proc/self/status").open() as status:
+        for line in status:
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{name} not in /proc/self/status")
+
+
+# --------------------------------------------------------------------------- the cluster state
+
+
+def loaded_state(model: ClusterModel) -> tuple[ClusterState, list[str], dict[str, list[JSON]]]:
+    """A cluster state fed as the informers would, the node names, and the running pods per node."""
+    state = ClusterState(default_policy())
+    state.namespaces.replace(model.namespaces())
+    state.nodes.replace(model.node_objects())
+    pods = list(model.pod_objects())
+    state.pods.replace(pods)
+    on_node: dict[str, list[JSON]] = {}
+    for pod in pods:
+        # What a DELETED event needs; the full objects are dropped, as the informer drops them.
+        metadata = pod["metadata"]
+        stub = {"metadata": {k: metadata[k] for k in ("name", "namespace", "uid")}}
+        on_node.setdefault(pod["spec"]["nodeName"], []).append(stub)
+    del pods
+    gc.collect()
+    return state, list(state.node_names()), on_node
+
+
+class StubApi:
+    """The two API calls bind makes, answered at once; the bench delivers the watch events itself."""
+
+    def __init__(self) -> None:
+        self.bindings: list[tuple[str, str]] = []
+
+    async def get(self, path: str, params: Any = None) -> JSON:
+        raise RuntimeError(f"the benchmark sends filter before bind; unexpected GET {path}")
+
+    async def patch(self, path: str, body: Any, patch_type: str = "merge") -> JSON:
+        return {}
+
+    async def create(self, path: str, body: Any) -> JSON:
+        self.bindings.append((body["metadata"]["name"], body["target"]["name"]))
+        return {}
+
+
+@dataclass
+class Wave:
+    """One scheduling wave's timings."""
+
+    filter_s: list[float]
+    prioritize_s: list[float]
+    passing: list[int]
+    failed: list[int]
+
+
+
+
+async def run_waves(
+    state: ClusterState,
+    verbs: Verbs,
+    names: list[str],
+    on_node: dict[str, list[JSON]],
+    shapes: tuple[Shape, ...],
+    requests: int,
+    ask_filter: Callable[[JSON, list[str]], Any],
+    ask_prioritize: Callable[[JSON, list[str]], Any],
+    serial_base: int,
+    rng: random.Random,
+) -> dict[str, Wave]:
+    """Schedule ``requests`` pods of each shape as kube-scheduler would, timing filter and prioritize.
+
+    After each pod: bind it to the best-scored node (the extender's bind, with the API stubbed),
+    deliver the binding's watch event, and delete one running pod elsewhere (its watch event too).
+    """
+    waves: dict[str, Wave] = {}
+    for number, shape in enumerate(shapes):
+        wave = waves[shape.name] = Wave([], [], [], [])
+        for i in range(requests):
+            pod = new_pod(shape, serial_base + number * requests + i)
+            start = time.perf_counter()
+            passing = await ask_filter(pod, names)
+            middle = time.perf_counter()
+            scores = await ask_prioritize(pod, passing) if passing else {}
+            end = time.perf_counter()
+            wave.filter_s.append(middle - start)
+            wave.prioritize_s.append(end - middle)
+            wave.passing.append(len(passing))
+            wave.failed.append(len(names) - len(passing))
+            if passing:
+                best = max(passing, key=lambda n: scores.get(n, 0))
+                metadata = pod["metadata"]
+                error = await verbs.bind(metadata["name"], metadata["namespace"], metadata["uid"], best)
+                if not error:
+                    pod["spec"]["nodeName"] = best
+                    pod["status"]["phase"] = "Running"
+                    state.pods.upsert(pod)
+                    on_node.setdefault(best, []).append({"metadata": dict(pod["metadata"])})
+            victim_node = names[rng.randrange(len(names))]
+            if on_node.get(victim_node):
+                victim = on_node[victim_node].pop(rng.randrange(len(on_node[victim_node])))
+                state.pods.delete(victim)
+    return waves
+
+
+def summarize_waves(mode: str, waves: dict[str, Wave], nodes: int) -> list[JSON]:
+    """Per mode: cold (first request of each shape) and steady (the others) for both verbs."""
+    records = []
+    cold_f = [w.filter_s[0] for w in waves.values()]
+    cold_p = [w.prioritize_s[0] for w in waves.values()]
+    steady_f = [v for w in waves.values() for v in w.filter_s[1:]]
+    steady_p = [v for w in waves.values() for v in w.prioritize_s[1:]]
+    for phase, f, p in (("cold", cold_f, cold_p), ("steady", steady_f, steady_p)):
+        records.append({
+            "bench": "latency", "mode": mode, "phase": phase, "nodes": nodes,
+            "filter": latency_stats(f), "prioritize": latency_stats(p),
+        })
+    records.append({
+        "bench": "latency", "mode": mode, "phase": "shapes", "nodes": nodes,
+        "shapes": {name: {"passing_nodes_median": statistics.median(w.passing),
+                          "failing_nodes_median": statistics.median(w.failed)} for name, w in waves.items()},
+    })
+    return records
+
+
+async def bench_latency(model: ClusterModel, requests: int) -> list[JSON]:
+    """Filter and prioritize latency in-process and over HTTPS; see the module docstring."""
+    started = time.perf_counter()
+    state, names, on_node = loaded_state(model)
+    load_s = time.perf_counter() - started
+    records: list[JSON] = [{
+        "bench": "latency", "phase": "load", "nodes": len(names), "pods": state.ledger.pod_count(),
+        "seconds": round(load_s, 1),
+    }]
+    rng = random.Random(7)
+
+    # The first filter after a (re-)list computes every node's summary: reported on its own.
+    verbs = Verbs(state, StubApi())  # type: ignore[arg-type]
+    start = time.perf_counter()
+    verbs.filter(new_pod(Shape("first", "0.05"), 0), names)
+    records.append({"bench": "latency", "mode": "in-process", "phase": "first-after-sync",
+                    "filter_ms": round((time.perf_counter() - start) * 1000, 1), "nodes": len(names)})
+
+    async def filter_direct(pod: JSON, nodes: list[str]) -> list[str]:
+        return verbs.filter(pod, nodes).passing
+
+    async def prioritize_direct(pod: JSON, nodes: list[str]) -> dict[str, int]:
+        return verbs.prioritize(pod, nodes)
+
+    waves = await run_waves(state, verbs, names, on_node, NEW_POD_SHAPES, requests,
+                            filter_direct, prioritize_direct, 100_000, rng)
+    records += summarize_waves("in-process", waves, len(names))
+
+    # Over HTTPS: a fresh Verbs (no cached verdict for any shape), the real app, TLS on loopback.
+    verbs = Verbs(state, StubApi())  # type: ignore[arg-type]
+    synced = asyncio.Event()
+    synced.set()
+    app = build_app(verbs, synced, Readiness(), CollectorRegistry())
+    with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
+        ca = create_ca("vramguard bench CA")
+        files = write_serving_files(tmp, issue_serving_certificate(ca, dns_names=["localhost"],
+                                                                     ip_addresses=["127.0.0.1"]))
+        tls = load_server_tls(files.tls_cert, files.tls_key)
+        client_tls = ssl.create_default_context(cafile=str(files.ca_cert))
+        async with serve(app, "127.0.0.1", 0, tls) as server, aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=client_tls, limit=1)
+        ) as session:
+            async def call(verb: str, pod: JSON, nodes: list[str]) -> Any:
+                # What kube-scheduler sends with nodeCacheCapable: the Pod and the candidates' names.
+                body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": nodes})
+                async with session.post(f"{server.url}/{verb}", data=body,
+                                        headers={"Content-Type": "application/json"}) as response:
+                    response.raise_for_status()
+                    return await response.json()
+
+            async def filter_https(pod: JSON, nodes: list[str]) -> list[str]:
+                result = await call("filter", pod, nodes)
+                passing: list[str] = result["NodeNames"]
+                return passing
+
+            async def prioritize_https(pod: JSON, nodes: list[str]) -> dict[str, int]:
+                return {entry["Host"]: entry["Score"] for entry in await call("prioritize", pod, nodes)}
+
+            waves = await run_waves(state, verbs, names, on_node, NEW_POD_SHAPES, requests,
+                                    filter_https, prioritize_https, 200_000, rng)
+    records += summarize_waves("https", waves, len(names))
+    problems = state.ledger.check_invariants()
+    records.append({"bench": "latency", "phase": "invariants", "violations": len(problems),
+                    "pods": state.ledger.pod_count()})
+    return records
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def memory_child(nodes: int, pods: int, traced: bool) -> JSON:
+    """In a fresh interpreter: what the cluster state holds after the informers' lists are dropped."""
+    model = ClusterModel(nodes, pods)
+    gc.collect()
+    if traced:
+        tracemalloc.start()
+    before = rss_bytes()
+    state = ClusterState(default_policy())
+    state.namespaces.replace(model.namespaces())
+    node_list = model.node_objects()
+    state.nodes.replace(node_list)
+    del node_list
+    pod_list = list(model.pod_objects())
+    listed = rss_bytes()
+    started = time.perf_counter()
+    state.pods.replace(pod_list)
+    relist_s = time.perf_counter() - started
+    del pod_list
+    gc.collect()
+    result: JSON = {"nodes": len(list(state.node_names())), "pods": state.ledger.pod_count(),
+                    "relist_pods_s": round(relist_s, 2)}
+    if traced:
+        held, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        result |= {"tracemalloc_held_bytes": held, "tracemalloc_peak_bytes": peak}
+    else:
+        result |= {"rss_delta_bytes": rss_bytes() - before, "list_rss_bytes": listed - before,
+                   "peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss_bytes()}
+    assert state.ledger.check_invariants() == [], "the model's pods overcommit a GPU"
+    return result
+
+
+def bench_memory(nodes: int, pods: int) -> list[JSON]:
+    """Run :func:`memory_child` twice in fresh interpreters: RSS, then tracemalloc (which costs memory)."""
+    merged: JSON = {"bench": "memory"}
+    for traced in (False, True):
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.extender", "--memory-child", f"{nodes},{pods},{int(traced)}"],
+            check=True, capture_output=True, text=True, timeout=1800,
+        )
+        merged |= json.loads(out.stdout.strip().splitlines()[-1])
+    mib = 1 << 20
+    merged["rss_delta_mib"] = round(merged["rss_delta_bytes"] / mib, 1)
+    merged["tracemalloc_held_mib"] = round(merged["tracemalloc_held_bytes"] / mib, 1)
+    merged["peak_rss_mib"] = round(merged["peak_rss_bytes"] / mib, 1)
+    merged["bytes_per_pod"] = round(merged["tracemalloc_held_bytes"] / max(1, merged["pods"]))
+    return [merged]
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def bench_throughput(nodes: int, pods: int, work_dir: Path, timeout_s: float, *, webhook: bool) -> list[JSON]:
+    """Pods/s onto the real control plane without and with the extender; see the module docstring.
+
+    ``webhook``: start the admission webhook too (it then sees every pod creation and the
+    extender's annotation patch); by default the extender runs alone.
+    """
+    # Imported here: the e2e harness is only needed for this part.
+    from e2e.cluster import Cluster  # noqa: PLC0415
+
+    records: list[JSON] = []
+    for mode in ("off", "auto"):
+        directory = work_dir / f"throughput-{'plain' if mode == 'off' else 'extender'}"
+        command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
+        with Cluster.up(directory, vramguard=mode, vramguard_command=command) as cluster:
+            services = sorted((cluster.state.vramguard if cluster.state else {}).keys())
+            if mode == "auto" and "extender" not in services:
+                raise RuntimeError("the extender did not start (`vramguard extender --help` failed)")
+            result = asyncio.run(_schedule_all(cluster.kubeconfig, nodes, pods, timeout_s))
+            url = (cluster.state.vramguard if cluster.state else {}).get("extender")
+            if url:
+                result["extender_mean_ms"] = _mean_latencies(url, cluster.ssl_context())
+        records.append({"bench": "throughput", "scheduler": "kube-scheduler" + (" + extender" if services else ""),
+                        "vramguard_services": services, **result})
+    plain, extended = records
+    if plain.get("pods_per_s") and extended.get("pods_per_s"):
+        records.append({"bench": "throughput", "ratio": round(extended["pods_per_s"] / plain["pods_per_s"], 2)})
+    return records
+
+
+async def _schedule_all(kubeconfig: Path, nodes: int, pods: int, timeout_s: float) -> JSON:
+    from e2e import gpu_nodes  # noqa: PLC0415
+    from service.kube import KubeClient, load_connection  # noqa: PLC0415
+
+    client = KubeClient(load_connection(str(kubeconfig)))
+    namespace = "bench"
+    names = [f"bench-gpu-{i:04d}" for i in range(nodes)]
+    try:
+        await client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        limit = asyncio.Semaphore(32)
+
+        async def bounded(call: Any) -> Any:
+            async with limit:
+                return await call
+
+        # Cordoned nodes: every pod is created and pending before any can be scheduled.
+        async def create_node(name: str) -> None:
+            spec = gpu_nodes.time_sliced(name, "H100-80GB", gpus=1, replicas=4)
+            manifest = gpu_nodes.node_manifest(spec)
+            manifest.setdefault("spec", {})["unschedulable"] = True
+            await client.create("/api/v1/nodes", manifest)
+            await client.request("PUT", f"/api/v1/nodes/{name}/status",
+                                 {**manifest, "status": gpu_nodes.node_status(spec)})
+
+        await asyncio.gather(*(bounded(create_node(n)) for n in names))
+        template = gpu_pod("x", namespace, "x", "0.20")
+        for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "managedFields"):
+            template["metadata"].pop(key, None)
+        template.pop("status", None)
+        text = json.dumps(template)
+
+        async def create_pod(i: int) -> None:
+            body = json.loads(text)
+            body["metadata"]["name"] = f"chat-{i:05d}"
+            await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+        created = time.monotonic()
+        await asyncio.gather(*(bounded(create_pod(i)) for i in range(pods)))
+        create_s = time.monotonic() - created
+        listed = await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})
+        version = str(listed["metadata"]["resourceVersion"])
+
+        bound_at: dict[str, float] = {}
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not done.is_set():
+                async for _, pod in client.watch(f"/api/v1/namespaces/{namespace}/pods", version):
+                    if (pod.get("spec") or {}).get("nodeName"):
+                        bound_at.setdefault(pod["metadata"]["name"], time.monotonic())
+                    if len(bound_at) >= pods:
+                        done.set()
+                        return
+
+        watcher = asyncio.create_task(watch())
+        uncordoned = time.monotonic()
+        await asyncio.gather(*(bounded(client.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": False}}))
+                               for n in names))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout_s)
+        watcher.cancel()
+        times = sorted(bound_at.values())
+        result: JSON = {"nodes": nodes, "pods": pods, "bound": len(times), "create_s": round(create_s, 1)}
+        if len(times) >= 2:
+            result["first_to_last_s"] = round(times[-1] - times[0], 2)
+            result["pods_per_s"] = round((len(times) - 1) / (times[-1] - times[0]), 1)
+            result["uncordon_to_last_s"] = round(times[-1] - uncordoned, 2)
+        result["violations"] = await _invariants(client, namespace)
+        return result
+    finally:
+        await client.close()
+
+
+def _mean_latencies(url: str, context: ssl.SSLContext) -> dict[str, float]:
+    """Mean time the extender took to answer each verb, from its ``/metrics``."""
+    with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if "_http_request_duration_seconds_" not in line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        route = name.split('route="', 1)[1].split('"', 1)[0] if 'route="' in name else ""
+        if "_sum{" in name:
+            sums[route] = sums.get(route, 0.0) + float(value)
+        elif "_count{" in name:
+            counts[route] = counts.get(route, 0.0) + float(value)
+    return {route.lstrip("/"): round(1000 * sums[route] / counts[route], 2)
+            for route in sums if counts.get(route) and route in ("/filter", "/prioritize", "/bind")}
+
+
+async def _invariants(client: Any, namespace: str) -> list[str]:
+    """Recompute every GPU's holdings from the final Nodes and Pods: the ledger's invariant check."""
+    state = ClusterState(default_policy())
+    nodes, _ = await client.list_all("/api/v1/nodes")
+    pods, _ = await client.list_all(f"/api/v1/namespaces/{namespace}/pods")
+    state.namespaces.replace([{"metadata": {"name": namespace}}])
+    state.nodes.replace(nodes)
+    state.pods.replace([p for p in pods if (p.get("spec") or {}).get("nodeName")])
+    violations: list[str] = state.ledger.check_invariants()
+    return violations
+
+
+# --------------------------------------------------------------------------- main
+
+
+def summary_table(records: list[JSON]) -> str:
+    """The README's table."""
+    lines = ["| Measurement | Result |", "|---|---|"]
+    for r in records:
+        if r.get("bench") == "latency" and r.get("phase") in ("cold", "steady"):
+            f, p = r["filter"], r["prioritize"]
+            lines.append(
+                f"| {r['mode']}, {r['phase']}, {r['nodes']:,} nodes: filter p50 / p99 | "
+                f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}) |"
+            )
+            lines.append(
+                f"| {r['mode']}, {r['phase']}, {r['nodes']:,} nodes: prioritize p50 / p99 | "
+                f"{p['p50_ms']} / {p['p99_ms']} ms |"
+            )
+        elif r.get("bench") == "latency" and r.get("phase") == "first-after-sync":
+            lines.append(f"| first filter after a full sync ({r['nodes']:,} nodes) | {r['filter_ms']} ms |")
+        elif r.get("bench") == "memory":
+            lines.append(
+                f"| memory, {r['nodes']:,} nodes + {r['pods']:,} pods: RSS delta / Python heap held | "
+                f"{r['rss_delta_mib']} / {r['tracemalloc_held_mib']} MiB ({r['bytes_per_pod']} B per pod) |"
+            )
+            lines.append(f"| re-list of {r['pods']:,} pods fed to the state | {r['relist_pods_s']} s |")
+        elif r.get("bench") == "throughput" and "scheduler" in r:
+            lines.append(
+                f"| {r['pods']:,} pods onto {r['nodes']} nodes, {r['scheduler']} | "
+                f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations) |"
+            )
+        elif r.get("bench") == "throughput" and "ratio" in r:
+            lines.append(f"| throughput with / without the extender | {r['ratio']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; see the module docstring."""
+    parser = argparse.ArgumentParser(prog="python -m bench.extender", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller cluster, for a smoke run")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}")
+    parser.add_argument("--requests", type=int, default=None, help="requests per pod shape (latency)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where the control planes run, kept afterwards (default: a temporary directory)")
+    parser.add_argument("--throughput-timeout", type=float, default=240.0, help="seconds each run may take")
+    parser.add_argument("--with-webhook", action="store_true", help="start the admission webhook too (throughput)")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        nodes, pods, traced = (int(v) for v in args.memory_child.split(","))
+        emit(memory_child(nodes, pods, bool(traced)))
+        return 0
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(unknown)}")
+    big = ClusterModel(1000, 10000) if args.quick else ClusterModel()
+    requests = args.requests or (20 if args.quick else 75)
+    machine = {"bench": "machine", "cpus": os.cpu_count(), "python": platform.python_version(),
+               "load_average": [round(v, 1) for v in os.getloadavg()]}
+    emit(machine)
+    records: list[JSON] = []
+    if "latency" in parts:
+        for record in asyncio.run(bench_latency(big, requests)):
+            emit(record)
+            records.append(record)
+    if "memory" in parts:
+        for record in bench_memory(big.nodes, big.pods):
+            emit(record)
+            records.append(record)
+    if "throughput" in parts:
+        nodes, pods = (100, 400) if args.quick else (500, 2000)
+        with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
+            work = args.work_dir or Path(tmp)
+            for record in bench_throughput(nodes, pods, work, args.throughput_timeout, webhook=args.with_webhook):
+                emit(record)
+                records.append(record)
+    emit({"bench": "machine", "load_average_after": [round(v, 1) for v in os.getloadavg()]})
+    print(summary_table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

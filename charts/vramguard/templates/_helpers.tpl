@@ -1,0 +1,65 @@
+{{/*
+Names are fixed (vramguard-*): the webhook configuration, the ClusterRoles and the scheduler name
+are cluster-wide, so one release per cluster; the release namespace is where everything runs.
+*/}}
+{{- define "vramguard.labels" -}}
+app.kubernetes.io/name: vramguard
+app.kubernetes.io/part-of: vramguard
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "vramguard.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "vramguard.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "vramguard.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{- define "vramguard.policy" -}}
+{{- if .Values.policy }}{{ .Values.policy }}{{ else }}{{ .Files.Get "files/policy.yaml" }}{{ end -}}
+{{- end -}}
+
+{{- define "vramguard.extenderContainer" -}}
+- name: extender
+  image: {{ include "vramguard.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - extender
+    - --listen=0.0.0.0:{{ .Values.extender.port }}
+    - --tls-cert=/etc/vramguard/tls/tls.crt
+    - --tls-key=/etc/vramguard/tls/tls.key
+    - --policy=/etc/vramguard/policy/policy.yaml
+  ports:
+    - name: https
+      containerPort: {{ .Values.extender.port }}
+  readinessProbe:
+    httpGet: {path: /readyz, port: https, scheme: HTTPS}
+    periodSeconds: 5
+  livenessProbe:
+    httpGet: {path: /healthz, port: https, scheme: HTTPS}
+    periodSeconds: 10
+    failureThreshold: 6
+  resources:
+    {{- toYaml .Values.extender.resources | nindent 4 }}
+  securityContext:
+    {{- include "vramguard.containerSecurityContext" . | nindent 4 }}
+  volumeMounts:
+    - {name: extender-tls, mountPath: /etc/vramguard/tls, readOnly: true}
+    - {name: policy, mountPath: /etc/vramguard/policy, readOnly: true}
+    - {name: tmp, mountPath: /tmp}
+{{- end -}}

@@ -1,0 +1,1 @@
+"""End-to-end tests and a local Kubernetes control plane built from source (see README.md)."""

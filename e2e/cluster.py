@@ -1,0 +1,710 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-scheduler.
+
+Command line::
+
+    python -m e2e.cluster up --dir DIR [--second-scheduler] [--kube-version V] [--no-vramguard]
+    python -m e2e.cluster down --dir DIR
+
+Library::
+
+    with Cluster.up(tmp_path / "cluster") as cluster:
+        core = cluster.core_v1()
+        ...
+
+``up`` returns once every component is ready and writes ``DIR/kubeconfig`` (admin), logs to
+``DIR/logs/`` and pid files to ``DIR/pids/``; ``down`` stops every process group it started.
+All ports are picked free on 127.0.0.1, so several clusters can run side by side.
+
+No kubelet, controller-manager or container runtime runs: Nodes are API objects (see
+``e2e.gpu_nodes``), pods are scheduled and bound but never start. The admission plugins that
+need those controllers (``ServiceAccount``, ``TaintNodesByCondition``) are disabled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ipaddress
+import json
+import secrets
+import shutil
+import signal
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from e2e import build, kube, services
+from e2e.certs import CertificateAuthority, KeyPair, service_account_keys
+from e2e.procs import (
+    ManagedProcess,
+    StartupError,
+    free_ports,
+    group_members,
+    http_status,
+    read_records,
+    wait_until,
+    write_records,
+)
+
+VramguardMode = Literal["auto", "on", "off"]
+
+ADMIN_USER = "kubernetes-admin"
+SCHEDULER_USER = "system:kube-scheduler"
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+STATE_FILE = "cluster.json"
+PROCESSES_FILE = "processes.json"
+
+
+def _log(message: str) -> None:
+    print(f"e2e.cluster: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class ClusterConfig:
+    """How to start a cluster."""
+
+    directory: Path
+    kube_version: str | None = None
+    """Kubernetes version or minor (default: ``$KUBE_VERSION``, else the newest 1.35.x)."""
+    second_scheduler: bool = False
+    """Run the extender behind a second scheduler named ``vramguard`` instead of the default one."""
+    vramguard: VramguardMode = "auto"
+    """``auto``: start each vramguard service whose ``--help`` works; ``on``: require both."""
+    policy: Path | None = None
+    """Policy file passed to the vramguard services as ``--policy``."""
+    vramguard_command: Sequence[str] | None = None
+    """The command that provides ``extender`` and ``webhook`` (default: ``vramguard``)."""
+    manifests: Path = services.MANIFESTS
+    detach: bool = False
+    """Let the processes outlive this Python process (the command line does this)."""
+    timeout: float = 120.0
+    """Seconds each component may take to become ready."""
+
+
+@dataclass
+class ClusterState:
+    """What a running cluster looks like; persisted as ``DIR/cluster.json``."""
+
+    directory: str
+    version: str
+    server: str
+    etcd_url: str
+    admin_token: str
+    second_scheduler: bool
+    scheduler_ports: dict[str, int] = field(default_factory=dict)
+    vramguard: dict[str, str] = field(default_factory=dict)
+    """Service name -> https URL of each vramguard service started."""
+    up_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable form."""
+        return dict(self.__dict__)
+
+
+def kubeconfig_document(*, server: str, ca_b64: str, user: str, token: str, name: str) -> dict[str, Any]:
+    """A kubeconfig with one cluster, one token user and one current context."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": ca_b64}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
+        "current-context": name,
+        "preferences": {},
+    }
+
+
+def token_auth_line(token: str, user: str, uid: str, groups: Sequence[str] = ()) -> str:
+    """One line of a --token-auth-file: ``token,user,uid,"group1,group2"``."""
+    line = f"{token},{user},{uid}"
+    if groups:
+        line += ',"' + ",".join(groups) + '"'
+    return line
+
+
+class Cluster:
+    """A local control plane; see the module docstring."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.directory = config.directory.resolve()
+        self.processes: list[ManagedProcess] = []
+        self.state: ClusterState | None = None
+        self._ca: CertificateAuthority | None = None
+        self._atexit_registered = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def up(
+        cls,
+        directory: Path,
+        *,
+        kube_version: str | None = None,
+        second_scheduler: bool = False,
+        vramguard: VramguardMode = "auto",
+        policy: Path | None = None,
+        vramguard_command: Sequence[str] | None = None,
+        detach: bool = False,
+        timeout: float = 120.0,
+    ) -> Cluster:
+        """Build (if needed) and start a cluster in ``directory``; return once it is ready."""
+        cluster = cls(
+            ClusterConfig(
+                directory=directory,
+                kube_version=kube_version,
+                second_scheduler=second_scheduler,
+                vramguard=vramguard,
+                policy=policy,
+                vramguard_command=vramguard_command,
+                detach=detach,
+                timeout=timeout,
+            )
+        )
+        cluster.start()
+        return cluster
+
+    @classmethod
+    def attach(cls, directory: Path) -> Cluster:
+        """A handle on a cluster started earlier (possibly by another process) in ``directory``."""
+        cluster = cls(ClusterConfig(directory=directory, detach=True))
+        state_path = cluster.directory / STATE_FILE
+        if state_path.is_file():
+            cluster.state = ClusterState(**json.loads(state_path.read_text()))
+        cluster.processes = [ManagedProcess(record) for record in read_records(cluster.directory / PROCESSES_FILE)]
+        return cluster
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ------------------------------------------------------------------ paths and accessors
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (user ``kubernetes-admin`` in group ``system:masters``)."""
+        return self.directory / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        """Directory holding one log file per component."""
+        return self.directory / "logs"
+
+    @property
+    def pki(self) -> Path:
+        """Certificates, keys, the token file and the component kubeconfigs."""
+        return self.directory / "pki"
+
+    @property
+    def version(self) -> str:
+        """The Kubernetes version the cluster runs."""
+        return self._require_state().version
+
+    @property
+    def server(self) -> str:
+        """The API server URL (``https://127.0.0.1:<port>``)."""
+        return self._require_state().server
+
+    @property
+    def ca(self) -> CertificateAuthority:
+        """The harness CA: it signs the API server's and the vramguard services' certificates."""
+        if self._ca is None:
+            self._ca = CertificateAuthority.load(self.pki / "ca.crt", self.pki / "ca.key")
+        return self._ca
+
+    def _require_state(self) -> ClusterState:
+        if self.state is None:
+            raise RuntimeError(f"no cluster state in {self.directory}; is it up?")
+        return self.state
+
+    def pgids(self) -> list[int]:
+        """Process group ids of every component started (each is a session leader)."""
+        return [proc.record.pid for proc in self.processes]
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` authenticated as the admin."""
+        return kube.api_client(self.kubeconfig)
+
+    def core_v1(self) -> Any:
+        """A ``kubernetes.client.CoreV1Api`` authenticated as the admin."""
+        return kube.core_v1(self.api_client())
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """An SSL context that trusts the harness CA."""
+        return ssl.create_default_context(cadata=self.ca.cert_pem.decode())
+
+    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        """A JSON request to the API server as the admin; raises urllib's HTTPError on >= 400."""
+        state = self._require_state()
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(state.server + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {state.admin_token}")
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=30, context=self.ssl_context()) as response:
+            return json.loads(response.read() or b"null")
+
+    def create(self, obj: Mapping[str, Any]) -> None:
+        """Create an object the harness knows the path of; an existing one is left alone."""
+        try:
+            self.request("POST", services.object_path(obj), obj)
+        except urllib.error.HTTPError as error:
+            if error.code != 409:
+                detail = error.read().decode(errors="replace")
+                raise RuntimeError(f"creating {obj['kind']} failed: {error.code} {detail}") from error
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        """Start every component and wait for each to be ready (stopping all on failure)."""
+        if (self.directory / PROCESSES_FILE).is_file():
+            previous = Cluster.attach(self.directory)
+            if any(proc.record.running() for proc in previous.processes):
+                raise RuntimeError(f"a cluster is already running in {self.directory}; run down first")
+        started = time.monotonic()
+        binaries = build.ensure_built(self.config.kube_version)
+        self._prepare_directory()
+        if not self.config.detach and not self._atexit_registered:
+            atexit.register(self.down)
+            self._atexit_registered = True
+        try:
+            self._start(binaries, started)
+        except BaseException:
+            self.down()
+            raise
+
+    def _prepare_directory(self) -> None:
+        for stale in ("etcd", "pki", "config", "pids", "logs"):
+            shutil.rmtree(self.directory / stale, ignore_errors=True)
+        for sub in ("pki", "config", "pids", "logs"):
+            (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        for stale_file in (STATE_FILE, PROCESSES_FILE):
+            (self.directory / stale_file).unlink(missing_ok=True)
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> ManagedProcess:
+        proc = ManagedProcess.start(
+            name,
+            argv,
+            log_path=self.logs / f"{name}.log",
+            pid_dir=self.directory / "pids",
+            cwd=self.directory,
+            die_with_parent=not self.config.detach,
+        )
+        self.processes.append(proc)
+        write_records(self.directory / PROCESSES_FILE, self.processes)
+        return proc
+
+    def _start(self, binaries: build.Binaries, started: float) -> None:
+        cfg = self.config
+        wanted = self._vramguard_services()
+        (
+            etcd_port,
+            peer_port,
+            api_port,
+            sched_port,
+            second_port,
+            extender_port,
+            webhook_port,
+        ) = free_ports(7)
+        server = f"https://127.0.0.1:{api_port}"
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+
+        # Credentials: one CA for everything, static tokens for every client.
+        ca = CertificateAuthority.create("vramguard-e2e-ca")
+        self._ca = ca
+        ca.write(self.pki / "ca.crt", self.pki / "ca.key")
+        ca.issue(
+            "kube-apiserver",
+            ip_addresses=["127.0.0.1", str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts()))],
+            dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        ).write(self.pki / "apiserver.crt", self.pki / "apiserver.key")
+        service_account_keys(self.pki / "sa.key", self.pki / "sa.pub")
+        # A separate CA for the aggregation layer's request-header authentication, as kubeadm
+        # sets it up: the schedulers' delegated authentication reads it from the
+        # extension-apiserver-authentication ConfigMap and complains when it is missing.
+        front_proxy_ca = CertificateAuthority.create("vramguard-e2e-front-proxy-ca")
+        front_proxy_ca.write(self.pki / "front-proxy-ca.crt", self.pki / "front-proxy-ca.key")
+        front_proxy_ca.issue("front-proxy-client", server=False, client=True).write(
+            self.pki / "front-proxy-client.crt", self.pki / "front-proxy-client.key"
+        )
+        tokens = {"admin": secrets.token_hex(16), "scheduler": secrets.token_hex(16)}
+        identities = {name: services.service_identity(name, cfg.manifests) for name in wanted}
+        lines = [
+            token_auth_line(tokens["admin"], ADMIN_USER, "admin", ["system:masters"]),
+            token_auth_line(tokens["scheduler"], SCHEDULER_USER, "kube-scheduler"),
+        ]
+        for name, identity in identities.items():
+            tokens[name] = secrets.token_hex(16)
+            lines.append(token_auth_line(tokens[name], identity.username, name, identity.groups))
+        token_file = self.pki / "tokens.csv"
+        token_file.touch(mode=0o600)
+        token_file.write_text("\n".join(lines) + "\n")
+
+        def write_kubeconfig(path: Path, user: str, token: str) -> Path:
+            document = kubeconfig_document(
+                server=server, ca_b64=ca.cert_b64, user=user, token=token, name="vramguard-e2e"
+            )
+            path.touch(mode=0o600)
+            path.write_text(yaml.safe_dump(document, sort_keys=False))
+            return path
+
+        write_kubeconfig(self.kubeconfig, ADMIN_USER, tokens["admin"])
+        scheduler_kubeconfig = write_kubeconfig(self.pki / "scheduler.kubeconfig", SCHEDULER_USER, tokens["scheduler"])
+        self.state = ClusterState(
+            directory=str(self.directory),
+            version=binaries.version,
+            server=server,
+            etcd_url=etcd_url,
+            admin_token=tokens["admin"],
+            second_scheduler=cfg.second_scheduler,
+        )
+
+        # etcd
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(binaries.etcd),
+                "--name=e2e",
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=e2e=http://127.0.0.1:{peer_port}",
+                "--initial-cluster-state=new",
+                # Test data: durability is not worth the fsync latency.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        waited = wait_until(
+            "etcd /health",
+            lambda: http_status(f"{etcd_url}/health") == 200,
+            timeout=cfg.timeout,
+            process=etcd,
+        )
+        _log(f"etcd ready on {etcd_url} ({waited:.1f}s)")
+
+        # kube-apiserver
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(binaries.kube_apiserver),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={self.pki}",
+                f"--tls-cert-file={self.pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+                f"--client-ca-file={self.pki / 'ca.crt'}",
+                f"--token-auth-file={token_file}",
+                f"--requestheader-client-ca-file={self.pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={self.pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={self.pki / 'front-proxy-client.key'}",
+                "--authorization-mode=Node,RBAC",
+                # No controller-manager: nothing would create ServiceAccounts or lift the
+                # not-ready taint that TaintNodesByCondition puts on every new Node.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={self.pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                # 127.0.0.1 is not a valid endpoint address for the kubernetes Service.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        waited = wait_until(
+            "kube-apiserver /readyz",
+            lambda: http_status(f"{server}/readyz", context=context, token=tokens["admin"]) == 200,
+            timeout=cfg.timeout,
+            process=apiserver,
+        )
+        _log(f"kube-apiserver {binaries.version} ready on {server} ({waited:.1f}s)")
+
+        # vramguard services (before the schedulers, which call the extender)
+        urls: dict[str, str] = {}
+        if wanted:
+            for obj in services.rbac_objects(list(identities.values()), cfg.manifests):
+                self.create(obj)
+            ports = {"extender": extender_port, "webhook": webhook_port}
+            for name in wanted:
+                urls[name] = self._start_vramguard_service(
+                    name,
+                    ports[name],
+                    write_kubeconfig(self.pki / f"{name}.kubeconfig", identities[name].username, tokens[name]),
+                )
+            if "webhook" in urls:
+                webhook = services.localize_webhook_configuration(
+                    services.webhook_configuration(cfg.manifests), webhook_url=urls["webhook"], ca_b64=ca.cert_b64
+                )
+                self.create(webhook)
+                _log(f"registered ValidatingWebhookConfiguration {webhook['metadata']['name']}")
+        self.state.vramguard = urls
+
+        # kube-scheduler (and the second scheduler)
+        extender_url = urls.get("extender")
+        if cfg.second_scheduler:
+            schedulers = {
+                "kube-scheduler": (services.plain_scheduler_config(), sched_port, None),
+                "vramguard-scheduler": (
+                    services.load_yaml(cfg.manifests / "scheduler" / services.SECOND_SCHEDULER_CONFIG.name),
+                    second_port,
+                    extender_url,
+                ),
+            }
+        else:
+            schedulers = {
+                "kube-scheduler": (
+                    services.load_yaml(cfg.manifests / "scheduler" / services.DEFAULT_SCHEDULER_CONFIG.name),
+                    sched_port,
+                    extender_url,
+                )
+            }
+        for scheduler, (template, port, url) in schedulers.items():
+            local = services.localize_scheduler_config(
+                template, kubeconfig=scheduler_kubeconfig, extender_url=url, ca_b64=ca.cert_b64
+            )
+            config_path = self.directory / "config" / f"{scheduler}.yaml"
+            config_path.write_text(yaml.safe_dump(local, sort_keys=False))
+            self._start_scheduler(binaries, scheduler, config_path, port, scheduler_kubeconfig)
+            self.state.scheduler_ports[scheduler] = port
+
+        self.state.up_seconds = round(time.monotonic() - started, 1)
+        (self.directory / STATE_FILE).write_text(json.dumps(self.state.to_json(), indent=2) + "\n")
+        _log(f"cluster {binaries.version} up in {self.state.up_seconds:.1f}s ({self.directory})")
+
+    def _vramguard_services(self) -> list[services.ServiceName]:
+        mode = self.config.vramguard
+        if mode == "off":
+            return []
+        command = self._command()
+        available = [name for name in services.SERVICES if command and services.service_available(name, command)]
+        if mode == "on" and len(available) != len(services.SERVICES):
+            missing = sorted(set(services.SERVICES) - set(available))
+            raise StartupError(f"vramguard {', '.join(missing)} not available (`vramguard <service> --help` failed)")
+        if mode == "auto":
+            skipped = [name for name in services.SERVICES if name not in available]
+            if skipped:
+                _log(f"running without vramguard {' and '.join(skipped)} (`vramguard <service> --help` failed)")
+        return available
+
+    def _command(self) -> list[str] | None:
+        if self.config.vramguard_command:
+            return list(self.config.vramguard_command)
+        return services.vramguard_command()
+
+    def _start_vramguard_service(self, name: services.ServiceName, port: int, kubeconfig: Path) -> str:
+        command = self._command()
+        assert command, "checked by _vramguard_services"
+        pair: KeyPair = self.ca.issue_localhost_server(f"vramguard-{name}")
+        cert, key = self.pki / f"{name}.crt", self.pki / f"{name}.key"
+        pair.write(cert, key)
+        argv = services.service_argv(
+            command,
+            name,
+            port=port,
+            tls_cert=cert,
+            tls_key=key,
+            kubeconfig=kubeconfig,
+            policy=self.config.policy,
+        )
+        proc = self._spawn(f"vramguard-{name}", argv)
+        url = f"https://127.0.0.1:{port}"
+        context = self.ssl_context()
+        waited = wait_until(
+            f"vramguard {name} /readyz",
+            lambda: http_status(f"{url}/readyz", context=context) == 200,
+            timeout=self.config.timeout,
+            process=proc,
+        )
+        _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
+        return url
+
+    def restart_vramguard(
+        self, service: services.ServiceName, sig: signal.Signals = signal.SIGTERM, *, grace: float = 15.0
+    ) -> None:
+        """Stop a running vramguard service with ``sig`` and start it again with the same command line.
+
+        The port, certificate and kubeconfig stay the same, so the schedulers and the webhook
+        configuration keep pointing at it. Returns once the new process answers ``/readyz``.
+        SIGKILL simulates a crash; SIGTERM a rolling restart. Whatever is left after ``grace``
+        seconds is killed.
+        """
+        name = f"vramguard-{service}"
+        state = self._require_state()
+        url = state.vramguard.get(service)
+        index = next((i for i, proc in enumerate(self.processes) if proc.name == name), None)
+        if url is None or index is None:
+            raise RuntimeError(f"vramguard {service} is not running in this cluster")
+        old = self.processes[index]
+        old.send(sig)
+        if not old.wait_gone(grace):
+            old.stop(timeout=0)
+        _log(f"vramguard {service} stopped with {sig.name}; restarting")
+        proc = ManagedProcess.start(
+            name,
+            old.record.argv,
+            log_path=Path(old.record.log),
+            pid_dir=self.directory / "pids",
+            cwd=self.directory,
+            die_with_parent=not self.config.detach,
+        )
+        self.processes[index] = proc
+        write_records(self.directory / PROCESSES_FILE, self.processes)
+        context = self.ssl_context()
+        waited = wait_until(
+            f"vramguard {service} /readyz",
+            lambda: http_status(f"{url}/readyz", context=context) == 200,
+            timeout=self.config.timeout,
+            process=proc,
+        )
+        _log(f"vramguard {service} ready again on {url} ({waited:.1f}s)")
+
+    def _start_scheduler(
+        self, binaries: build.Binaries, name: str, config_path: Path, port: int, kubeconfig: Path
+    ) -> None:
+        proc = self._spawn(
+            name,
+            [
+                str(binaries.kube_scheduler),
+                f"--config={config_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--v=2",
+            ],
+        )
+        # The serving certificate is self-signed in memory; /readyz only needs to answer.
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        waited = wait_until(
+            f"{name} /readyz",
+            lambda: http_status(f"https://127.0.0.1:{port}/readyz", context=context) == 200,
+            timeout=self.config.timeout,
+            process=proc,
+        )
+        _log(f"{name} ready on 127.0.0.1:{port} ({waited:.1f}s)")
+
+    # ------------------------------------------------------------------ stop
+
+    def down(self) -> None:
+        """Stop every component (newest first) and verify no process of theirs is left."""
+        errors = []
+        for proc in reversed(self.processes):
+            try:
+                proc.stop()
+            except RuntimeError as error:
+                errors.append(str(error))
+        left = group_members(self.pgids())
+        if self.processes:
+            (self.directory / PROCESSES_FILE).unlink(missing_ok=True)
+            for pid_file in (self.directory / "pids").glob("*.pid"):
+                pid_file.unlink()
+        self.processes = []
+        if errors or left:
+            raise RuntimeError(f"processes left behind in {self.directory}: {left} {errors}")
+
+
+class ExistingCluster:
+    """A cluster this harness did not start (kind, a lab cluster), reached through a kubeconfig."""
+
+    def __init__(self, kubeconfig: Path, version: str | None = None) -> None:
+        self.kubeconfig = kubeconfig.resolve()
+        self.version = version
+        """The Kubernetes version the caller expects, if any (not checked against the server)."""
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for the kubeconfig's current context."""
+        return kube.api_client(self.kubeconfig)
+
+    def core_v1(self) -> Any:
+        """A ``kubernetes.client.CoreV1Api`` for the kubeconfig's current context."""
+        return kube.core_v1(self.api_client())
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m e2e.cluster up|down --dir DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a cluster in DIR and wait until it is ready")
+    up.add_argument("--dir", required=True, type=Path, help="state, logs and kubeconfig go here")
+    up.add_argument("--kube-version", help="Kubernetes version or minor (default $KUBE_VERSION or 1.35)")
+    up.add_argument(
+        "--second-scheduler",
+        action="store_true",
+        help="run the extender behind a second scheduler named 'vramguard'",
+    )
+    mode = up.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--no-vramguard", dest="vramguard", action="store_const", const="off", help="never start vramguard"
+    )
+    mode.add_argument(
+        "--vramguard", dest="vramguard", action="store_const", const="on", help="require the extender and webhook"
+    )
+    up.set_defaults(vramguard="auto")
+    up.add_argument("--policy", type=Path, help="policy file for the vramguard services")
+    up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take")
+    down = sub.add_parser("down", help="stop the cluster in DIR")
+    down.add_argument("--dir", required=True, type=Path)
+    down.add_argument("--purge", action="store_true", help="also delete DIR")
+    args = parser.parse_args(argv)
+
+    directory: Path = args.dir.resolve()
+    if args.command == "up":
+        try:
+            cluster = Cluster.up(
+                directory,
+                kube_version=args.kube_version,
+                second_scheduler=args.second_scheduler,
+                vramguard=args.vramguard,
+                policy=args.policy.resolve() if args.policy else None,
+                detach=True,
+                timeout=args.timeout,
+            )
+        except (StartupError, build.BuildError, RuntimeError) as error:
+            _log(f"error: {error}")
+            return 1
+        print(f"export KUBECONFIG={cluster.kubeconfig}")
+        return 0
+
+    cluster = Cluster.attach(directory)
+    if not cluster.processes:
+        _log(f"nothing running in {directory}")
+    try:
+        cluster.down()
+    except RuntimeError as error:
+        _log(f"error: {error}")
+        return 1
+    if args.purge and directory.is_dir():
+        shutil.rmtree(directory)
+    _log(f"cluster in {directory} stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

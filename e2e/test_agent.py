@@ -1,0 +1,211 @@
+"""The node agent's report on the real control plane: the extender places what the truth allows.
+
+A multi-GPU time-sliced node: until the extender knows which GPU each pod got, it must assume the
+device plugin stacked them on one GPU, so two H100s with 4 replicas take three pods at 0.30. Once
+the report says where they really run (two on GPU 0, one on GPU 1), a fourth fits, and a fifth
+still does not, because GPU 0 is known to hold 0.60 and the fourth's GPU is not known yet.
+
+Two ways to produce the report: written by the test (the annotation format alone), and written by
+the real ``vramguard agent`` process, reading a recorded NVML snapshot and a local kubelet
+PodResources server, and listing the node's pods through the API server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import gpu_nodes
+from extender.state import ClusterState
+from vramguard.inventory import AGENT_REPORT_ANNOTATION
+from vramguard.policy import default_policy
+
+pytestmark = pytest.mark.timeout(240)
+
+TEST_LABEL = "e2e.vramguard.io/test"
+H100_BYTES = 81559 * 2**20
+RECORDING = Path(__file__).resolve().parent.parent / "tests" / "data" / "agent" / "nvml_h100_time_sliced.json"
+
+
+@pytest.fixture
+def namespace(core_v1: Any, unique: str) -> Iterable[str]:
+    name = f"e2e-agent-{unique}"
+    core_v1.create_namespace({"metadata": {"name": name}})
+    yield name
+    core_v1.delete_namespace(name)
+
+
+def require_extender(cluster: Any) -> None:
+    if not getattr(cluster, "state", None) or "extender" not in (cluster.state.vramguard or {}):
+        pytest.skip("the vramguard extender is not wired into this cluster")
+
+
+def quad_node(core_v1: Any, unique: str) -> str:
+    """Two H100s, 4 time-slicing replicas each, usable only by this test's pods."""
+    spec = dataclasses.replace(
+        gpu_nodes.time_sliced(f"quad-{unique}", "H100-80GB", gpus=2, replicas=4),
+        extra_labels={TEST_LABEL: unique},
+        taints=({"key": TEST_LABEL, "value": unique, "effect": "NoSchedule"},),
+    )
+    gpu_nodes.create_gpu_node(core_v1, spec)
+    return spec.name
+
+
+def vllm_pod(name: str, unique: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {TEST_LABEL: unique},
+            "tolerations": [{"key": TEST_LABEL, "operator": "Equal", "value": unique, "effect": "NoSchedule"}],
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.21.0",
+                "args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", "0.30"],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }],
+        },
+    }
+
+
+def scheduled(core_v1: Any, namespace: str, name: str, timeout: float = 60.0) -> str | None:
+    """The pod's node once bound, or ``None`` once the scheduler has said it cannot place it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = core_v1.read_namespaced_pod(name, namespace)
+        if pod.spec.node_name:
+            return str(pod.spec.node_name)
+        for condition in pod.status.conditions or ():
+            if condition.type == "PodScheduled" and condition.status == "False" and condition.message:
+                return None
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod {name} got no scheduling verdict in {timeout:g} s")
+        time.sleep(0.25)
+
+
+def place(core_v1: Any, namespace: str, name: str, unique: str) -> str | None:
+    core_v1.create_namespaced_pod(namespace, vllm_pod(name, unique))
+    return scheduled(core_v1, namespace, name)
+
+
+def uid_of(core_v1: Any, namespace: str, name: str) -> str:
+    return str(core_v1.read_namespaced_pod(name, namespace).metadata.uid)
+
+
+def annotation(core_v1: Any, node: str) -> str | None:
+    annotations = core_v1.read_node(node).metadata.annotations or {}
+    value = annotations.get(AGENT_REPORT_ANNOTATION)
+    return str(value) if value is not None else None
+
+
+def wait_for_extender(core_v1: Any, namespace: str, name: str, unique: str, timeout: float = 30.0) -> str | None:
+    """Create pod ``name`` until it binds: the extender sees the node's new annotation through a watch."""
+    deadline = time.monotonic() + timeout
+    while True:
+        node = place(core_v1, namespace, name, unique)
+        if node is not None or time.monotonic() > deadline:
+            return node
+        core_v1.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        while core_v1.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items:
+            time.sleep(0.1)
+        time.sleep(0.5)
+
+
+def ledger_violations(cluster: Any) -> list[str]:
+    """The ledger rebuilt from the API server alone (annotation included), checked against the rule."""
+    state = ClusterState(default_policy())
+    state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
+    state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
+    pods = cluster.request("GET", "/api/v1/pods")["items"]
+    state.pods.replace([p for p in pods if p["spec"].get("nodeName")])
+    return state.ledger.check_invariants()
+
+
+def fill_conservatively(core_v1: Any, namespace: str, unique: str, node: str) -> None:
+    for i in range(3):
+        assert place(core_v1, namespace, f"p{i}", unique) == node
+    # The plugin might have stacked p0..p2 on one GPU: a fourth 0.30 could overcommit it.
+    assert place(core_v1, namespace, "probe", unique) is None
+    core_v1.delete_namespaced_pod("probe", namespace, grace_period_seconds=0)
+
+
+def test_a_report_lets_the_extender_place_more_without_overcommitting(
+    cluster: Any, core_v1: Any, namespace: str, unique: str
+) -> None:
+    require_extender(cluster)
+    node = quad_node(core_v1, unique)
+    fill_conservatively(core_v1, namespace, unique, node)
+
+    uids = {name: uid_of(core_v1, namespace, name) for name in ("p0", "p1", "p2")}
+    report = {
+        "version": 1,
+        "gpus": [{"id": "0", "memory_bytes": H100_BYTES, "foreign_bytes": 0},
+                 {"id": "1", "memory_bytes": H100_BYTES, "foreign_bytes": 0}],
+        "pods": {uids["p0"]: {"vllm": ["0"]}, uids["p1"]: {"vllm": ["0"]}, uids["p2"]: {"vllm": ["1"]}},
+    }
+    core_v1.patch_node(node, {"metadata": {"annotations": {AGENT_REPORT_ANNOTATION: json.dumps(report)}}})
+
+    assert wait_for_extender(core_v1, namespace, "p3", unique) == node
+    # p3's GPU is not reported: it may be GPU 0 (0.60 known), so a fifth could overcommit GPU 0.
+    assert place(core_v1, namespace, "p4", unique) is None
+    assert ledger_violations(cluster) == []
+
+
+def test_the_agent_process_reports_and_the_extender_uses_it(
+    cluster: Any, core_v1: Any, namespace: str, unique: str, tmp_path: Path
+) -> None:
+    require_extender(cluster)
+    from tests.agent_support import H100_UUIDS, kubelet_server, list_response  # noqa: PLC0415 - needs grpc
+
+    node = quad_node(core_v1, unique)
+    fill_conservatively(core_v1, namespace, unique, node)
+
+    socket = tmp_path / "kubelet.sock"
+    with kubelet_server(socket) as kubelet:
+        kubelet.response = list_response({
+            (namespace, "p0"): {"vllm": {"nvidia.com/gpu": [f"{H100_UUIDS[0]}::0"]}},
+            (namespace, "p1"): {"vllm": {"nvidia.com/gpu": [f"{H100_UUIDS[0]}::1"]}},
+            (namespace, "p2"): {"vllm": {"nvidia.com/gpu": [f"{H100_UUIDS[1]}::0"]}},
+        })
+        log = (tmp_path / "agent.log").open("w")
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "vramguard", "agent", "--node-name", node, "--listen", "127.0.0.1:0",
+             "--kubeconfig", str(cluster.kubeconfig), "--nvml-recording", str(RECORDING),
+             "--podresources-socket", str(socket), "--interval", "0.5", "--min-write-interval", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                text = annotation(core_v1, node)
+                report = json.loads(text) if text else {}
+                if len(report.get("pods", {})) == 3:
+                    break
+                assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+                assert time.monotonic() < deadline, f"no report from the agent: {text}"
+                time.sleep(0.25)
+        finally:
+            agent.terminate()
+            agent.wait(15)
+            log.close()
+
+    uids = {name: uid_of(core_v1, namespace, name) for name in ("p0", "p1", "p2")}
+    assert report == {
+        "version": 1,
+        "gpus": [{"id": "0", "memory_bytes": H100_BYTES, "foreign_bytes": 0},
+                 {"id": "1", "memory_bytes": H100_BYTES, "foreign_bytes": 0}],
+        "pods": {uids["p0"]: {"vllm": ["0"]}, uids["p1"]: {"vllm": ["0"]}, uids["p2"]: {"vllm": ["1"]}},
+    }
+    assert wait_for_extender(core_v1, namespace, "p3", unique) == node
+    assert place(core_v1, namespace, "p4", unique) is None
+    assert ledger_violations(cluster) == []

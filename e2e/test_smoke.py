@@ -1,0 +1,189 @@
+"""Smoke tests: the control plane is real, schedules GPU pods, and leaves nothing behind.
+
+They run on ``control_plane``, a cluster without vramguard: what is checked here is the control
+plane and the fake GPU nodes, not vramguard's decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import gpu_nodes, kube
+from e2e.cluster import Cluster
+from e2e.procs import group_members, processes_mentioning
+
+NAMESPACE = "default"
+BIND_TIMEOUT = 30.0
+
+
+def gpu_pod(name: str, requests: dict[str, str], *, selector: dict[str, str], scheduler: str | None = None) -> Any:
+    """A pause Pod with the given extended-resource limits, restricted to nodes with ``selector``."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": dict(requests)},
+            }
+        ],
+        "nodeSelector": selector,
+        # Fake nodes have no kubelet; on clusters with a controller-manager (kind) they may be
+        # tainted not-ready or unreachable while a test runs.
+        "tolerations": [{"operator": "Exists"}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = BIND_TIMEOUT) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = probe()
+        if result:
+            return result
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def core(control_plane: Any) -> Any:
+    """``kubernetes.client.CoreV1Api`` on the control plane, as the admin."""
+    return control_plane.core_v1()
+
+
+@pytest.fixture
+def node_names(core: Any) -> Iterator[list[str]]:
+    """Names of Nodes a test creates; deleted afterwards."""
+    names: list[str] = []
+    yield names
+    gpu_nodes.delete_nodes(core, names)
+
+
+@pytest.fixture
+def pods(core: Any) -> Iterator[list[str]]:
+    """Names of Pods a test creates in ``default``; deleted (grace period 0) afterwards."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        try:
+            core.delete_namespaced_pod(name=name, namespace=NAMESPACE, grace_period_seconds=0)
+        except kube.api_exception() as error:
+            if getattr(error, "status", None) != 404:
+                raise
+
+
+def bound_node(core: Any, name: str) -> str | None:
+    """The node a Pod is bound to, or None while it is pending."""
+    pod = core.read_namespaced_pod(name=name, namespace=NAMESPACE)
+    node: str | None = pod.spec.node_name
+    return node
+
+
+def test_api_server_reports_the_pinned_version(control_plane: Any) -> None:
+    if control_plane.version is None:
+        pytest.skip("no expected version for an existing cluster (pass --e2e-kube-version)")
+    info = kube.version_api(control_plane.api_client()).get_code()
+    assert info.git_version == control_plane.version
+    assert (info.major, info.minor.rstrip("+")) == tuple(control_plane.version.lstrip("v").split(".")[:2])
+
+
+@pytest.mark.parametrize(
+    ("shape", "resource"),
+    [
+        pytest.param(lambda name: gpu_nodes.exclusive(name, "A100-80GB", gpus=8), "nvidia.com/gpu", id="exclusive"),
+        pytest.param(
+            lambda name: gpu_nodes.time_sliced(name, "H100-80GB", gpus=2, replicas=4),
+            "nvidia.com/gpu",
+            id="time-slicing",
+        ),
+        pytest.param(
+            lambda name: gpu_nodes.time_sliced(name, "L40S", gpus=1, replicas=4, renamed=True),
+            "nvidia.com/gpu.shared",
+            id="time-slicing-renamed",
+        ),
+        pytest.param(lambda name: gpu_nodes.mps(name, "H200", gpus=1, replicas=2), "nvidia.com/gpu", id="mps"),
+        pytest.param(
+            lambda name: gpu_nodes.mig_mixed(name, "H100-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]),
+            "nvidia.com/mig-1g.10gb",
+            id="mig-mixed",
+        ),
+    ],
+)
+def test_gpu_pod_is_bound_to_a_fake_gpu_node(
+    core: Any,
+    node_names: list[str],
+    pods: list[str],
+    unique: str,
+    shape: Callable[[str], gpu_nodes.GPUNodeSpec],
+    resource: str,
+) -> None:
+    pool = {"e2e.vramguard.io/pool": unique}
+    spec = shape(f"gpu-{unique}")
+    created = gpu_nodes.create_gpu_node(core, dataclasses.replace(spec, extra_labels=pool))
+    node_names.append(created.metadata.name)
+    # A Ready node without GPUs in the same pool: the scheduler must pick by resource.
+    gpu_nodes.create_cpu_node(core, f"cpu-{unique}", labels=pool)
+    node_names.append(f"cpu-{unique}")
+
+    stored = core.read_node(name=created.metadata.name)
+    assert stored.status.allocatable[resource] == gpu_nodes.gpu_resources(spec)[resource]
+    assert stored.metadata.labels["nvidia.com/gpu.product"].startswith(spec.model.product_label)
+    assert [c.status for c in stored.status.conditions if c.type == "Ready"] == ["True"]
+
+    core.create_namespaced_pod(namespace=NAMESPACE, body=gpu_pod(f"p-{unique}", {resource: "1"}, selector=pool))
+    pods.append(f"p-{unique}")
+    assert wait_for("the pod to be bound", lambda: bound_node(core, f"p-{unique}")) == created.metadata.name
+
+
+def test_pod_asking_for_more_gpus_than_exist_stays_pending(
+    core: Any, node_names: list[str], pods: list[str], unique: str
+) -> None:
+    pool = {"e2e.vramguard.io/pool": unique}
+    spec = gpu_nodes.exclusive(f"gpu-{unique}", "H100-80GB", gpus=2, extra_labels=pool)
+    gpu_nodes.create_gpu_node(core, spec)
+    node_names.append(spec.name)
+    core.create_namespaced_pod(namespace=NAMESPACE, body=gpu_pod(f"p-{unique}", {"nvidia.com/gpu": "3"}, selector=pool))
+    pods.append(f"p-{unique}")
+
+    def unschedulable() -> bool:
+        pod = core.read_namespaced_pod(name=f"p-{unique}", namespace=NAMESPACE)
+        conditions = pod.status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+    wait_for("the scheduler to mark the pod Unschedulable", unschedulable)
+    assert bound_node(core, f"p-{unique}") is None
+
+
+def test_second_cluster_with_second_scheduler_leaves_no_process(
+    local_control_plane: Any, control_plane: Any, tmp_path: Path, unique: str
+) -> None:
+    directory = tmp_path / "second"
+    second = Cluster.up(directory, kube_version=local_control_plane.version, second_scheduler=True)
+    try:
+        assert {"kube-scheduler", "vramguard-scheduler"} <= {proc.name for proc in second.processes}
+        if isinstance(control_plane, Cluster):
+            assert second.server != control_plane.server, "two clusters run side by side"
+        core = second.core_v1()
+        pool = {"e2e.vramguard.io/pool": unique}
+        gpu_nodes.create_gpu_node(core, gpu_nodes.exclusive(f"gpu-{unique}", "T4", extra_labels=pool))
+        # No GPU request: the extender (when present) is not consulted, so this only checks that
+        # the second scheduler is live and owns pods that name it.
+        core.create_namespaced_pod(
+            namespace=NAMESPACE, body=gpu_pod(f"p-{unique}", {}, selector=pool, scheduler="vramguard")
+        )
+        assert wait_for("the second scheduler to bind", lambda: bound_node(core, f"p-{unique}")) == f"gpu-{unique}"
+    finally:
+        pgids = second.pgids()
+        second.down()
+    assert group_members(pgids) == []
+    assert processes_mentioning(str(directory)) == []
+    assert not list((directory / "pids").glob("*.pid"))

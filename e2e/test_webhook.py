@@ -1,0 +1,344 @@
+"""The admission webhook through the real API server: what a user sees from kubectl or a client.
+
+The session cluster registers the shipped ``manifests/webhook/validating-webhook.yaml`` (pointed at
+the local ``vramguard webhook``) with the built-in policy; each test labels its own namespace with
+the enforcement mode it needs. The quota test starts a second webhook with a policy that gives its
+namespace a quota, registered (from the same shipped file) for that namespace only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import re
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import kube, services
+from e2e.procs import ManagedProcess, free_port, http_status, wait_until
+
+WAIT = 30.0
+VALIDATE_COUNT = re.compile(
+    r'^vramguard_webhook_http_request_duration_seconds_count\{(?=[^}]*route="/validate")[^}]*\} (\S+)$', re.M
+)
+BAD_UTILIZATION = "container vllm: --gpu-memory-utilization 1.5 is outside (0, 1]"
+
+
+def vllm_container(utilization: str) -> dict[str, Any]:
+    return {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.21.0",
+        "args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", utilization],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+
+
+def pod_spec(*containers: dict[str, Any]) -> dict[str, Any]:
+    # A node selector no node has: the pods stay Pending and never reach the scheduler's extender.
+    return {"containers": list(containers), "nodeSelector": {"e2e.vramguard.io/nowhere": "true"},
+            "terminationGracePeriodSeconds": 0}
+
+
+def pod(name: str, *containers: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": pod_spec(*containers)}
+
+
+def deployment(name: str, *containers: dict[str, Any], replicas: int = 1,
+               annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    labels = {"app": name}
+    template = {"metadata": {"labels": labels, "annotations": annotations or {}}, "spec": pod_spec(*containers)}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": template},
+    }
+
+
+def cronjob(name: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    spec = {**pod_spec(*containers), "restartPolicy": "Never"}
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name},
+            "spec": {"schedule": "0 0 * * *", "jobTemplate": {"spec": {"template": {"spec": spec}}}}}
+
+
+def denial(error: Any) -> str:
+    """The message of a refused request, as the client receives it."""
+    assert getattr(error, "status", None) == 403, error
+    message: str = json.loads(error.body)["message"]
+    return message
+
+
+def warnings_of(response: Any) -> list[str]:
+    """The ``Warning`` headers of a raw response (``299 - "text"``), as their texts."""
+    values = response.headers.getlist("Warning") if hasattr(response.headers, "getlist") else []
+    texts: list[str] = []
+    for value in values:
+        texts.extend(json.loads(quoted) for quoted in re.findall(r'299 - ("(?:[^"\\]|\\.)*")', value))
+    return texts
+
+
+def poll(what: str, probe: Callable[[], Any], timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = probe()
+        if result:
+            return result
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def session_webhook_url(cluster: Any) -> str:
+    state = getattr(cluster, "state", None)
+    url = (state.vramguard if state is not None else {}).get("webhook")
+    if not url:
+        pytest.skip("the session cluster runs no vramguard webhook (started with --e2e-no-vramguard or --kubeconfig)")
+    return str(url)
+
+
+def validate_count(url: str, context: ssl.SSLContext) -> float:
+    """Requests the webhook has answered on /validate, from its own metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10, context=context) as response:
+        text = response.read().decode()
+    return sum(float(value) for value in VALIDATE_COUNT.findall(text))
+
+
+class Namespace:
+    """A namespace for one test, and the clients that create objects in it."""
+
+    def __init__(self, cluster: Any, name: str, labels: dict[str, str]) -> None:
+        self.name = name
+        self.client = kube.kubernetes_module().client
+        api = cluster.api_client()
+        self.core = self.client.CoreV1Api(api)
+        self.apps = self.client.AppsV1Api(api)
+        self.batch = self.client.BatchV1Api(api)
+        self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                                    "metadata": {"name": name, "labels": labels}})
+        self.pods: list[str] = []
+
+    def create_pod(self, body: dict[str, Any], **options: Any) -> Any:
+        response = self.core.create_namespaced_pod(self.name, body, _preload_content=False, **options)
+        if not options.get("dry_run"):
+            self.pods.append(body["metadata"]["name"])
+        return response
+
+    def delete_pod(self, name: str) -> None:
+        self.core.delete_namespaced_pod(name, self.name, grace_period_seconds=0)
+        self.pods.remove(name)
+
+    def cleanup(self) -> None:
+        # No controller-manager runs: a deleted namespace never finishes terminating, so its pods
+        # are deleted one by one first (they hold nothing, but keep the session's lists short).
+        for name in list(self.pods):
+            try:
+                self.delete_pod(name)
+            except kube.api_exception():
+                pass
+        try:
+            self.core.delete_namespace(self.name)
+        except kube.api_exception():
+            pass
+
+
+@pytest.fixture
+def namespace(cluster: Any, unique: str) -> Iterator[Callable[[str], Namespace]]:
+    """Make a namespace with the given ``vramguard.io/enforce`` mode; removed afterwards."""
+    session_webhook_url(cluster)
+    made: list[Namespace] = []
+
+    def make(mode: str) -> Namespace:
+        created = Namespace(cluster, f"webhook-{mode}-{unique}", {"vramguard.io/enforce": mode})
+        made.append(created)
+        return created
+
+    yield make
+    for created in made:
+        created.cleanup()
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_invalid_pod_is_refused_with_the_message(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("enforce")
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.create_pod(pod("bad", vllm_container("1.5")))
+    assert denial(refused.value) == f'admission webhook "pods.vramguard.io" denied the request: {BAD_UTILIZATION}'
+
+
+def test_invalid_deployment_is_refused_at_apply_time(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("enforce")
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.apps.create_namespaced_deployment(ns.name, deployment("bad", vllm_container("1.5")))
+    assert denial(refused.value) == (
+        f'admission webhook "workloads.vramguard.io" denied the request: {BAD_UTILIZATION}'
+    )
+
+
+def test_invalid_cronjob_is_refused(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("enforce")
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.batch.create_namespaced_cron_job(ns.name, cronjob("bad", vllm_container("1.5")))
+    assert denial(refused.value) == f'admission webhook "cronjobs.vramguard.io" denied the request: {BAD_UTILIZATION}'
+
+
+def test_valid_pod_and_deployment_are_admitted(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("enforce")
+    ns.create_pod(pod("good", vllm_container("0.3")))
+    ns.apps.create_namespaced_deployment(ns.name, deployment("good", vllm_container("0.3")))
+
+
+def test_init_container_asking_for_a_gpu_is_validated(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("enforce")
+    body = pod("init", {"name": "main", "image": "registry.k8s.io/pause:3.10"})
+    body["spec"]["initContainers"] = [vllm_container("1.5")]
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.create_pod(body)
+    assert BAD_UTILIZATION in denial(refused.value)
+
+
+# --------------------------------------------------------------------------- warn and audit
+
+
+def test_warn_namespace_admits_with_warnings_the_client_receives(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("warn")
+    response = ns.create_pod(pod("warned", vllm_container("1.5")))
+    assert response.status == 201
+    assert f"would deny: {BAD_UTILIZATION}" in warnings_of(response)
+
+
+def test_implicit_defaults_are_warned_about_even_where_enforced(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("enforce")
+    container = vllm_container("0.3")
+    container["args"] = ["--model", "m"]
+    response = ns.create_pod(pod("implicit", container))
+    assert response.status == 201
+    assert (
+        "container vllm relies on vLLM's default --gpu-memory-utilization (0.92 of the GPU); set it explicitly"
+        in warnings_of(response)
+    )
+
+
+def test_audit_namespace_admits_without_a_denial_warning(namespace: Callable[[str], Namespace]) -> None:
+    ns = namespace("audit")
+    response = ns.create_pod(pod("audited", vllm_container("1.5")))
+    assert response.status == 201
+    assert not any(w.startswith("would deny") for w in warnings_of(response))
+
+
+# --------------------------------------------------------------------------- only GPU objects are sent
+
+
+def test_objects_asking_for_no_gpu_never_reach_the_webhook(cluster: Any, namespace: Callable[[str], Namespace]) -> None:
+    url = session_webhook_url(cluster)
+    context = cluster.ssl_context()
+    ns = namespace("warn")
+    before = validate_count(url, context)
+    # Positive control: a GPU pod (asking through requests only) is sent.
+    control = pod("control", {"name": "c", "image": "registry.k8s.io/pause:3.10",
+                              "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"},
+                                            "limits": {"nvidia.com/mig-1g.10gb": "1"}}})
+    ns.create_pod(control, dry_run="All")
+    poll("the webhook to count the GPU pod", lambda: validate_count(url, context) >= before + 1)
+    before = validate_count(url, context)
+    plain = {"name": "web", "image": "registry.k8s.io/pause:3.10",
+             "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+    ns.create_pod(pod("plain", plain))
+    ns.apps.create_namespaced_deployment(ns.name, deployment("plain", plain))
+    ns.batch.create_namespaced_cron_job(ns.name, cronjob("plain", plain))
+    time.sleep(1.0)
+    assert validate_count(url, context) == before
+
+
+# --------------------------------------------------------------------------- quota
+
+
+@pytest.fixture
+def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[Namespace, str]]:
+    """A namespace with a 100Gi VRAM quota, guarded by a webhook that has that policy."""
+    if not hasattr(cluster, "ca"):
+        pytest.skip("starts a webhook of its own, signed by the local control plane's CA")
+    command = services.vramguard_command()
+    assert command is not None
+    name = f"webhook-quota-{unique}"
+    policy = yaml.safe_load((Path(services.REPO_ROOT) / "vramguard" / "default_policy.yaml").read_text())
+    policy.update(enforcement="enforce", quotas={name: "100Gi"})
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    cluster.ca.issue_localhost_server("vramguard-webhook-quota").write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    port = free_port()
+    argv = services.service_argv(command, "webhook", port=port, tls_cert=tmp_path / "tls.crt",
+                                 tls_key=tmp_path / "tls.key", kubeconfig=cluster.kubeconfig,
+                                 policy=tmp_path / "policy.yaml")
+    process = ManagedProcess.start("webhook-quota", argv, log_path=tmp_path / "webhook.log", pid_dir=tmp_path,
+                                   cwd=tmp_path, die_with_parent=True)
+    url = f"https://127.0.0.1:{port}"
+    configuration_name = f"vramguard-quota-{unique}"
+    ns: Namespace | None = None
+    try:
+        wait_until("the quota webhook /readyz", lambda: http_status(url + "/readyz", context=cluster.ssl_context())
+                   == 200, timeout=60, process=process)
+        ns = Namespace(cluster, name, {})
+        configuration = services.localize_webhook_configuration(
+            copy.deepcopy(services.webhook_configuration()), webhook_url=url, ca_b64=cluster.ca.cert_b64
+        )
+        configuration["metadata"]["name"] = configuration_name
+        for webhook in configuration["webhooks"]:
+            webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": name}}
+        cluster.create(configuration)
+        # The API server picks up a new webhook configuration within a moment; a dry run shows when.
+        probe = pod("probe", {"name": "c", "image": "registry.k8s.io/pause:3.10",
+                              "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    annotations={"vramguard.io/vram": "1Gi"})
+
+        def registered() -> bool:
+            assert ns is not None
+            ns.create_pod(probe, dry_run="All")
+            return validate_count(url, cluster.ssl_context()) > 0
+
+        poll("the quota webhook to be called", registered)
+        yield ns, url
+    finally:
+        if ns is not None:
+            ns.cleanup()
+        with contextlib.suppress(Exception):  # it may never have been created
+            cluster.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                      f"{configuration_name}")
+        process.stop()
+
+
+def test_quota_holds_across_several_pods(quota_webhook: tuple[Namespace, str]) -> None:
+    ns, _ = quota_webhook
+    declared = {"vramguard.io/vram": "40Gi"}
+    worker = {"name": "train", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    ns.create_pod(pod("a", worker, annotations=declared))
+    ns.create_pod(pod("b", worker, annotations=declared))
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.create_pod(pod("c", worker, annotations=declared))
+    assert denial(refused.value).endswith(
+        f"namespace {ns.name} would hold 120Gi of its 100Gi VRAM quota (this pod 40Gi, 2 other pod(s) 80Gi)"
+    )
+    # A Deployment of three such pods would not fit either, and says so at apply time.
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.apps.create_namespaced_deployment(ns.name, deployment("three", worker, replicas=3, annotations=declared))
+    assert denial(refused.value).endswith(
+        f"namespace {ns.name} would hold 200Gi of its 100Gi VRAM quota (3 pod(s) x 40Gi, 2 other pod(s) 80Gi)"
+    )
+    # Deleting a pod frees its share: the watch shows the deletion and the next pod fits.
+    ns.delete_pod("a")
+
+    def admitted() -> bool:
+        try:
+            ns.create_pod(pod("c", worker, annotations=declared), dry_run="All")
+        except kube.api_exception():
+            return False
+        return True
+
+    poll("the freed quota to admit the pod", admitted)
+    ns.create_pod(pod("c", worker, annotations=declared))

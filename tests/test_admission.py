@@ -1,0 +1,604 @@
+"""The admission rules (vramguard.admission): every rule, every enforcement mode, updates, quotas, messages."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tests.podspecs import container, pod
+from vramguard.admission import (
+    AUDIT_CLASS_KEY,
+    AUDIT_WOULD_DENY_KEY,
+    MAX_WARNINGS,
+    WARNING_LIMIT,
+    AdmissionRules,
+    ClusterView,
+    Decision,
+    NamespaceUsage,
+    ResourceOffer,
+    Subject,
+    claims_bytes,
+    fit_warning,
+    offers_from_inventories,
+    quantity_text,
+    quota_claims,
+    workload_pods,
+)
+from vramguard.demand import derive_pod_demand
+from vramguard.inventory import read_inventory
+from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, Policy, default_policy
+from vramguard.quantity import GiB, MiB
+
+POLICY = Policy.from_yaml(
+    """
+default_class: best-effort
+enforcement: enforce
+classes:
+  guaranteed:
+    sharing: [none, mig]
+    allow_implicit_defaults: false
+    unknown_vram: reject
+  small:
+    sharing: [none, time-slicing]
+    max_vram_per_gpu: 40Gi
+  burstable:
+    sharing: [mps]
+    require_mps_limit: true
+  best-effort:
+    sharing: [time-slicing]
+  capped:
+    sharing: [time-slicing, none]
+    max_vram_per_gpu: "0.5"
+quotas:
+  team-a: 160Gi
+"""
+)
+RULES = AdmissionRules(POLICY)
+VLLM = "vllm/vllm-openai:v0.21.0"
+GB80 = 80 * GiB
+
+
+def offer(*sizes: int, sharing: tuple[str, ...] = ("time-slicing",), replicas: int = 1) -> ResourceOffer:
+    """An offer of devices of the given sizes (bytes)."""
+    del replicas
+    return ResourceOffer(min(sizes), max(sizes), max(sizes), frozenset(sharing))
+
+
+TIME_SLICED = {"nvidia.com/gpu": offer(GB80)}
+
+
+def vllm(
+    name: str = "vllm", *flags: str, gpus: int = 1, resource: str = "nvidia.com/gpu", **extra: Any
+) -> dict[str, Any]:
+    """A vLLM container started by the image's entrypoint with ``flags``."""
+    return container(name, image=VLLM, args=["--model", "m", *flags], gpus=gpus, resource=resource, **extra)
+
+
+def labelled(obj: dict[str, Any], qos: str) -> dict[str, Any]:
+    obj["metadata"].setdefault("labels", {})[QOS_CLASS_LABEL] = qos
+    return obj
+
+
+def review(
+    obj: Mapping[str, Any],
+    *,
+    mode: str | None = "enforce",
+    kind: str = "Pod",
+    operation: str = "CREATE",
+    namespace: str = "default",
+    offers: Mapping[str, ResourceOffer] | None = None,
+    usage: NamespaceUsage | None = None,
+    old: Mapping[str, Any] | None = None,
+    rules: AdmissionRules = RULES,
+    namespace_labels: dict[str, str] | None = None,
+) -> Decision:
+    labels = dict(namespace_labels or {})
+    if mode is not None:
+        labels[ENFORCE_LABEL] = mode
+    subject = Subject(kind, operation, namespace, obj, old)  # type: ignore[arg-type]
+    return rules.review(subject, ClusterView(labels, offers if offers is not None else TIME_SLICED, None, usage))
+
+
+def deployment(template: dict[str, Any], replicas: int = 1, **metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "team-a", **metadata},
+        "spec": {"replicas": replicas, "selector": {}, "template": {"metadata": template["metadata"],
+                                                                     "spec": template["spec"]}},
+    }
+
+
+# --------------------------------------------------------------------------- one rule each
+
+DENIED = [
+    pytest.param(
+        pod(vllm("vllm", "--gpu-memory-utilization", "1.5")),
+        "container vllm: --gpu-memory-utilization 1.5 is outside (0, 1]",
+        id="fraction-out-of-range",
+    ),
+    pytest.param(
+        pod(vllm("vllm", "--gpu-memory-utilization", "0.3", "-tp", "2")),
+        "container vllm: vLLM will use 2 GPU(s) (its parallel sizes multiplied) but the container requests "
+        "1 nvidia.com/gpu; make them equal",
+        id="tensor-parallel-against-gpus",
+    ),
+    pytest.param(
+        pod(vllm("vllm", "--gpu-memory-utilization", "0.5", env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})),
+        "container vllm: vllm claims 0.5 of the GPU = 40.0 GiB on a 80.0 GiB GPU, more than its "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (16.0 GiB)",
+        id="claim-above-mps-limit-on-the-gpu-size",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3")), "gold"),
+        "label vramguard.io/qos-class=gold names no class; "
+        "use one of guaranteed, small, burstable, best-effort, capped",
+        id="unknown-class-label",
+    ),
+    pytest.param(
+        labelled(pod(container("train", gpus=1)), "guaranteed"),
+        "container train: VRAM unknown and class guaranteed rejects that; declare it, "
+        "e.g. annotation vramguard.io/vram.train: 16Gi",
+        id="unknown-vram-rejected",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm")), "guaranteed"),
+        "container vllm relies on vLLM's default --gpu-memory-utilization (0.92 of the GPU); set it explicitly "
+        "(class guaranteed)",
+        id="implicit-vllm-default",
+    ),
+    pytest.param(
+        labelled(pod(container("jax", env={"XLA_PYTHON_CLIENT_PREALLOCATE": "true"})), "guaranteed"),
+        "container jax relies on JAX's default pre-allocation (0.75 of the GPU); set XLA_PYTHON_CLIENT_MEM_FRACTION "
+        "(class guaranteed)",
+        id="implicit-jax-default",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.9")), "small"),
+        "container vllm: reserves 72.0 GiB per GPU (0.9 x 80.0 GiB), above class small's max_vram_per_gpu 40Gi",
+        id="max-vram-bytes-limit",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.6")), "capped"),
+        "container vllm: reserves 0.6 of the GPU per GPU, above class capped's max_vram_per_gpu 0.5",
+        id="max-vram-fraction-limit",
+    ),
+    pytest.param(
+        labelled(pod(container("train")), "capped"),
+        "container train: VRAM unknown, so it holds a whole GPU, above class capped's "
+        "max_vram_per_gpu 0.5; declare vramguard.io/vram.train",
+        id="max-vram-unknown-is-a-whole-gpu",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3", "-tp", "2", gpus=2)), "burstable"),
+        "container vllm: class burstable requires env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, e.g. 0=16G,1=16G",
+        id="burstable-needs-mps-limit",
+    ),
+    pytest.param(
+        pod(vllm("vllm", "--gpu-memory-utilization", "0.3", resource="nvidia.com/mig-3g.40gb")),
+        "container vllm: class best-effort does not allow MIG (nvidia.com/mig-3g.40gb); "
+        "set label vramguard.io/qos-class to guaranteed",
+        id="mig-only-for-classes-allowing-it",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3", resource="nvidia.com/gpu.shared")), "guaranteed"),
+        "container vllm: class guaranteed does not allow shared GPUs (nvidia.com/gpu.shared); "
+        "set label vramguard.io/qos-class to small or burstable or best-effort or capped",
+        id="shared-resource-for-an-exclusive-class",
+    ),
+    pytest.param(
+        pod(vllm("vllm", "--gpu-memory-utilization", "0.3")),
+        "container vllm: nodes offer nvidia.com/gpu only as exclusive GPUs, which class best-effort does not "
+        "allow (it allows time-slicing)",
+        id="sharing-the-nodes-offer",
+    ),
+]
+
+
+EVERY_SHARING = {
+    "nvidia.com/gpu": offer(GB80, sharing=("time-slicing", "mps", "none")),
+    "nvidia.com/mig-3g.40gb": offer(40 * 10**9, sharing=("mig",)),
+    "nvidia.com/gpu.shared": offer(GB80),
+}
+
+
+@pytest.mark.parametrize(("obj", "message"), DENIED)
+def test_each_rule_denies_with_an_actionable_message(request: pytest.FixtureRequest, obj: dict[str, Any],
+                                                     message: str) -> None:
+    offers = dict(EVERY_SHARING)
+    if request.node.callspec.id == "sharing-the-nodes-offer":
+        offers["nvidia.com/gpu"] = offer(GB80, sharing=("none",))
+    decision = review(obj, offers=offers)
+    assert not decision.allowed
+    assert decision.violations == (message,)
+    assert decision.message == message
+
+
+def test_issue_examples_read_as_written() -> None:
+    decision = review(labelled(pod(vllm("vllm")), "guaranteed"), mode="warn")
+    assert decision.allowed
+    assert decision.warnings[0] == (
+        "would deny: container vllm relies on vLLM's default --gpu-memory-utilization (0.92 of the GPU); "
+        "set it explicitly"
+    )
+
+
+ALLOWED = [
+    pytest.param(pod(container("web", gpus=None)), id="no-gpu"),
+    pytest.param(pod(container("web", gpus="0")), id="zero-gpus"),
+    pytest.param(pod(vllm("vllm", "--gpu-memory-utilization", "0.3")), id="explicit-fraction"),
+    pytest.param(labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3")), "guaranteed"), id="guaranteed-ok"),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3",
+                          env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=30G"})), "burstable"),
+        id="burstable-with-limit",
+    ),
+    pytest.param(
+        labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3", resource="nvidia.com/mig-3g.40gb")),
+                 "guaranteed"),
+        id="mig-in-guaranteed",
+    ),
+    pytest.param(pod(container("train"), annotations={"vramguard.io/vram": "12Gi"}), id="declared-bytes"),
+]
+
+
+@pytest.mark.parametrize("obj", ALLOWED)
+def test_pods_that_follow_the_rules_are_allowed_without_violations(obj: dict[str, Any]) -> None:
+    offers = {
+        "nvidia.com/gpu": offer(GB80, sharing=("none", "time-slicing", "mps")),
+        "nvidia.com/mig-3g.40gb": offer(40 * 10**9, sharing=("mig",)),
+    }
+    decision = review(obj, offers=offers)
+    assert decision.allowed
+    assert decision.violations == ()
+    assert decision.message is None
+
+
+def test_no_gpu_pod_gets_no_warning_at_all() -> None:
+    decision = review(pod(container("web", gpus=None)), offers={})
+    assert (decision.allowed, decision.wants_gpu, decision.warnings) == (True, False, ())
+
+
+NOTES = [
+    pytest.param(pod(vllm("vllm")), "container vllm relies on vLLM's default --gpu-memory-utilization", id="default"),
+    pytest.param(pod(container("train")), "container train: no known engine and no vramguard.io/vram annotation",
+                 id="unknown-vram-counted-whole"),
+    pytest.param(pod(vllm("vllm", "--gpu-memory-utilization", "0.3", resource="nvidia.com/gpu.shared")),
+                 "container vllm: no node offers nvidia.com/gpu.shared yet", id="resource-nobody-offers"),
+]
+
+
+@pytest.mark.parametrize(("obj", "start"), NOTES)
+def test_non_blocking_findings_are_warnings_in_every_mode(obj: dict[str, Any], start: str) -> None:
+    for mode in ("enforce", "warn", "audit"):
+        decision = review(obj, mode=mode)
+        assert decision.allowed, mode
+        assert any(w.startswith(start) for w in decision.warnings), (mode, decision.warnings)
+
+
+def test_size_dependent_problems_deny_only_when_true_on_every_gpu() -> None:
+    # 0.5 of a 24 GiB GPU is 12 GiB (fits the 16 GiB MPS limit), of an 80 GiB GPU 40 GiB (does not).
+    obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.5", env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"}))
+    mixed = {"nvidia.com/gpu": offer(24 * GiB, GB80)}
+    decision = review(obj, offers=mixed)
+    assert decision.allowed
+    assert any("40.0 GiB on a 80.0 GiB GPU" in w for w in decision.warnings)
+    assert not review(obj, offers={"nvidia.com/gpu": offer(GB80)}).allowed
+
+
+def test_max_vram_on_mixed_gpu_sizes_warns_only() -> None:
+    obj = labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.4")), "small")
+    offers = {"nvidia.com/gpu": offer(GB80, 141 * GiB, sharing=("none",))}
+    decision = review(obj, offers=offers)
+    assert decision.allowed
+    assert "container vllm: reserves 56.4 GiB per GPU (0.4 x 141.0 GiB), above class small's max_vram_per_gpu 40Gi" \
+        in decision.notes
+
+
+def test_max_vram_needs_a_size_to_compare_a_fraction_with_bytes() -> None:
+    obj = labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.4")), "small")
+    decision = review(obj, offers={})
+    assert decision.allowed
+    assert any("cannot check max_vram_per_gpu 40Gi" in n for n in decision.notes)
+
+
+def test_namespace_class_label_naming_no_class_is_a_note() -> None:
+    obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.3"))
+    decision = review(obj, namespace_labels={QOS_CLASS_LABEL: "platinum"})
+    assert decision.allowed
+    assert decision.qos_class == "best-effort"
+    assert any("namespace label vramguard.io/qos-class=platinum names no class" in n for n in decision.notes)
+
+
+def test_namespace_label_chooses_the_class() -> None:
+    obj = pod(vllm("vllm"))
+    decision = review(obj, namespace_labels={QOS_CLASS_LABEL: "guaranteed"})
+    assert decision.qos_class == "guaranteed"
+    assert not decision.allowed
+
+
+def test_a_disallowed_default_is_not_repeated_as_a_warning() -> None:
+    decision = review(labelled(pod(vllm("vllm")), "guaranteed"), mode="warn")
+    assert sum("relies on vLLM's default" in w for w in decision.warnings) == 1
+
+
+# --------------------------------------------------------------------------- enforcement modes
+
+
+BAD = pod(vllm("vllm", "--gpu-memory-utilization", "1.5"))
+BAD_MESSAGE = "container vllm: --gpu-memory-utilization 1.5 is outside (0, 1]"
+
+
+def test_enforce_denies() -> None:
+    decision = review(BAD, mode="enforce")
+    assert (decision.allowed, decision.mode, decision.message) == (False, "enforce", BAD_MESSAGE)
+    assert decision.audit_annotations == {}
+
+
+def test_warn_admits_with_the_violation_as_a_warning() -> None:
+    decision = review(BAD, mode="warn")
+    assert (decision.allowed, decision.mode, decision.message) == (True, "warn", None)
+    assert f"would deny: {BAD_MESSAGE}" in decision.warnings
+    assert decision.audit_annotations == {}
+
+
+def test_audit_admits_and_records_audit_annotations() -> None:
+    decision = review(BAD, mode="audit")
+    assert (decision.allowed, decision.mode) == (True, "audit")
+    assert json.loads(decision.audit_annotations[AUDIT_WOULD_DENY_KEY]) == [BAD_MESSAGE]
+    assert decision.audit_annotations[AUDIT_CLASS_KEY] == "best-effort"
+    assert not any("would deny" in w for w in decision.warnings)
+
+
+def test_audit_annotation_keys_are_names_the_api_server_accepts() -> None:
+    # The API server stores "<webhook name>/<key>" and requires a qualified name: no "/" in the key.
+    for key in (AUDIT_WOULD_DENY_KEY, AUDIT_CLASS_KEY):
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key) and len(key) <= 63
+
+
+def test_mode_defaults_to_the_policy_and_invalid_labels_are_reported() -> None:
+    warn_policy = AdmissionRules(default_policy())
+    assert review(BAD, mode=None, rules=warn_policy).mode == "warn"
+    assert review(BAD, mode=None).mode == "enforce"
+    decision = review(BAD, mode="strict")
+    assert decision.mode == "enforce"
+    assert any("vramguard.io/enforce=strict is not enforce, warn or audit" in n for n in decision.notes)
+
+
+def test_several_violations_are_listed_in_the_denial() -> None:
+    obj = labelled(pod(vllm("a", "--gpu-memory-utilization", "1.5"), vllm("b")), "guaranteed")
+    decision = review(obj)
+    assert decision.message is not None
+    assert decision.message.startswith(f"{len(decision.violations)} problems:\n- ")
+    assert all(f"- {v}" in decision.message for v in decision.violations)
+
+
+def test_warnings_stay_under_the_limit_and_are_capped_in_number() -> None:
+    many = pod(*(vllm(f"container-with-a-long-name-{i:02d}", "--gpu-memory-utilization", "1.5") for i in range(30)))
+    decision = review(many, mode="warn")
+    assert all(len(w) <= WARNING_LIMIT for w in decision.warnings)
+    assert len(decision.warnings) == MAX_WARNINGS
+    assert decision.warnings[-1].startswith("and ")
+
+
+def test_audit_value_is_bounded() -> None:
+    many = pod(*(vllm(f"c{i}-" + "x" * 40, "--gpu-memory-utilization", "1.5") for i in range(200)))
+    value = review(many, mode="audit").audit_annotations[AUDIT_WOULD_DENY_KEY]
+    assert len(value) < 9000
+    assert json.loads(value)[-1].startswith("and ")
+
+
+# --------------------------------------------------------------------------- updates
+
+
+def test_update_is_not_refused_for_a_problem_it_did_not_introduce() -> None:
+    old = BAD
+    new = json.loads(json.dumps(BAD))
+    new["metadata"]["labels"] = {"app": "renamed"}
+    decision = review(new, operation="UPDATE", old=old)
+    assert decision.allowed
+    assert BAD_MESSAGE in decision.warnings
+
+
+def test_update_that_introduces_a_problem_is_refused() -> None:
+    old = pod(vllm("vllm", "--gpu-memory-utilization", "0.3"))
+    decision = review(BAD, operation="UPDATE", old=old)
+    assert not decision.allowed
+
+
+def test_object_being_deleted_is_admitted() -> None:
+    obj = json.loads(json.dumps(BAD))
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert review(obj, operation="UPDATE", old=BAD).allowed
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+@pytest.mark.parametrize(
+    ("kind", "obj", "pods"),
+    [
+        pytest.param("Deployment", {"spec": {"replicas": 3}}, 3, id="deployment"),
+        pytest.param("StatefulSet", {"spec": {}}, 1, id="statefulset-default"),
+        pytest.param("ReplicaSet", {"spec": {"replicas": 0}}, 0, id="replicaset-zero"),
+        pytest.param("Job", {"spec": {"parallelism": 4, "completions": 2}}, 2, id="job-completions"),
+        pytest.param("Job", {"spec": {"parallelism": 4}}, 4, id="job-parallelism"),
+        pytest.param("CronJob", {"spec": {"jobTemplate": {"spec": {"parallelism": 2}}}}, 2, id="cronjob"),
+        pytest.param("Deployment", {"spec": {"replicas": "3"}}, 1, id="junk-replicas"),
+        pytest.param("DaemonSet", {"spec": {}}, 1, id="daemonset-without-node-count"),
+    ],
+)
+def test_pods_a_workload_runs(kind: str, obj: dict[str, Any], pods: int) -> None:
+    assert workload_pods(kind, obj) == pods
+
+
+def test_invalid_template_of_every_workload_kind_is_denied() -> None:
+    template = pod(vllm("vllm", "--gpu-memory-utilization", "1.5"))
+    spec = {"metadata": {}, "spec": template["spec"]}
+    objects = {
+        "Deployment": {"spec": {"template": spec}},
+        "StatefulSet": {"spec": {"template": spec}},
+        "DaemonSet": {"spec": {"template": spec}},
+        "ReplicaSet": {"spec": {"template": spec}},
+        "Job": {"spec": {"template": spec}},
+        "CronJob": {"spec": {"jobTemplate": {"spec": {"template": spec}}}},
+    }
+    for kind, obj in objects.items():
+        decision = review({"kind": kind, "metadata": {"name": "w"}, **obj}, kind=kind)
+        assert decision.message == BAD_MESSAGE, kind
+
+
+def test_workload_template_class_label_is_read() -> None:
+    template = labelled(pod(vllm("vllm")), "guaranteed")
+    decision = review(deployment(template), kind="Deployment")
+    assert decision.qos_class == "guaranteed"
+    assert not decision.allowed
+
+
+def test_daemonset_counts_the_nodes_it_would_run_on() -> None:
+    template = pod(container("agent"), annotations={"vramguard.io/vram": "40Gi"})
+    template["spec"]["nodeSelector"] = {"pool": "a"}
+    daemonset = {"kind": "DaemonSet", "metadata": {"name": "ds"},
+                 "spec": {"template": {"metadata": template["metadata"], "spec": template["spec"]}}}
+    offers = {"nvidia.com/gpu": ResourceOffer(GB80, GB80, GB80, frozenset({"time-slicing"}),
+                                              ({"pool": "a"}, {"pool": "a"}, {"pool": "b"}, {"pool": "a"}))}
+    decision = review(daemonset, kind="DaemonSet", namespace="team-a", offers=offers, usage=NamespaceUsage())
+    assert (decision.pods, decision.allowed) == (3, True)  # 120Gi fits 160Gi
+    decision = review(daemonset, kind="DaemonSet", namespace="team-a", offers=offers,
+                      usage=NamespaceUsage(41 * GiB, 1))
+    assert decision.message == (
+        "namespace team-a would hold 161Gi of its 160Gi VRAM quota (3 pod(s) x 40Gi, 1 other pod(s) 41Gi)"
+    )
+
+
+# --------------------------------------------------------------------------- quota
+
+DECLARED_40 = {"vramguard.io/vram": "40Gi"}
+
+
+def test_quota_message_from_the_issue() -> None:
+    obj = pod(container("train"), annotations=DECLARED_40)
+    decision = review(obj, namespace="team-a", usage=NamespaceUsage(136 * GiB, 4))
+    assert decision.message == (
+        "namespace team-a would hold 176Gi of its 160Gi VRAM quota (this pod 40Gi, 4 other pod(s) 136Gi)"
+    )
+
+
+def test_quota_fits_exactly() -> None:
+    obj = pod(container("train"), annotations=DECLARED_40)
+    assert review(obj, namespace="team-a", usage=NamespaceUsage(120 * GiB, 3)).allowed
+
+
+def test_quota_counts_fractions_on_the_largest_gpu() -> None:
+    obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.5"))
+    offers = {"nvidia.com/gpu": offer(24 * GiB, GB80)}
+    decision = review(obj, namespace="team-a", offers=offers, usage=NamespaceUsage(121 * GiB, 3))
+    assert decision.message is not None and "would hold 161Gi of its 160Gi" in decision.message
+
+
+def test_quota_counts_unknown_vram_as_the_whole_gpu() -> None:
+    obj = pod(container("train", gpus=2))
+    decision = review(obj, namespace="team-a", usage=NamespaceUsage(1 * GiB, 1))
+    assert decision.message is not None and "(this pod 160Gi," in decision.message
+
+
+def test_quota_cannot_size_a_fraction_without_gpus() -> None:
+    obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.5"))
+    decision = review(obj, namespace="team-a", offers={}, usage=NamespaceUsage(159 * GiB, 3))
+    assert decision.allowed
+    assert any("this pod's share of it is not counted" in n for n in decision.notes)
+
+
+def test_namespace_without_quota_is_not_checked() -> None:
+    obj = pod(container("train"), annotations=DECLARED_40)
+    assert review(obj, namespace="team-b", usage=NamespaceUsage(10_000 * GiB, 99)).allowed
+
+
+def test_workload_create_counts_its_replicas_on_top_of_the_namespace() -> None:
+    template = pod(container("train"), annotations=DECLARED_40)
+    decision = review(deployment(template, replicas=3), kind="Deployment", namespace="team-a",
+                      usage=NamespaceUsage(56 * GiB, 2))
+    assert decision.message == (
+        "namespace team-a would hold 176Gi of its 160Gi VRAM quota (3 pod(s) x 40Gi, 2 other pod(s) 56Gi)"
+    )
+
+
+def test_workload_update_is_checked_alone() -> None:
+    template = pod(container("train"), annotations=DECLARED_40)
+    old = deployment(template, replicas=3)
+    # Its own 3 pods are in the namespace's usage already: scaling to 4 (160Gi) fits.
+    assert review(deployment(template, replicas=4), kind="Deployment", operation="UPDATE", namespace="team-a",
+                  usage=NamespaceUsage(150 * GiB, 3), old=old).allowed
+    decision = review(deployment(template, replicas=5), kind="Deployment", operation="UPDATE",
+                      namespace="team-a", usage=NamespaceUsage(150 * GiB, 3), old=old)
+    assert decision.message == (
+        "Deployment needs 200Gi of VRAM (5 pod(s) x 40Gi), more than namespace team-a's 160Gi VRAM quota"
+    )
+
+
+def test_workload_made_by_a_controller_is_not_quota_checked_again() -> None:
+    template = pod(container("train"), annotations=DECLARED_40)
+    owned = deployment(template, replicas=5,
+                       ownerReferences=[{"kind": "Deployment", "name": "d", "uid": "u", "controller": True}])
+    owned["kind"] = "ReplicaSet"
+    assert review(owned, kind="ReplicaSet", namespace="team-a", usage=NamespaceUsage(150 * GiB, 3)).allowed
+
+
+def test_claims_bytes() -> None:
+    demand = derive_pod_demand(pod(vllm("a", "--gpu-memory-utilization", "0.25", "-tp", "2", gpus=2),
+                                   container("b", resource="nvidia.com/gpu.shared"),
+                                   annotations={"vramguard.io/vram.b": "10Gi"}))
+    claims = quota_claims(demand)
+    assert claims_bytes(claims, {"nvidia.com/gpu": offer(GB80)}) == (40 * GiB + 10 * GiB, ())
+    assert claims_bytes(claims, {}) == (10 * GiB, ("nvidia.com/gpu",))
+
+
+def test_offers_from_node_inventories() -> None:
+    def node(name: str, memory_mib: int, sharing: str, replicas: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "labels": {
+                "nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": str(memory_mib),
+                "nvidia.com/gpu.replicas": str(replicas), "nvidia.com/gpu.sharing-strategy": sharing,
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(2 * replicas)}},
+        }
+
+    inventories = [read_inventory(node("a", 81559, "time-slicing", 4)), read_inventory(node("b", 143771, "mps", 2))]
+    offers = offers_from_inventories(inventories, {"a": {"pool": "x"}})
+    gpu = offers["nvidia.com/gpu"]
+    assert (gpu.smallest_bytes, gpu.largest_bytes) == (81559 * MiB, 143771 * MiB)
+    assert gpu.largest_whole_bytes == 81559 * MiB  # one MPS replica of the H200 holds half of it
+    assert gpu.sharing == frozenset({"time-slicing", "mps"})
+    assert gpu.node_labels == ({"pool": "x"}, {})
+
+
+# --------------------------------------------------------------------------- text helpers
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("short and sweet", "short and sweet", id="short"),
+        pytest.param("  spaced \n out  ", "spaced out", id="whitespace"),
+        pytest.param("x" * 80 + " keep this (drop this detail please)" + " tail", "x" * 80 + " keep this tail",
+                     id="drops-parentheses-first"),
+        pytest.param(" ".join(["word"] * 40), " ".join(["word"] * 23) + "...", id="cuts-at-a-word"),
+        pytest.param("y" * 200, "y" * 117 + "...", id="cuts-a-long-word"),
+    ],
+)
+def test_fit_warning(text: str, expected: str) -> None:
+    fitted = fit_warning(text)
+    assert fitted == expected
+    assert len(fitted) <= WARNING_LIMIT
+
+
+@pytest.mark.parametrize(
+    ("count", "text"),
+    [(176 * GiB, "176Gi"), (0, "0Gi"), (int(70.5 * GiB), "70.5Gi"), (512 * MiB, "512Mi"), (GiB + 1, "1Gi")],
+)
+def test_quantity_text(count: int, text: str) -> None:
+    assert quantity_text(count) == text

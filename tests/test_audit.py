@@ -1,0 +1,67 @@
+"""``vramguard audit`` on a cluster given as objects (no API server)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from test_kubectl_vram import snapshot, vllm_pod
+
+from vramguard.cli import audit, kubectl_vram, main
+from vramguard.cli.audit import audit_snapshot
+from vramguard.policy import Policy, default_policy
+
+
+def deployment(name: str, utilization: float, replicas: int = 1, **labels: str) -> dict[str, Any]:
+    """A Deployment of vLLM pods."""
+    pod = vllm_pod(name, utilization, None)
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": {"replicas": replicas, "template": {"metadata": {"labels": labels}, "spec": pod["spec"]}}}
+
+
+def test_clean_cluster() -> None:
+    report = audit_snapshot(snapshot(vllm_pod("a", 0.3, "ts")), default_policy())
+    assert report.clean and not report.overcommitted
+    assert json.loads(json.dumps(report.to_json()))["clean"] is True
+    assert "Clean." in report.to_text()
+
+
+def test_overcommitted_gpu_is_a_finding() -> None:
+    report = audit_snapshot(snapshot(*(vllm_pod(f"p{i}", 0.3, "ts") for i in range(4))), default_policy())
+    assert [(r.node, r.gpu) for r in report.overcommitted] == [("ts", "0")]
+    assert any("may hold" in p for p in report.ledger_problems)
+    assert not report.clean
+
+
+def test_violations_follow_the_namespace_mode() -> None:
+    snap = snapshot(vllm_pod("bad", 1.5, "ts"))
+    snap.workloads = [deployment("tpl", 2.0), {**deployment("owned", 2.0),
+                      "metadata": {"name": "owned", "namespace": "default",
+                                   "ownerReferences": [{"controller": True, "kind": "Deployment", "name": "x"}]}}]
+    report = audit_snapshot(snap, default_policy())
+    found = {(f.kind, f.name): f for f in report.violating}
+    assert set(found) == {("Pod", "bad"), ("Deployment", "tpl")}  # the controlled ReplicaSet-like one is skipped
+    assert found[("Pod", "bad")].outcome == "warned"  # the default policy's mode is warn
+    snap.namespaces = [{"metadata": {"name": "default", "labels": {"vramguard.io/enforce": "enforce"}}}]
+    assert audit_snapshot(snap, default_policy()).violating[0].outcome == "denied"
+
+
+def test_quota_counts_the_namespace() -> None:
+    policy = Policy.model_validate({**default_policy().model_dump(mode="json"), "quotas": {"default": "40Gi"}})
+    snap = snapshot(vllm_pod("a", 0.3, "ts"), vllm_pod("b", 0.3, "ts"))
+    report = audit_snapshot(snap, policy)
+    assert any("quota" in v for f in report.violating for v in f.violations)
+
+
+def test_cli_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(kubectl_vram, "read_cluster", lambda *_a, **_k: (snapshot(vllm_pod("a", 0.3, "ts")), None))
+    assert main(["audit", "--kubeconfig", "k"]) == audit.EXIT_CLEAN
+    capsys.readouterr()
+    bad = snapshot(*(vllm_pod(f"p{i}", 0.3, "ts") for i in range(4)))
+    monkeypatch.setattr(kubectl_vram, "read_cluster", lambda *_a, **_k: (bad, None))
+    assert main(["audit", "-o", "json"]) == audit.EXIT_FINDINGS
+    assert json.loads(capsys.readouterr().out)["overcommitted_gpus"][0]["node"] == "ts"
+    monkeypatch.setattr(kubectl_vram, "read_cluster", lambda *_a, **_k: (bad, "classes: 3"))
+    assert main(["audit"]) == audit.EXIT_USAGE

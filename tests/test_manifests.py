@@ -1,0 +1,339 @@
+"""The shipped manifests: kustomize base and overlays, the Helm chart, the Grafana dashboard.
+
+Rendering uses ``kustomize`` (or ``kubectl kustomize``) and ``helm`` when they are installed
+(``$KUSTOMIZE`` and ``$HELM`` may name them); without them a small renderer reads what it can of a
+kustomization (its resources, ConfigMap generators and ``$patch: delete`` patches), so the
+structure is checked on every machine. The e2e suite applies the same objects to a real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+BASE = MANIFESTS / "base"
+DEFAULT_SCHEDULER = MANIFESTS / "overlays" / "default-scheduler"
+CHART = ROOT / "charts" / "vramguard"
+NAMESPACE = "vramguard-system"
+WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
+JSON = dict[str, Any]
+
+# -------------------------------------------------------------------------------- rendering
+
+
+def kustomize_command() -> list[str] | None:
+    """``kustomize build`` or ``kubectl kustomize``, whichever is installed."""
+    explicit = os.environ.get("KUSTOMIZE") or shutil.which("kustomize")
+    if explicit:
+        return [explicit, "build"]
+    kubectl = shutil.which("kubectl")
+    return [kubectl, "kustomize"] if kubectl else None
+
+
+def helm_command() -> str | None:
+    """The ``helm`` binary, if installed."""
+    return os.environ.get("HELM") or shutil.which("helm")
+
+
+def render_kustomization(directory: Path) -> list[JSON]:
+    """The objects a kustomization renders (with kustomize when installed)."""
+    command = kustomize_command()
+    if command is not None:
+        output = subprocess.run([*command, str(directory)], capture_output=True, text=True, check=True).stdout
+        return [d for d in yaml.safe_load_all(output) if d]
+    return _render_fallback(directory)
+
+
+def _render_fallback(directory: Path) -> list[JSON]:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    objects: list[JSON] = []
+    for resource in kustomization.get("resources") or []:
+        path = (directory / resource).resolve()
+        if path.is_dir():
+            objects.extend(_render_fallback(path))
+        else:
+            objects.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    for generator in kustomization.get("configMapGenerator") or []:
+        data = {}
+        for entry in generator.get("files") or []:
+            key, _, source = entry.partition("=")
+            data[key if source else Path(key).name] = (directory / (source or key)).read_text()
+        metadata = {"name": generator["name"]}
+        if generator.get("namespace"):
+            metadata["namespace"] = generator["namespace"]
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
+    for patch in kustomization.get("patches") or []:
+        body = yaml.safe_load(patch.get("patch", "")) if isinstance(patch.get("patch"), str) else None
+        if isinstance(body, dict) and body.get("$patch") == "delete":
+            objects = [o for o in objects if not _same(o, body)]
+    return objects
+
+
+def _same(obj: Mapping[str, Any], ref: Mapping[str, Any]) -> bool:
+    return obj.get("kind") == ref.get("kind") and obj["metadata"]["name"] == ref["metadata"]["name"]
+
+
+def render_chart(*values: str) -> list[JSON]:
+    """``helm template`` of the chart with ``--set`` values (skips without helm)."""
+    helm = helm_command()
+    if helm is None:
+        pytest.skip("helm is not installed")
+    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+    for value in values:
+        args += ["--set", value]
+    output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(output) if d]
+
+
+def in_cluster_scheduler_config(source: Mapping[str, Any]) -> JSON:
+    """``manifests/scheduler/second-scheduler.yaml`` as the in-cluster second scheduler reads it.
+
+    The differences are explained at the top of ``manifests/base/scheduler-config.yaml``.
+    """
+    config = copy.deepcopy(dict(source))
+    connection = config.get("clientConnection") or {}
+    connection.pop("kubeconfig", None)
+    if connection:
+        config["clientConnection"] = connection
+    else:
+        config.pop("clientConnection", None)
+    config.setdefault("leaderElection", {})["resourceNamespace"] = NAMESPACE
+    for extender in config.get("extenders") or []:
+        extender["urlPrefix"] = "https://127.0.0.1:8443"
+        extender.setdefault("tlsConfig", {})["caFile"] = "/etc/vramguard/extender-tls/ca.crt"
+    return config
+
+
+def load(path: Path) -> Any:
+    """One YAML document."""
+    return yaml.safe_load(path.read_text())
+
+
+def pod_specs(objects: list[JSON]) -> Iterator[tuple[str, JSON]]:
+    """(workload name, pod spec) of every workload."""
+    for obj in objects:
+        if obj.get("kind") in WORKLOAD_KINDS:
+            yield obj["metadata"]["name"], obj["spec"]["template"]["spec"]
+
+
+RENDERINGS = {
+    "base": lambda: render_kustomization(BASE),
+    "default-scheduler": lambda: render_kustomization(DEFAULT_SCHEDULER),
+    "helm": render_chart,
+    "helm-default-scheduler": lambda: render_chart("mode=default-scheduler", "certManager.enabled=true"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(RENDERINGS))
+def rendered(request: pytest.FixtureRequest) -> list[JSON]:
+    """Each rendering of the manifests in turn."""
+    return RENDERINGS[request.param]()
+
+
+# -------------------------------------------------------------------------------- sources
+
+
+def test_scheduler_config_is_the_shipped_second_scheduler_config() -> None:
+    source = load(MANIFESTS / "scheduler" / "second-scheduler.yaml")
+    assert load(BASE / "scheduler-config.yaml") == in_cluster_scheduler_config(source), (
+        "manifests/base/scheduler-config.yaml drifted from manifests/scheduler/second-scheduler.yaml; "
+        "regenerate it with tests/test_manifests.py:in_cluster_scheduler_config"
+    )
+
+
+@pytest.mark.parametrize(
+    ("copy_path", "original"),
+    [
+        (BASE / "policy.yaml", ROOT / "vramguard" / "default_policy.yaml"),
+        (CHART / "files" / "policy.yaml", ROOT / "vramguard" / "default_policy.yaml"),
+        (CHART / "files" / "scheduler-config.yaml", BASE / "scheduler-config.yaml"),
+        (CHART / "files" / "validating-webhook.yaml", MANIFESTS / "webhook" / "validating-webhook.yaml"),
+        (CHART / "files" / "agent-node-scope.yaml", BASE / "agent-node-scope.yaml"),
+    ],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_copies_match_their_original(copy_path: Path, original: Path) -> None:
+    # kustomize and Helm cannot read files outside their directories, so these are copies.
+    fix = f"cp {original.relative_to(ROOT)} {copy_path.relative_to(ROOT)}"
+    assert copy_path.read_text() == original.read_text(), fix
+
+
+def test_every_yaml_file_under_manifests_holds_whole_objects() -> None:
+    # Patches live inline in kustomization.yaml: tools that read the directory file by file (the
+    # e2e harness applies every RBAC object it finds) must never meet a partial object.
+    for path in sorted(MANIFESTS.rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if not isinstance(document, dict) or "kind" not in document:
+                continue  # a data file (the policy), not an object
+            if document["kind"] in ("Kustomization", "Component"):
+                continue
+            assert document.get("apiVersion"), path
+            named = (document.get("metadata") or {}).get("name")
+            assert named or document["kind"] == "KubeSchedulerConfiguration", path
+
+
+def test_kustomization_resources_exist() -> None:
+    for directory in (BASE, DEFAULT_SCHEDULER, MANIFESTS / "overlays" / "cert-manager"):
+        kustomization = load(directory / "kustomization.yaml")
+        for resource in kustomization.get("resources") or []:
+            assert (directory / resource).exists(), f"{directory.name}: {resource}"
+
+
+# -------------------------------------------------------------------------------- structure
+
+
+def test_base_has_the_components(rendered: list[JSON]) -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in rendered}
+    assert ("ValidatingWebhookConfiguration", "vramguard") in kinds
+    assert ("DaemonSet", "vramguard-agent") in kinds
+    assert ("Deployment", "vramguard-webhook") in kinds
+    assert ("PodDisruptionBudget", "vramguard-webhook") in kinds
+    assert ("ConfigMap", "vramguard-policy") in kinds
+    assert ("Service", "vramguard-extender") in kinds
+    assert ("Deployment", "vramguard-scheduler") in kinds or ("Deployment", "vramguard-extender") in kinds
+
+
+def test_every_container_is_hardened_and_sized(rendered: list[JSON]) -> None:
+    for workload, spec in pod_specs(rendered):
+        pod_context = spec.get("securityContext") or {}
+        assert pod_context.get("seccompProfile", {}).get("type") == "RuntimeDefault", workload
+        for container in spec["containers"]:
+            where = f"{workload}/{container['name']}"
+            context = container.get("securityContext") or {}
+            assert context.get("allowPrivilegeEscalation") is False, where
+            assert context.get("readOnlyRootFilesystem") is True, where
+            assert context.get("capabilities", {}).get("drop") == ["ALL"], where
+            assert not context.get("capabilities", {}).get("add"), where
+            assert not context.get("privileged"), where
+            if workload != "vramguard-agent":
+                # The agent is uid 0 without capabilities, for the kubelet's root-owned socket.
+                assert (context.get("runAsNonRoot") or pod_context.get("runAsNonRoot")) is True, where
+                assert (context.get("runAsUser") or pod_context.get("runAsUser") or 0) != 0, where
+            resources = container.get("resources") or {}
+            assert resources.get("requests", {}).get("cpu") and resources["requests"].get("memory"), where
+            assert resources.get("limits", {}).get("memory"), where
+            assert container.get("readinessProbe") and container.get("livenessProbe"), where
+            image = container["image"]
+            assert ":" in image and not image.endswith(":latest"), where
+
+
+def test_writable_paths_are_volumes(rendered: list[JSON]) -> None:
+    for workload, spec in pod_specs(rendered):
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        for container in spec["containers"]:
+            for mount in container.get("volumeMounts") or []:
+                assert mount["name"] in volumes, f"{workload}: {mount['name']}"
+                volume = volumes[mount["name"]]
+                if "hostPath" in volume:
+                    assert mount.get("readOnly") is True, f"{workload}: hostPath mounted writable"
+
+
+def test_nobody_reads_secrets_and_no_wildcards(rendered: list[JSON]) -> None:
+    for role in (o for o in rendered if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role.get("rules") or []:
+            name = role["metadata"]["name"]
+            assert "secrets" not in rule.get("resources", []), name
+            assert "*" not in rule.get("resources", []) and "*" not in rule.get("verbs", []), name
+            assert "*" not in rule.get("apiGroups", []), name
+
+
+def test_bindings_name_existing_service_accounts(rendered: list[JSON]) -> None:
+    accounts = {
+        (o["metadata"].get("namespace"), o["metadata"]["name"]) for o in rendered if o["kind"] == "ServiceAccount"
+    }
+    for binding in (o for o in rendered if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        for subject in binding["subjects"]:
+            assert (subject["namespace"], subject["name"]) in accounts, binding["metadata"]["name"]
+    used = {(w["metadata"]["namespace"], w["spec"]["template"]["spec"]["serviceAccountName"])
+            for w in rendered if w["kind"] in WORKLOAD_KINDS}
+    assert used <= accounts
+
+
+def test_workloads_mount_existing_configmaps(rendered: list[JSON]) -> None:
+    configmaps = {o["metadata"]["name"] for o in rendered if o["kind"] == "ConfigMap"}
+    for workload, spec in pod_specs(rendered):
+        for volume in spec.get("volumes") or []:
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps, workload
+
+
+def test_second_scheduler_calls_its_sidecar_over_tls() -> None:
+    objects = render_kustomization(BASE)
+    config_map = next(o for o in objects if o["metadata"]["name"].startswith("vramguard-scheduler-config"))
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    extender = config["extenders"][0]
+    assert extender["urlPrefix"] == "https://127.0.0.1:8443"
+    assert extender["tlsConfig"]["serverName"] == "vramguard-extender.vramguard-system.svc"
+    assert config["profiles"] == [{"schedulerName": "vramguard"}]
+    assert "kubeconfig" not in (config.get("clientConnection") or {})
+    deployment = next(
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-scheduler"
+    )
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert containers["kube-scheduler"]["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    assert "--listen=0.0.0.0:8443" in containers["extender"]["args"]
+
+
+def test_default_scheduler_overlay_drops_the_second_scheduler() -> None:
+    objects = render_kustomization(DEFAULT_SCHEDULER)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert not any("vramguard-scheduler" in name for _, name in names)
+    assert ("Deployment", "vramguard-extender") in names
+    deployment = next(
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-extender"
+    )
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_webhook_reads_the_policy_configmap() -> None:
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("the JSON patches need kustomize")
+    objects = render_kustomization(BASE)
+    webhook = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-webhook")
+    container = webhook["spec"]["template"]["spec"]["containers"][0]
+    assert "--policy=/etc/vramguard/policy/policy.yaml" in container["args"]
+
+
+def test_helm_values_reach_the_objects() -> None:
+    objects = render_chart("webhook.failurePolicy=Fail", "webhook.replicas=3", "image.repository=registry.example/vg")
+    webhook = next(o for o in objects if o["kind"] == "ValidatingWebhookConfiguration")
+    assert {w["failurePolicy"] for w in webhook["webhooks"]} == {"Fail"}
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-webhook")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/vg:0.1.0"
+
+
+def test_helm_matches_kustomize_for_rbac() -> None:
+    def rules(objects: list[JSON]) -> dict[str, Any]:
+        return {o["metadata"]["name"]: o.get("rules") or o.get("roleRef")
+                for o in objects if o["kind"] in ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")}
+
+    assert rules(render_chart()) == rules(render_kustomization(BASE))
+    assert rules(render_chart("mode=default-scheduler")) == rules(render_kustomization(DEFAULT_SCHEDULER))
+
+
+# -------------------------------------------------------------------------------- dashboard
+
+
+def test_dashboard_queries_known_metrics() -> None:
+    dashboard = json.loads((MANIFESTS / "grafana" / "vramguard-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    for metric in (
+        "vramguard_gpu_budget_bytes", "vramguard_gpu_reserved_bytes", "vramguard_gpu_free_bytes", "vramguard_gpu_pods",
+        "vramguard_extender_decisions_total", "vramguard_http_request_duration_seconds_bucket",
+        "vramguard_webhook_reviews_total",
+    ):
+        assert metric in exprs, metric
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

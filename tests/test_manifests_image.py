@@ -1,0 +1,91 @@
+"""The Dockerfile, read as text (no container engine needed): pinned, multi-stage, non-root, read-only friendly."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    lines = [line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    text = re.sub(r"\\\n", " ", "\n".join(lines))
+    found = []
+    for line in text.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            found.append((keyword.upper(), rest.strip()))
+    return found
+
+
+def build_args() -> dict[str, str]:
+    """ARG defaults."""
+    return dict(arg.split("=", 1) for keyword, arg in instructions() if keyword == "ARG" and "=" in arg)
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each stage, in order."""
+    result: list[list[tuple[str, str]]] = []
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            result.append([])
+        if result:
+            result[-1].append((keyword, rest))
+    return result
+
+
+def test_multi_stage_from_pinned_python_slim() -> None:
+    images = [rest.split()[0] for keyword, rest in instructions() if keyword == "FROM"]
+    assert len(images) >= 2
+    for image in images:
+        resolved = re.sub(r"\$\{(\w+)\}", lambda m: build_args()[m[1]], image)
+        assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", resolved), resolved
+
+
+def test_runtime_copies_only_the_built_environment() -> None:
+    runtime = stages()[-1]
+    copies = [rest for keyword, rest in runtime if keyword == "COPY"]
+    assert copies and all(c.startswith("--from=builder ") for c in copies)
+    assert not any(keyword == "RUN" and "pip install" in rest for keyword, rest in runtime)
+
+
+def test_runtime_user_is_numeric_and_not_root() -> None:
+    users = [rest for keyword, rest in stages()[-1] if keyword == "USER"]
+    assert users, "the runtime stage sets no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0
+    assert not gid or (gid.isdigit() and int(gid) != 0)
+
+
+def test_read_only_root_filesystem_friendly() -> None:
+    env = " ".join(rest for keyword, rest in stages()[-1] if keyword == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+    assert "HOME=/tmp" in env
+
+
+def test_entrypoint_is_vramguard() -> None:
+    entrypoints = [rest for keyword, rest in instructions() if keyword == "ENTRYPOINT"]
+    assert entrypoints[-1] == '["vramguard"]'
+
+
+def test_installs_are_pinned() -> None:
+    for keyword, rest in instructions():
+        if keyword == "RUN":
+            for match in re.finditer(r"pip install ([^&]+)", rest):
+                for requirement in match[1].split():
+                    if not requirement.startswith("-") and not requirement.endswith(".whl"):
+                        assert "==" in requirement, requirement
+
+
+def test_every_package_is_copied() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    copied = {rest.split()[0].rstrip("/") for keyword, rest in stages()[0] if keyword == "COPY"}
+    assert set(packages) <= copied
+    ignore = (ROOT / ".dockerignore").read_text()
+    for package in packages:
+        assert f"!{package}/" in ignore

@@ -1,0 +1,763 @@
+"""Admission rules: whether a pod, or a workload's pod template, may be created, and what to tell the user.
+
+Pure: the webhook decodes the AdmissionReview, gathers what it knows about the cluster into a
+:class:`ClusterView` (the namespace's labels, the GPU sizes and sharing strategies nodes offer,
+the VRAM the namespace's live GPU pods hold), and calls :meth:`AdmissionRules.review`, which
+returns a :class:`Decision` ready to encode.
+
+**Findings.** Every rule produces messages of one of two kinds:
+
+- *violations* would make the pod fail or break the policy: demand errors (a fraction outside
+  (0, 1], a parallel size that does not match the GPUs requested, a claim above its MPS limit or its
+  declaration), a ``vramguard.io/qos-class`` label naming no class, VRAM that cannot be derived in
+  a class that rejects it, an engine's implicit default in a class that forbids them, a reservation
+  above the class's ``max_vram_per_gpu``, a missing MPS limit where the class requires one, a GPU
+  resource or sharing strategy the class does not allow, a namespace VRAM quota exceeded;
+- *notes* are worth knowing but never block: the demand model's warnings (implicit defaults where
+  allowed, unknown VRAM counted as a whole GPU, values from Secrets), problems that show only on
+  some GPU sizes, labels with invalid values.
+
+**Enforcement** (the namespace's ``vramguard.io/enforce`` label, else the policy's default, as
+Pod Security Admission does it): ``enforce`` denies when there is a violation; ``warn`` admits and
+returns each violation as an admission warning (``would deny: ...``); ``audit`` admits and records
+the violations in the audit annotation ``would-deny`` (the API server prefixes the webhook's name).
+Notes are returned as warnings in every mode. Warnings are kept under 120 characters, which every
+client displays whole; the full text stays in the denial message and the audit annotation.
+
+**Updates** must not be refused for a problem they did not introduce: a violation that the old
+object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
+a finalizer being removed) is admitted at once. Otherwise turning a namespace to ``enforce``
+would block label edits and deletions of everything admitted before.
+
+**GPU sizes.** A fraction of a GPU becomes bytes only on a device. A pod bound to a node is sized
+on that node's devices; a pod not yet bound, or a workload's template, on the devices the cluster
+offers under its resource: checks that deny use the size that is most favourable to the user
+(the smallest device for "claim above a byte limit"), so a denial holds on every GPU the pod could
+get, and the same check on the largest device only warns. The quota counts the *largest* device:
+a namespace never ends up above its quota whatever GPU its pods land on.
+
+**Quota.** A namespace's VRAM is the sum over its live GPU pods (pending and running, bound or
+not) of the bytes each holds per device replica, counted as above; VRAM that cannot be derived
+counts as the whole device (one replica's share on an MPS GPU). A Pod is checked against the live
+sum. A workload is checked for ``pods x per-pod VRAM``: on CREATE on top of the namespace's live sum
+(its pods do not exist yet), on UPDATE alone (its own pods are already in the live sum; a rolling
+update's surge is then checked pod by pod). Replicas: ``spec.replicas`` (Deployment, StatefulSet,
+ReplicaSet, default 1), ``min(parallelism, completions)`` for Jobs and CronJobs (pods running at
+once), the nodes that offer the GPU resource and match the ``nodeSelector`` for a DaemonSet.
+A workload made by a controller (a Deployment's ReplicaSet, a CronJob's Job) is not quota-checked
+again: its owner was, and its pods will be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+from vramguard.demand import DemandOptions, PodDemand, Vram, derive_pod_demand
+from vramguard.demand.annotations import PREFIX, VRAM
+from vramguard.demand.model import ContainerDemand
+from vramguard.demand.mps import MEM_LIMIT
+from vramguard.demand.objects import POD_TEMPLATE_PATHS
+from vramguard.inventory import Gpu, NodeInventory
+from vramguard.ledger import Claim
+from vramguard.placement import pod_claims
+from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Enforcement, Policy, QosClass
+from vramguard.quantity import GiB, format_bytes
+
+__all__ = [
+    "AUDIT_CLASS_KEY",
+    "AUDIT_WOULD_DENY_KEY",
+    "SUPPORTED_KINDS",
+    "WARNING_LIMIT",
+    "AdmissionRules",
+    "ClusterView",
+    "Decision",
+    "NamespaceUsage",
+    "Operation",
+    "ResourceOffer",
+    "Subject",
+    "claims_bytes",
+    "demand_options",
+    "fit_warning",
+    "offers_from_inventories",
+    "quantity_text",
+    "quota_claims",
+    "workload_pods",
+]
+
+Operation = Literal["CREATE", "UPDATE"]
+
+# The kinds the webhook validates: (API group, version) as the API server sends them.
+SUPPORTED_KINDS: Mapping[str, tuple[str, str]] = {
+    "Pod": ("", "v1"),
+    "Deployment": ("apps", "v1"),
+    "StatefulSet": ("apps", "v1"),
+    "DaemonSet": ("apps", "v1"),
+    "ReplicaSet": ("apps", "v1"),
+    "Job": ("batch", "v1"),
+    "CronJob": ("batch", "v1"),
+}
+
+# Admission warnings longer than this are cut by some clients; 120 is what the API docs advise.
+WARNING_LIMIT = 120
+# kubectl prints every warning on its own line; past this many, one line says how many are left.
+MAX_WARNINGS = 16
+# Audit annotation keys: a qualified name without a prefix (the API server adds "<webhook>/").
+AUDIT_WOULD_DENY_KEY = "would-deny"
+AUDIT_CLASS_KEY = "qos-class"
+# Pod templates whose demand is remembered (the replicas of a workload share one).
+DEMAND_CACHE_SIZE = 2048
+# Audit events are kept small; the violations are cut past this many characters.
+AUDIT_VALUE_LIMIT = 8192
+
+_IMPLICIT_DEFAULT = re.compile(r"^(?P<engine>vLLM|TGI|JAX) default ")
+_DEFAULT_KNOB = {
+    "vLLM": "--gpu-memory-utilization",
+    "TGI": "--cuda-memory-fraction",
+    "JAX": "pre-allocation",
+}
+_DEFAULT_FIX = {
+    "vLLM": "set it explicitly",
+    "TGI": "set it explicitly",
+    "JAX": "set XLA_PYTHON_CLIENT_MEM_FRACTION",
+}
+# How messages name the sharing strategies of the devices a node offers.
+_SHARING_WORDS = {"none": "exclusive", "time-slicing": "time-sliced", "mps": "MPS", "mig": "MIG"}
+# A class that holds unknown VRAM as a whole device, for the quota's arithmetic.
+_WHOLE_DEVICE = ClassChoice("quota", QosClass(sharing=("none",)), "default")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceOffer:
+    """What the cluster's nodes offer under one GPU resource: device sizes, sharing, which nodes."""
+
+    smallest_bytes: int
+    """Memory of the smallest device of known size (0: no size known)."""
+    largest_bytes: int
+    largest_whole_bytes: int
+    """The most a claim of unknown VRAM holds on one device: the device, or one MPS replica's share."""
+    sharing: frozenset[str] = frozenset()
+    node_labels: tuple[Mapping[str, str], ...] = ()
+    """Labels of each node offering the resource (for a DaemonSet's ``nodeSelector``)."""
+
+    @property
+    def sized(self) -> bool:
+        """Whether any device offering the resource has a known memory size."""
+        return self.largest_bytes > 0
+
+
+def offers_from_inventories(
+    inventories: Iterable[NodeInventory], labels: Mapping[str, Mapping[str, str]] | None = None
+) -> dict[str, ResourceOffer]:
+    """The :class:`ResourceOffer` of every GPU resource found on ``inventories``.
+
+    ``labels`` maps node names to their labels; nodes without an entry count with no labels.
+    """
+    devices: dict[str, list[Gpu]] = {}
+    nodes: dict[str, list[Mapping[str, str]]] = {}
+    for inventory in inventories:
+        for resource in inventory.resources():
+            devices.setdefault(resource, []).extend(inventory.devices_for(resource))
+            nodes.setdefault(resource, []).append((labels or {}).get(inventory.node, {}))
+    offers: dict[str, ResourceOffer] = {}
+    for resource, gpus in devices.items():
+        sized = [g for g in gpus if g.memory_bytes > 0]
+        offers[resource] = ResourceOffer(
+            smallest_bytes=min((g.memory_bytes for g in sized), default=0),
+            largest_bytes=max((g.memory_bytes for g in sized), default=0),
+            largest_whole_bytes=max((_whole_share(g) for g in sized), default=0),
+            sharing=frozenset(g.sharing for g in gpus),
+            node_labels=tuple(nodes[resource]),
+        )
+    return offers
+
+
+def _whole_share(gpu: Gpu) -> int:
+    # The device plugin caps an MPS replica at its share of the device; elsewhere it is the device.
+    return gpu.memory_bytes // gpu.replicas if gpu.sharing == "mps" else gpu.memory_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceUsage:
+    """VRAM held by a namespace's live GPU pods, other than the object under review."""
+
+    bytes: int = 0
+    pods: int = 0
+    unsized: tuple[str, ...] = ()
+    """Pods whose VRAM could not be sized (no node offers their resource), not counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the webhook knows about the cluster for one review (from its watches)."""
+
+    namespace_labels: Mapping[str, str] | None = None
+    offers: Mapping[str, ResourceOffer] = field(default_factory=dict)
+    """Per GPU resource, what the cluster offers (for pods not bound yet and workloads)."""
+    node_offers: Mapping[str, ResourceOffer] | None = None
+    """For a pod already bound (``spec.nodeName``): what its node offers, when the node is known."""
+    usage: NamespaceUsage | None = None
+    """The namespace's VRAM in use; ``None`` when it was not computed (the namespace has no quota)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """The object under review."""
+
+    kind: str
+    operation: Operation
+    namespace: str
+    obj: Mapping[str, Any]
+    old: Mapping[str, Any] | None = None
+    """The object before an UPDATE."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to one review, ready to encode as an AdmissionResponse."""
+
+    allowed: bool
+    mode: Enforcement
+    violations: tuple[str, ...] = ()
+    """What would deny the object (denied only in ``enforce`` mode)."""
+    notes: tuple[str, ...] = ()
+    """What never denies but is returned as warnings."""
+    message: str | None = None
+    """The denial message (``allowed`` is false)."""
+    warnings: tuple[str, ...] = ()
+    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    qos_class: str | None = None
+    wants_gpu: bool = False
+    claims: tuple[Claim, ...] = ()
+    """The claims of one pod, as the quota counts them (for the webhook's pending admissions)."""
+    pods: int = 1
+    """How many such pods the object makes (replicas of a workload, 1 for a Pod)."""
+
+
+def demand_options(policy: Policy) -> DemandOptions:
+    """The demand model's notion of GPU resources, as the policy configures it."""
+    return DemandOptions(frozenset(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
+
+
+def quota_claims(demand: PodDemand) -> tuple[Claim, ...]:
+    """A pod's claims as the quota counts them: unknown VRAM holds a whole device."""
+    return pod_claims(demand, _WHOLE_DEVICE).claims
+
+
+def claims_bytes(claims: Iterable[Claim], offers: Mapping[str, ResourceOffer]) -> tuple[int, tuple[str, ...]]:
+    """Bytes the claims hold on the largest devices of their resources, and the resources not sized.
+
+    A claim in bytes needs no device; a fraction or a whole device needs the resource's size.
+    """
+    total = 0
+    unsized: list[str] = []
+    for claim in claims:
+        if all(v is not None and v.bytes is not None for v in claim.vram):
+            total += max(v.bytes or 0 for v in claim.vram if v is not None)
+            continue
+        offer = offers.get(claim.resource)
+        if offer is None or not offer.sized:
+            unsized.append(claim.resource)
+            continue
+        total += claim.bytes_on(offer.largest_bytes, offer.largest_whole_bytes)
+    return total, tuple(dict.fromkeys(unsized))
+
+
+def workload_pods(kind: str, obj: Mapping[str, Any], daemonset_nodes: int | None = None) -> int:
+    """How many pods of its template a workload runs at once (1 for a Pod); see the module docstring."""
+    spec = _mapping(obj.get("spec"))
+    if kind in ("Deployment", "StatefulSet", "ReplicaSet"):
+        return _count(spec.get("replicas"), 1)
+    if kind == "CronJob":
+        spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec"))
+        kind = "Job"
+    if kind == "Job":
+        parallelism = _count(spec.get("parallelism"), 1)
+        completions = spec.get("completions")
+        return min(parallelism, _count(completions, parallelism)) if completions is not None else parallelism
+    if kind == "DaemonSet":
+        return daemonset_nodes if daemonset_nodes is not None else 1
+    return 1
+
+
+def _count(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def quantity_text(count: int) -> str:
+    """Bytes the way quotas are written: ``176Gi``, ``70.5Gi``, ``512Mi``."""
+    if count >= GiB or count == 0:
+        text = f"{count / GiB:.1f}".removesuffix(".0")
+        return f"{text}Gi"
+    return f"{count / (1 << 20):.0f}Mi"
+
+
+def fit_warning(text: str, limit: int = WARNING_LIMIT) -> str:
+    """``text`` on one line, at most ``limit`` characters.
+
+    Too long: parenthesised details are dropped from the end first (they qualify, the sentence
+    before them says what to do), then the text is cut at a word boundary and ends with ``...``.
+    """
+    flat = " ".join(text.split())
+    while len(flat) > limit:
+        close = flat.rfind(")")
+        open_ = flat.rfind("(", 0, close) if close != -1 else -1
+        if open_ <= 0:
+            break
+        flat = (flat[:open_].rstrip() + flat[close + 1 :]).strip()
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 3]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:-(") + "..."
+
+
+class AdmissionRules:
+    """The policy's admission rules; build one per policy version and call :meth:`review`."""
+
+    def __init__(self, policy: Policy, *, cache_size: int = DEMAND_CACHE_SIZE) -> None:
+        """Prepare the rules of ``policy`` (the demand options are derived once)."""
+        self.policy = policy
+        self.options = demand_options(policy)
+        self._cache_size = cache_size
+        self._quotas = {namespace: policy.quota_bytes(namespace) for namespace in policy.quotas}
+        self._demands: OrderedDict[bytes, tuple[PodDemand, tuple[Claim, ...]]] = OrderedDict()
+
+    def quota_bytes(self, namespace: str) -> int | None:
+        """The namespace's VRAM quota in bytes (``None``: no quota), parsed once per policy."""
+        return self._quotas.get(namespace)
+
+    def demand(self, template: Mapping[str, Any]) -> PodDemand:
+        """The demand of a pod template (see :meth:`_derive`)."""
+        return self._derive(template)[0]
+
+    def _derive(self, template: Mapping[str, Any]) -> tuple[PodDemand, tuple[Claim, ...]]:
+        """The demand of a pod template, remembered by content.
+
+        The replicas of a workload arrive with the same spec, and an UPDATE carries the old spec
+        too; reading the spec as JSON costs a tenth of deriving its demand. The key holds all that
+        the derivation reads (the spec and the ``vramguard.io/`` annotations), so a hit is exact.
+        """
+        metadata = _mapping(template.get("metadata"))
+        annotations = {
+            k: v
+            for k, v in _mapping(metadata.get("annotations")).items()
+            if isinstance(k, str) and k.startswith(PREFIX)
+        }
+        try:
+            text = json.dumps([template.get("spec"), annotations], separators=(",", ":"))
+        except (TypeError, ValueError):
+            demand = derive_pod_demand(template, self.options)  # not JSON (a YAML date, a cycle): no caching
+            return demand, quota_claims(demand)
+        # A digest, not the text, is kept: specs may be large, and 128 bits do not collide in practice.
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        cached = self._demands.get(key)
+        if cached is not None:
+            self._demands.move_to_end(key)
+            return cached
+        demand = derive_pod_demand(template, self.options)
+        derived = (demand, quota_claims(demand) if demand.wants_gpu else ())
+        self._demands[key] = derived
+        if len(self._demands) > self._cache_size:
+            self._demands.popitem(last=False)
+        return derived
+
+    def review(self, subject: Subject, cluster: ClusterView) -> Decision:
+        """Decide on one CREATE or UPDATE of a Pod or a workload, in the namespace's enforcement mode."""
+        mode, mode_problem = self.policy.enforcement_for(cluster.namespace_labels)
+        metadata = _mapping(subject.obj.get("metadata"))
+        if subject.operation == "UPDATE" and metadata.get("deletionTimestamp"):
+            return Decision(True, mode)
+        template = _pod_template(subject.kind, subject.obj)
+        if template is None:
+            return Decision(True, mode)
+        demand, claims = self._derive(template)
+        if not demand.wants_gpu:
+            return Decision(True, mode)
+
+        found = _Findings()
+        if mode_problem is not None:
+            found.note(mode_problem)
+        choice = self._class(template, cluster, found)
+        offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
+        pods = self._pods(subject.kind, subject.obj, template, demand, offers)
+        self._rules(subject, demand, choice, offers, claims, pods, cluster, found)
+
+        if subject.operation == "UPDATE" and subject.old is not None:
+            self._spare_old_violations(subject, cluster, found)
+        return self._decide(mode, choice, found, claims, pods)
+
+    # -- the rules -------------------------------------------------------------------------------
+
+    def _rules(
+        self,
+        subject: Subject,
+        demand: PodDemand,
+        choice: ClassChoice,
+        offers: Mapping[str, ResourceOffer],
+        claims: tuple[Claim, ...],
+        pods: int,
+        cluster: ClusterView,
+        found: _Findings,
+    ) -> None:
+        for error in demand.errors:
+            found.violate(error)
+        implicit = {c.name: _implicit_default(c) for c in demand.containers}
+        disallowed = {name for name, engine in implicit.items() if engine and not choice.qos.allow_implicit_defaults}
+        for warning in demand.warnings:
+            if not any(warning.startswith(f"container {name} relies on ") for name in disallowed):
+                found.note(warning)
+        for container in demand.containers:
+            offer = offers.get(container.resource)
+            self._conflicts(container, offer, found)
+            self._implicit(container, implicit[container.name], choice, found)
+            self._unknown(container, choice, found)
+            self._max_vram(container, choice, offer, found)
+            self._mps_limit(container, choice, found)
+            self._sharing(container, choice, offer, cluster.node_offers is not None, found)
+        self._quota(subject, claims, pods, offers, cluster, found)
+
+    def _class(self, template: Mapping[str, Any], cluster: ClusterView, found: _Findings) -> ClassChoice:
+        labels = _string_map(_mapping(template.get("metadata")).get("labels"))
+        choice = self.policy.choose_class(labels, cluster.namespace_labels)
+        asked = labels.get(QOS_CLASS_LABEL)
+        if asked is not None and asked not in self.policy.classes:
+            found.violate(
+                f"label {QOS_CLASS_LABEL}={asked} names no class; use one of {', '.join(self.policy.classes)}"
+            )
+        namespace_class = (cluster.namespace_labels or {}).get(QOS_CLASS_LABEL)
+        if namespace_class is not None and namespace_class not in self.policy.classes:
+            found.note(
+                f"namespace label {QOS_CLASS_LABEL}={namespace_class} names no class; "
+                f"using class {choice.name}"
+            )
+        return choice
+
+    @staticmethod
+    def _conflicts(container: ContainerDemand, offer: ResourceOffer | None, found: _Findings) -> None:
+        """Claims above a byte declaration or MPS limit that show only once the GPU's size is known."""
+        if offer is None or not offer.sized:
+            return
+        for problem in container.conflicts(offer.smallest_bytes):
+            found.violate(problem)
+        if offer.largest_bytes != offer.smallest_bytes:
+            for problem in container.conflicts(offer.largest_bytes):
+                found.note(problem)
+
+    @staticmethod
+    def _implicit(container: ContainerDemand, engine: str | None, choice: ClassChoice, found: _Findings) -> None:
+        if engine is None or choice.qos.allow_implicit_defaults:
+            return
+        share = f"{float(container.claim.fraction):g}" if container.claim and container.claim.fraction else "?"
+        found.violate(
+            f"container {container.name} relies on {engine}'s default {_DEFAULT_KNOB[engine]} ({share} of the "
+            f"GPU); {_DEFAULT_FIX[engine]} (class {choice.name})"
+        )
+
+    @staticmethod
+    def _unknown(container: ContainerDemand, choice: ClassChoice, found: _Findings) -> None:
+        if container.reservation is not None or container.errors or choice.qos.unknown_vram != "reject":
+            return
+        found.violate(
+            f"container {container.name}: VRAM unknown and class {choice.name} rejects that; declare it, "
+            f"e.g. annotation {VRAM}.{container.name}: 16Gi"
+        )
+
+    @staticmethod
+    def _max_vram(
+        container: ContainerDemand, choice: ClassChoice, offer: ResourceOffer | None, found: _Findings
+    ) -> None:
+        limit = choice.qos.max_vram
+        limit_text = choice.qos.max_vram_per_gpu
+        if limit is None or limit_text is None or container.errors:
+            return
+        reservation = container.reservation
+        if reservation is None and choice.qos.unknown_vram == "reject":
+            return  # already refused as unknown
+        # Unknown VRAM is held as a whole GPU (the class's unknown_vram: whole-gpu).
+        held = reservation if reservation is not None else Vram(fraction=Fraction(1))
+        smallest = offer.smallest_bytes if offer is not None and offer.sized else None
+        largest = offer.largest_bytes if offer is not None and offer.sized else None
+        over = held.exceeds(limit, smallest)
+        if over:
+            found.violate(_max_vram_message(container, choice, held, limit, limit_text, smallest))
+        elif over is None:
+            found.note(
+                f"container {container.name}: cannot check max_vram_per_gpu {limit_text}: "
+                f"no node offers {container.resource} with a known size"
+            )
+        elif largest is not None and largest != smallest and held.exceeds(limit, largest):
+            found.note(_max_vram_message(container, choice, held, limit, limit_text, largest))
+
+    @staticmethod
+    def _mps_limit(container: ContainerDemand, choice: ClassChoice, found: _Findings) -> None:
+        if not choice.qos.require_mps_limit or container.mps_limit is not None:
+            return
+        reservation = container.reservation
+        per_gpu = "16G"
+        if reservation is not None and reservation.bytes is not None:
+            per_gpu = f"{-(-reservation.bytes // GiB)}G"
+        example = ",".join(f"{i}={per_gpu}" for i in range(min(container.gpus, 4)))
+        found.violate(f"container {container.name}: class {choice.name} requires env {MEM_LIMIT}, e.g. {example}")
+
+    def _sharing(
+        self,
+        container: ContainerDemand,
+        choice: ClassChoice,
+        offer: ResourceOffer | None,
+        bound: bool,
+        found: _Findings,
+    ) -> None:
+        allowed = set(choice.qos.sharing)
+        resource = container.resource
+        if resource.startswith(tuple(self.policy.gpu_resource_prefixes)) and "mig" not in allowed:
+            found.violate(
+                f"container {container.name}: class {choice.name} does not allow MIG ({resource}); "
+                f"{self._classes_allowing({'mig'})}"
+            )
+            return
+        if resource.endswith(".shared") and not allowed & {"time-slicing", "mps"}:
+            found.violate(
+                f"container {container.name}: class {choice.name} does not allow shared GPUs ({resource}); "
+                f"{self._classes_allowing({'time-slicing', 'mps'})}"
+            )
+            return
+        if offer is None:
+            where = f"its node offers no {resource}" if bound else f"no node offers {resource} yet"
+            found.note(f"container {container.name}: {where}; the pod cannot run until one does")
+            return
+        if offer.sharing and not offer.sharing & allowed:
+            where = "its node offers" if bound else "nodes offer"
+            offered = " or ".join(_SHARING_WORDS.get(s, s) for s in sorted(offer.sharing))
+            found.violate(
+                f"container {container.name}: {where} {resource} only as {offered} GPUs, which class "
+                f"{choice.name} does not allow (it allows {', '.join(choice.qos.sharing)})"
+            )
+
+    def _classes_allowing(self, strategies: set[str]) -> str:
+        names = [name for name, qos in self.policy.classes.items() if strategies & set(qos.sharing)]
+        if not names:
+            return "no class of the policy allows it"
+        return f"set label {QOS_CLASS_LABEL} to {' or '.join(names)}"
+
+    def _quota(
+        self,
+        subject: Subject,
+        claims: tuple[Claim, ...],
+        pods: int,
+        offers: Mapping[str, ResourceOffer],
+        cluster: ClusterView,
+        found: _Findings,
+    ) -> None:
+        quota = self.quota_bytes(subject.namespace)
+        usage = cluster.usage
+        if quota is None or usage is None:
+            return
+        per_pod, unsized = claims_bytes(claims, offers)
+        for resource in unsized:
+            found.note(
+                f"namespace {subject.namespace} VRAM quota: no node offers {resource} with a known size, "
+                "so this pod's share of it is not counted"
+            )
+        if usage.unsized:
+            found.note(
+                f"namespace {subject.namespace} VRAM quota: {len(usage.unsized)} pod(s) cannot be sized "
+                "(no node offers their GPU resource) and are not counted"
+            )
+        ns, limit = subject.namespace, quantity_text(quota)
+        if subject.kind == "Pod":
+            total = usage.bytes + per_pod
+            if total > quota:
+                found.violate(
+                    f"namespace {ns} would hold {quantity_text(total)} of its {limit} VRAM quota "
+                    f"(this pod {quantity_text(per_pod)}, {usage.pods} other pod(s) {quantity_text(usage.bytes)})"
+                )
+            return
+        if _controlled(subject.obj):
+            return
+        workload = pods * per_pod
+        if subject.operation == "CREATE":
+            total = usage.bytes + workload
+            if total > quota:
+                found.violate(
+                    f"namespace {ns} would hold {quantity_text(total)} of its {limit} VRAM quota "
+                    f"({pods} pod(s) x {quantity_text(per_pod)}, {usage.pods} other pod(s) "
+                    f"{quantity_text(usage.bytes)})"
+                )
+        elif workload > quota:
+            found.violate(
+                f"{subject.kind} needs {quantity_text(workload)} of VRAM ({pods} pod(s) x {quantity_text(per_pod)}), "
+                f"more than namespace {ns}'s {limit} VRAM quota"
+            )
+
+    @staticmethod
+    def _pods(
+        kind: str,
+        obj: Mapping[str, Any],
+        template: Mapping[str, Any],
+        demand: PodDemand,
+        offers: Mapping[str, ResourceOffer],
+    ) -> int:
+        """Pods the object runs at once; a DaemonSet's are the nodes that offer its GPUs and match."""
+        if kind != "DaemonSet":
+            return workload_pods(kind, obj)
+        selector = _string_map(_mapping(template.get("spec")).get("nodeSelector"))
+        counts = []
+        for resource in dict.fromkeys(c.resource for c in demand.containers):
+            offer = offers.get(resource)
+            labels = offer.node_labels if offer is not None else ()
+            counts.append(sum(1 for node in labels if all(node.get(k) == v for k, v in selector.items())))
+        return workload_pods(kind, obj, max(counts, default=0))
+
+    # -- updates and the answer ------------------------------------------------------------------
+
+    def _spare_old_violations(self, subject: Subject, cluster: ClusterView, found: _Findings) -> None:
+        """Demote violations the old object had too: an update must not be refused for them."""
+        assert subject.old is not None
+        old_subject = Subject(subject.kind, "UPDATE", subject.namespace, subject.old)
+        old_template = _pod_template(subject.kind, subject.old)
+        if old_template is None:
+            return
+        old_demand, claims = self._derive(old_template)
+        if not old_demand.wants_gpu:
+            return
+        old_found = _Findings()
+        choice = self._class(old_template, cluster, old_found)
+        offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
+        pods = self._pods(subject.kind, subject.old, old_template, old_demand, offers)
+        self._rules(old_subject, old_demand, choice, offers, claims, pods, cluster, old_found)
+        before = set(old_found.violations)
+        for violation in [v for v in found.violations if v in before]:
+            found.violations.remove(violation)
+            found.note(violation)
+
+    def _decide(
+        self, mode: Enforcement, choice: ClassChoice, found: _Findings, claims: tuple[Claim, ...], pods: int
+    ) -> Decision:
+        violations = tuple(dict.fromkeys(found.violations))
+        notes = tuple(n for n in dict.fromkeys(found.notes) if n not in violations)
+        warnings: list[str] = []
+        annotations: dict[str, str] = {}
+        message: str | None = None
+        allowed = True
+        if violations and mode == "enforce":
+            allowed = False
+            message = denial_message(violations)
+        elif violations and mode == "warn":
+            warnings.extend(f"would deny: {v}" for v in violations)
+        elif violations:
+            annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(violations)
+            annotations[AUDIT_CLASS_KEY] = choice.name
+        warnings.extend(notes)
+        return Decision(
+            allowed=allowed,
+            mode=mode,
+            violations=violations,
+            notes=notes,
+            message=message,
+            warnings=_fit_warnings(warnings),
+            audit_annotations=annotations,
+            qos_class=choice.name,
+            wants_gpu=True,
+            claims=claims,
+            pods=pods,
+        )
+
+
+def _max_vram_message(
+    container: ContainerDemand, choice: ClassChoice, held: Vram, limit: Vram, limit_text: str, device: int | None
+) -> str:
+    if container.reservation is None:
+        whole = f" of {format_bytes(device)}" if device is not None and limit.bytes is not None else ""
+        return (
+            f"container {container.name}: VRAM unknown, so it holds a whole GPU{whole}, above class "
+            f"{choice.name}'s max_vram_per_gpu {limit_text}; declare {VRAM}.{container.name}"
+        )
+    amount = f"{held.describe()} per GPU"
+    if device is not None and held.fraction is not None and limit.bytes is not None:
+        amount = f"{format_bytes(held.on_device(device))} per GPU ({float(held.fraction):g} x {format_bytes(device)})"
+    return (
+        f"container {container.name}: reserves {amount}, above class {choice.name}'s "
+        f"max_vram_per_gpu {limit_text}"
+    )
+
+
+def denial_message(violations: Sequence[str]) -> str:
+    """The message of a denial: the one violation, or a list of them."""
+    if len(violations) == 1:
+        return violations[0]
+    return f"{len(violations)} problems:\n" + "\n".join(f"- {v}" for v in violations)
+
+
+def _fit_warnings(warnings: Sequence[str]) -> tuple[str, ...]:
+    fitted = [fit_warning(w) for w in warnings]
+    if len(fitted) > MAX_WARNINGS:
+        rest = len(fitted) - (MAX_WARNINGS - 1)
+        fitted = [*fitted[: MAX_WARNINGS - 1], f"and {rest} more; run vramguard explain on the manifest to see all"]
+    return tuple(dict.fromkeys(fitted))
+
+
+def _audit_value(violations: Sequence[str]) -> str:
+    kept: list[str] = []
+    size = 2
+    for violation in violations:
+        size += len(json.dumps(violation)) + 1
+        if size > AUDIT_VALUE_LIMIT:
+            kept.append(f"and {len(violations) - len(kept)} more")
+            break
+        kept.append(violation)
+    return json.dumps(kept)
+
+
+@dataclass(slots=True)
+class _Findings:
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def violate(self, message: str) -> None:
+        self.violations.append(message)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def _implicit_default(container: ContainerDemand) -> str | None:
+    """The engine whose implicit memory default the container relies on (``vLLM``, ``TGI``, ``JAX``)."""
+    for item in container.evidence:
+        match = _IMPLICIT_DEFAULT.match(item)
+        if match is not None:
+            return match["engine"]
+    return None
+
+
+def _pod_template(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    if kind == "Pod":
+        return obj
+    node: Any = obj
+    for key in POD_TEMPLATE_PATHS.get(kind, ("-",)):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else None
+
+
+def _controlled(obj: Mapping[str, Any]) -> bool:
+    """Whether a controller made the object (a Deployment's ReplicaSet, a CronJob's Job)."""
+    owners = _mapping(obj.get("metadata")).get("ownerReferences")
+    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}

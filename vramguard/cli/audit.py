@@ -1,0 +1,237 @@
+"""``vramguard audit``: measure a live cluster against the policy before enforcing anything.
+
+Reads Nodes, Namespaces, live Pods and the workloads that make pods (Deployments, StatefulSets,
+DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
+
+- **GPUs committed beyond their budget**: the ledger the extender builds from the bound pods
+  (``extender.state.ClusterState``), device by device. Only pods placed without vramguard can put a
+  GPU there; the extender refuses every pod that would.
+- **Objects the webhook would deny or warn about**: each live GPU pod and each workload not made by
+  a controller, reviewed with the webhook's rules (``vramguard.admission.AdmissionRules``) and the
+  webhook's view of the cluster (``webhook.state``: offers, namespace usage for quotas). A pod is
+  reviewed as if created now (its namespace's other pods count for the quota), a workload as an
+  update of itself (its pods are already counted). Each violation is labelled with what the
+  namespace's enforcement mode would do with it: denied, warned or audited.
+
+Exit code: 0 nothing found, 1 an overcommitted GPU or an object with a violation, 2 bad input or
+an unreadable cluster. Notes (what the webhook returns as plain warnings) are listed, not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Operation, Subject
+from vramguard.policy import Policy, PolicyError
+from vramguard.report import GpuRow, gpu_table, render_table
+
+__all__ = ["AuditReport", "ObjectFinding", "audit_snapshot", "register", "run"]
+
+_PROG = "vramguard audit"
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+_OUTCOME = {"enforce": "denied", "warn": "warned", "audit": "audited"}
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFinding:
+    """What the webhook's rules say about one existing object."""
+
+    kind: str
+    namespace: str
+    name: str
+    mode: str
+    """The namespace's enforcement mode (``enforce``, ``warn``, ``audit``)."""
+    violations: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def outcome(self) -> str:
+        """What admission would do now: ``denied``, ``warned``, ``audited``, or ``ok``."""
+        return _OUTCOME[self.mode] if self.violations else "ok"
+
+    def to_json(self) -> JSON:
+        """The finding as a JSON object."""
+        return {
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "mode": self.mode,
+            "outcome": self.outcome,
+            "violations": list(self.violations),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(slots=True)
+class AuditReport:
+    """Everything the audit found."""
+
+    policy: str
+    gpus: list[GpuRow] = field(default_factory=list)
+    """Every GPU device the ledger knows."""
+    ledger_problems: list[str] = field(default_factory=list)
+    """The ledger's invariant violations: over budget, replicas over-used, claims above an MPS share."""
+    objects: list[ObjectFinding] = field(default_factory=list)
+    """Objects with violations or notes."""
+
+    @property
+    def overcommitted(self) -> list[GpuRow]:
+        """Devices that may hold more than their budget."""
+        return [row for row in self.gpus if row.over_budget]
+
+    @property
+    def violating(self) -> list[ObjectFinding]:
+        """Objects admission would deny (or warn or audit, by the namespace's mode)."""
+        return [finding for finding in self.objects if finding.violations]
+
+    @property
+    def clean(self) -> bool:
+        """Whether nothing would be refused and no GPU is overcommitted."""
+        return not self.overcommitted and not self.ledger_problems and not self.violating
+
+    def to_json(self) -> JSON:
+        """The report as one JSON object."""
+        return {
+            "policy": self.policy,
+            "clean": self.clean,
+            "gpus_checked": len(self.gpus),
+            "overcommitted_gpus": [row.to_json() for row in self.overcommitted],
+            "ledger_problems": list(self.ledger_problems),
+            "objects": [finding.to_json() for finding in self.objects],
+        }
+
+    def to_text(self) -> str:
+        """A report for people."""
+        parts = [f"Policy: {self.policy}\n"]
+        over = self.overcommitted
+        parts.append(f"\nGPUs over their VRAM budget: {len(over)} of {len(self.gpus)}\n")
+        if over:
+            parts.append(gpu_table(over))
+        if self.ledger_problems:
+            parts.append("\nLedger problems:\n")
+            parts.extend(f"- {problem}\n" for problem in self.ledger_problems)
+        violating = self.violating
+        parts.append(f"\nObjects admission would deny, warn about or audit: {len(violating)}\n")
+        if violating:
+            parts.append(render_table(
+                ("OUTCOME", "KIND", "NAMESPACE", "NAME", "VIOLATION"),
+                (
+                    (f.outcome, f.kind, f.namespace, f.name, violation)
+                    for f in violating
+                    for violation in f.violations
+                ),
+            ))
+        noted = [f for f in self.objects if f.notes]
+        if noted:
+            parts.append(f"\nNotes (returned as warnings, never refused): {sum(len(f.notes) for f in noted)}\n")
+            parts.append(render_table(
+                ("KIND", "NAMESPACE", "NAME", "NOTE"),
+                ((f.kind, f.namespace, f.name, note) for f in noted for note in f.notes),
+            ))
+        parts.append("\nClean.\n" if self.clean else "\nFindings above; nothing was changed.\n")
+        return "".join(parts)
+
+
+def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in") -> AuditReport:
+    """Audit a :class:`vramguard.cli.kubectl_vram.ClusterSnapshot` under ``policy``."""
+    from vramguard.cli.kubectl_vram import build_state, node_rows  # noqa: PLC0415
+    from webhook.state import NamespaceStore, NodeStore, PodStore  # noqa: PLC0415
+
+    state = build_state(snapshot, policy)
+    report = AuditReport(policy_source, gpus=node_rows(state))
+    report.ledger_problems = [p for p in state.ledger.check_invariants() if "counters say" not in p]
+
+    rules = AdmissionRules(policy)
+    namespaces = NamespaceStore()
+    namespaces.replace(snapshot.namespaces)
+    nodes = NodeStore(tuple(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
+    nodes.replace(snapshot.nodes)
+    pods = PodStore(rules.options, nodes)
+    pods.replace(snapshot.pods)
+
+    for obj in _subjects(snapshot.pods, snapshot.workloads):
+        kind = str(obj.get("kind"))
+        metadata = obj.get("metadata") or {}
+        namespace = str(metadata.get("namespace", ""))
+        operation: Operation = "CREATE" if kind == "Pod" else "UPDATE"
+        node = str((obj.get("spec") or {}).get("nodeName") or "") if kind == "Pod" else ""
+        usage = None
+        if policy.quota_bytes(namespace) is not None:
+            usage = pods.usage(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
+        view = ClusterView(
+            namespaces.labels(namespace), nodes.offers(), nodes.node_offers(node) if node else None, usage
+        )
+        decision = rules.review(Subject(kind, operation, namespace, obj), view)
+        if decision.wants_gpu and (decision.violations or decision.notes):
+            report.objects.append(ObjectFinding(
+                kind, namespace, str(metadata.get("name", "")), decision.mode, decision.violations, decision.notes
+            ))
+    report.objects.sort(key=lambda f: (not f.violations, f.namespace, f.kind, f.name))
+    return report
+
+
+def _subjects(pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Live pods, and the workloads not made by a controller (their owner is reviewed instead)."""
+    chosen: list[Mapping[str, Any]] = [p for p in pods if p.get("kind", "Pod") == "Pod"]
+    for obj in workloads:
+        if obj.get("kind") not in SUPPORTED_KINDS:
+            continue
+        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+        if any(isinstance(o, Mapping) and o.get("controller") is True for o in owners):
+            continue
+        chosen.append(obj)
+    return chosen
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``audit`` sub-command."""
+    parser = subparsers.add_parser(
+        "audit",
+        help="report overcommitted GPUs and objects the policy would refuse, changing nothing",
+        description=(
+            "Read a live cluster (nodes, namespaces, live pods, workloads) and report, without changing "
+            "anything, which GPUs are already committed beyond their VRAM budget and which pods and "
+            "workloads the webhook would deny, warn about or audit under the policy. "
+            "Exit code: 0 clean, 1 findings, 2 bad input or unreadable cluster."
+        ),
+    )
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG or ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument(
+        "--policy", type=Path, metavar="FILE",
+        help="policy to audit against (default: ConfigMap vramguard-system/vramguard-policy, else built-in)",
+    )
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``vramguard audit``; return its exit code."""
+    from vramguard.cli.kubectl_vram import choose_policy, read_cluster  # noqa: PLC0415
+
+    try:
+        snapshot, configmap_text = read_cluster(args.kubeconfig, args.context, workloads=True)
+    except Exception as exc:  # the client raises many types: config, network, API
+        print(f"{_PROG}: error: cannot read the cluster: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        policy, source = choose_policy(args.policy, configmap_text)
+    except PolicyError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    report = audit_snapshot(snapshot, policy, source)
+    if args.output == "json":
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        sys.stdout.write(report.to_text())
+    return EXIT_CLEAN if report.clean else EXIT_FINDINGS
+

@@ -1,0 +1,240 @@
+"""The webhook's HTTP side: ``POST /validate`` decodes an AdmissionReview, asks the rules, encodes the answer.
+
+Two error channels, kept apart: a request that is not a usable AdmissionReview is answered with
+an HTTP 4xx and ``{"error": ...}`` (the API server then applies the failure policy); a pod that
+breaks a rule is answered 200 with ``allowed: false`` and a message for the user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from service.http import Readiness, RequestError, create_app, read_model
+from vramguard.admission import (
+    SUPPORTED_KINDS,
+    AdmissionRules,
+    ClusterView,
+    Decision,
+    Operation,
+    Subject,
+    demand_options,
+)
+from vramguard.policy import Policy, PolicyFile
+from webhook.models import AdmissionRequest, AdmissionReview, review_response
+from webhook.state import NamespaceStore, NodeStore, PodStore
+
+__all__ = ["STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
+
+logger = logging.getLogger(__name__)
+
+NamespaceLookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+# The API server gives the webhook at most timeoutSeconds (5 s in the shipped configuration);
+# a namespace the watch has not delivered yet is fetched within a fraction of that.
+NAMESPACE_LOOKUP_TIMEOUT = 1.5
+
+
+class PolicySource:
+    """The policy in force: a fixed one, or a file re-read when it changes (keeping the last good one)."""
+
+    def __init__(self, policy: Policy, file: PolicyFile | None = None) -> None:
+        """Serve ``policy``; with ``file``, :meth:`refresh` picks up its changes."""
+        self._file = file
+        self.policy = policy
+        self.rules = AdmissionRules(policy)
+
+    @classmethod
+    def from_file(cls, file: PolicyFile) -> PolicySource:
+        """Follow a policy file (already loaded and valid)."""
+        return cls(file.policy, file)
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; return True when a new policy is in force."""
+        if self._file is None:
+            return False
+        policy, problem = self._file.reload()
+        if problem is not None:
+            logger.error("%s", problem)
+        if policy is self.policy:
+            return False
+        if demand_options(policy) != demand_options(self.policy):
+            logger.warning("gpu_resources changed in the policy; restart the webhook to re-read every pod with them")
+        self.policy = policy
+        self.rules = AdmissionRules(policy)
+        logger.info("policy reloaded from %s", self._file.path)
+        return True
+
+
+class WebhookState:
+    """The policy and the cluster as the webhook sees them; builds a :class:`ClusterView` per review."""
+
+    def __init__(self, policy: PolicySource, *, namespace_lookup: NamespaceLookup | None = None) -> None:
+        """Start with empty stores; informers (or tests) fill them.
+
+        ``namespace_lookup`` fetches a namespace the watch has not shown yet (a namespace created
+        just before its first pod): without it such a namespace would get the default mode.
+        """
+        self.policy = policy
+        options = demand_options(policy.policy)
+        self.namespaces = NamespaceStore()
+        self.nodes = NodeStore(tuple(options.gpu_resources), options.gpu_resource_prefixes)
+        self.pods = PodStore(options, self.nodes)
+        self._lookup = namespace_lookup
+
+    async def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The namespace's labels from the watch, else from the API server; ``None`` if unknown."""
+        labels = self.namespaces.labels(namespace)
+        if labels is not None or self._lookup is None:
+            return labels
+        try:
+            async with asyncio.timeout(NAMESPACE_LOOKUP_TIMEOUT):
+                obj = await self._lookup(namespace)
+        except Exception as exc:  # any failure means "use the default mode", logged
+            logger.warning("cannot read namespace %s (%s); using the policy's default enforcement", namespace, exc)
+            return None
+        if obj is None:
+            return None
+        self.namespaces.upsert(dict(obj))
+        return self.namespaces.labels(namespace)
+
+    async def view(self, subject: Subject, uid: str | None) -> ClusterView:
+        """What the rules need to know about the cluster for ``subject``."""
+        labels = await self.namespace_labels(subject.namespace)
+        node = _node_name(subject.obj) if subject.kind == "Pod" else ""
+        node_offers = self.nodes.node_offers(node) if node else None
+        usage = None
+        if self.policy.rules.quota_bytes(subject.namespace) is not None:
+            usage = self.pods.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
+        return ClusterView(labels, self.nodes.offers(), node_offers, usage)
+
+
+STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry, state: WebhookState) -> None:
+        self.reviews = Counter(
+            "vramguard_webhook_reviews_total",
+            "AdmissionReviews answered, by object kind, operation and result "
+            "(allowed, denied, warned, audited, skipped: no GPU or not validated).",
+            labelnames=("kind", "operation", "result"),
+            registry=registry,
+        )
+        gpu_pods = Gauge(
+            "vramguard_webhook_gpu_pods", "Live GPU pods the webhook counts for quotas.", registry=registry
+        )
+        gpu_pods.set_function(lambda: len(state.pods))
+        pending = Gauge(
+            "vramguard_webhook_pending_admissions",
+            "GPU pods admitted but not yet seen by the pod watch.",
+            registry=registry,
+        )
+        pending.set_function(state.pods.pending)
+
+
+_METRICS_KEY = web.AppKey("vramguard_webhook_metrics", _Metrics)
+
+
+def create_webhook_app(
+    state: WebhookState, *, registry: CollectorRegistry, readiness: Readiness | None = None
+) -> web.Application:
+    """The webhook application: ``POST /validate`` plus the probes and metrics of ``service.http``."""
+    app = create_app(registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook")
+    app[STATE_KEY] = state
+    app[_METRICS_KEY] = _Metrics(registry, state)
+    app.router.add_post("/validate", validate)
+    return app
+
+
+async def validate(request: web.Request) -> web.Response:
+    """Answer one AdmissionReview (see the module docstring for the error channels)."""
+    state = request.app[STATE_KEY]
+    metrics = request.app[_METRICS_KEY]
+    review = await read_model(request, AdmissionReview)
+    admission = review.request
+    kind = admission.kind.kind
+    if admission.operation in ("DELETE", "CONNECT") or admission.subResource:
+        # Nothing to validate: deleting frees VRAM, subresources (status, scale, ...) carry no pod spec.
+        metrics.reviews.labels(_kind_label(kind), admission.operation, "skipped").inc()
+        return web.json_response(review_response(admission.uid, True))
+    subject = _subject(admission)
+    uid = _object_uid(subject.obj)
+    decision = state.policy.rules.review(subject, await state.view(subject, uid))
+    if (
+        decision.allowed
+        and decision.wants_gpu
+        and subject.kind == "Pod"
+        and not admission.dryRun
+        and state.policy.rules.quota_bytes(subject.namespace) is not None
+    ):
+        state.pods.hold(uid or admission.uid, subject.namespace, decision.claims, _node_name(subject.obj))
+    metrics.reviews.labels(kind, admission.operation, _result(decision)).inc()
+    return web.json_response(
+        review_response(
+            admission.uid,
+            decision.allowed,
+            message=decision.message,
+            warnings=decision.warnings,
+            audit_annotations=decision.audit_annotations,
+        )
+    )
+
+
+def _subject(admission: AdmissionRequest) -> Subject:
+    """The object under review; a request the webhook cannot read is a :class:`RequestError` 400."""
+    gvk = admission.kind
+    expected = SUPPORTED_KINDS.get(gvk.kind)
+    if expected is None or expected != (gvk.group, gvk.version):
+        supported = ", ".join(f"{'/'.join(filter(None, gv))} {k}" for k, gv in SUPPORTED_KINDS.items())
+        raise RequestError(
+            400,
+            f"vramguard does not validate {gvk.group or 'core'}/{gvk.version} {gvk.kind}; it validates {supported} "
+            "(check the rules of the ValidatingWebhookConfiguration)",
+        )
+    obj = admission.object
+    if obj is None:
+        raise RequestError(400, f"request.object is missing for {admission.operation}")
+    if obj.get("kind") not in (None, gvk.kind):
+        raise RequestError(400, f"request.object is a {obj.get('kind')!r}, but request.kind is {gvk.kind}")
+    metadata = obj.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise RequestError(400, "request.object.metadata is not an object")
+    namespace = admission.namespace or (metadata or {}).get("namespace")
+    if not isinstance(namespace, str) or not namespace:
+        raise RequestError(400, f"request.namespace is missing; {gvk.kind} objects are namespaced")
+    operation: Operation = "CREATE" if admission.operation == "CREATE" else "UPDATE"
+    old = admission.oldObject if operation == "UPDATE" else None
+    return Subject(gvk.kind, operation, namespace, obj, old)
+
+
+def _object_uid(obj: Mapping[str, Any]) -> str | None:
+    # The API server sets metadata.uid (and a generated name) before validating admission runs.
+    metadata = obj.get("metadata")
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    return uid if isinstance(uid, str) and uid else None
+
+
+def _node_name(obj: Mapping[str, Any]) -> str:
+    spec = obj.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    return node if isinstance(node, str) else ""
+
+
+def _result(decision: Decision) -> str:
+    if not decision.wants_gpu:
+        return "skipped"
+    if not decision.allowed:
+        return "denied"
+    if decision.violations:
+        return "warned" if decision.mode == "warn" else "audited"
+    return "allowed"
+
+
+def _kind_label(kind: str) -> str:
+    # Skipped requests are counted before the kind is checked; keep the label set bounded.
+    return kind if kind in SUPPORTED_KINDS else "other"

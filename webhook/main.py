@@ -1,0 +1,113 @@
+"""Running the webhook: load the policy and TLS, watch the cluster, serve HTTPS until SIGTERM.
+
+Start-up fails fast, with one line saying why, when the policy, the TLS pair or the kubeconfig
+cannot be loaded. Readiness (``GET /readyz``) stays 503 until the TLS pair is served and the
+namespace, node and pod watches have listed once, so the API server is never routed to a webhook
+that would judge quotas on an empty cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from prometheus_client import CollectorRegistry
+
+from service.http import Readiness
+from service.kube import ApiError, Connection, Informer, KubeClient
+from service.server import RunningServer, ServerSettings, run_https
+from service.tls import ReloadingTLSContext
+from webhook.app import PolicySource, WebhookState, create_webhook_app
+
+__all__ = ["POD_FIELD_SELECTOR", "WebhookSettings", "run_webhook"]
+
+logger = logging.getLogger(__name__)
+
+# Finished pods hold no GPU; the watch then reports a pod that finishes as DELETED.
+POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+POLICY_REFRESH_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Everything the webhook needs to run, validated by the command line."""
+
+    host: str
+    port: int
+    tls: ReloadingTLSContext
+    connection: Connection
+    policy: PolicySource
+    server: ServerSettings
+    policy_refresh_interval: float = POLICY_REFRESH_INTERVAL
+
+
+async def run_webhook(
+    settings: WebhookSettings,
+    *,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[RunningServer], None] | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Watch the cluster and serve ``/validate`` until SIGTERM (or ``stop``), then shut down gracefully."""
+    async with KubeClient(settings.connection) as client:
+
+        async def lookup(namespace: str) -> Mapping[str, Any] | None:
+            try:
+                return await client.get(f"/api/v1/namespaces/{quote(namespace, safe='')}")
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        state = WebhookState(settings.policy, namespace_lookup=lookup)
+        informers = [
+            Informer(client, "/api/v1/namespaces", state.namespaces),
+            Informer(client, "/api/v1/nodes", state.nodes),
+            Informer(client, "/api/v1/pods", state.pods, {"fieldSelector": POD_FIELD_SELECTOR}),
+        ]
+        readiness = Readiness({"informers-synced": lambda: all(i.synced.is_set() for i in informers)})
+        app = create_webhook_app(state, registry=CollectorRegistry(), readiness=readiness)
+        tasks = [asyncio.create_task(i.run(), name=f"watch {i.path}") for i in informers]
+        tasks.append(asyncio.create_task(_refresh_policy(settings), name="policy-refresh"))
+        try:
+            await run_https(
+                app,
+                settings.host,
+                settings.port,
+                settings.tls,
+                settings=settings.server,
+                stop=stop,
+                on_started=on_started,
+                handle_signals=handle_signals,
+            )
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+async def _refresh_policy(settings: WebhookSettings) -> None:
+    while True:
+        await asyncio.sleep(settings.policy_refresh_interval)
+        try:
+            settings.policy.refresh()
+        except Exception:
+            # A bug here must not stop later reloads; the last good policy stays in force.
+            logger.exception("unexpected error while reloading the policy")
+
+
+def describe_start(settings: WebhookSettings, policy_path: Path | None) -> str:
+    """One log line saying what the webhook serves with."""
+    source = str(policy_path) if policy_path is not None else "the built-in default policy"
+    return (
+        f"vramguard webhook on {settings.host}:{settings.port}, API server {settings.connection.server}, "
+        f"policy {source} (default enforcement {settings.policy.policy.enforcement})"
+    )
