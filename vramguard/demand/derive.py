@@ -18,6 +18,8 @@ from vramguard.quantity import QuantityError, parse_quantity
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
+MAX_DEVICES = 1024
+"""More GPU devices than any node offers (8 GPUs x 16 replicas is already rare)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,10 @@ def _gpu_request(
         return resource, 1
     if value == 0:
         return None
+    if value > MAX_DEVICES:
+        # No node offers that many; capping keeps every later step (one claim per device) bounded.
+        found.error(f"{resource}: {raw} devices is more than any node offers (at most {MAX_DEVICES})")
+        return resource, MAX_DEVICES
     return resource, int(value)
 
 
