@@ -61,6 +61,7 @@ SCHEDULER_USER = "system:kube-scheduler"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 STATE_FILE = "cluster.json"
 PROCESSES_FILE = "processes.json"
+PORT_ATTEMPTS = 3
 
 
 def _log(message: str) -> None:
@@ -274,15 +275,23 @@ class Cluster:
                 raise RuntimeError(f"a cluster is already running in {self.directory}; run down first")
         started = time.monotonic()
         binaries = build.ensure_built(self.config.kube_version)
-        self._prepare_directory()
         if not self.config.detach and not self._atexit_registered:
             atexit.register(self.down)
             self._atexit_registered = True
-        try:
-            self._start(binaries, started)
-        except BaseException:
-            self.down()
-            raise
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._prepare_directory()
+            try:
+                self._start(binaries, started)
+                return
+            except StartupError as error:
+                self.down()
+                # Ports are picked free but only bound later; another process may take one first.
+                if "address already in use" not in str(error) or attempt == PORT_ATTEMPTS:
+                    raise
+                _log(f"a port was taken meanwhile; starting again with new ports ({error.args[0][:80]})")
+            except BaseException:
+                self.down()
+                raise
 
     def _prepare_directory(self) -> None:
         for stale in ("etcd", "pki", "config", "pids", "logs"):

@@ -7,6 +7,7 @@ plane and the fake GPU nodes, not vramguard's decisions.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from e2e import gpu_nodes, kube
+from e2e import gpu_nodes, kube, procs
 from e2e.cluster import Cluster
 from e2e.procs import group_members, processes_mentioning
 
@@ -187,3 +188,27 @@ def test_second_cluster_with_second_scheduler_leaves_no_process(
     assert group_members(pgids) == []
     assert processes_mentioning(str(directory)) == []
     assert not list((directory / "pids").glob("*.pid"))
+
+
+def test_a_port_taken_before_start_is_retried_with_new_ports(
+    local_control_plane: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_free_ports = procs.free_ports
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        calls: list[int] = []
+
+        def first_etcd_port_taken(count: int) -> list[int]:
+            ports = real_free_ports(count)
+            calls.append(count)
+            return [taken.getsockname()[1], *ports[1:]] if len(calls) == 1 else ports
+
+        monkeypatch.setattr("e2e.cluster.free_ports", first_etcd_port_taken)
+        cluster = Cluster.up(tmp_path / "c", kube_version=local_control_plane.version, vramguard="off")
+        try:
+            assert len(calls) == 2
+            assert cluster.state is not None
+            assert cluster.state.etcd_url != f"http://127.0.0.1:{taken.getsockname()[1]}"
+        finally:
+            cluster.down()

@@ -587,6 +587,14 @@ CASES = [
         Fraction(1, 2),
         errors=["not a whole number of devices"],
     ),
+    Case(
+        "gpu-count-absurd",
+        pod(container(gpus=10**18, command=["python", "x.py"]), annotations={"vramguard.io/vram": "1Gi"}),
+        None,
+        bytes=1 << 30,
+        gpus=1024,
+        errors=["more than any node offers"],
+    ),
 ]
 
 
