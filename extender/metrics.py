@@ -35,7 +35,12 @@ class LedgerCollector(Collector):
                 reserved.add_metric(values, row.worst_bytes)
                 free.add_metric(values, max(0, row.budget - row.worst_bytes))
                 pods.add_metric(values, len(row.pods))
-        yield from (budget, reserved, free, pods)
+        namespaces = GaugeMetricFamily("vramguard_namespace_reserved_bytes",
+                                       "VRAM held by a namespace's bound GPU pods (for chargeback).",
+                                       labels=["namespace"])
+        for namespace, count in sorted(self.state.ledger.namespace_bytes().items()):
+            namespaces.add_metric([namespace], count)
+        yield from (budget, reserved, free, pods, namespaces)
 
 
 class ExtenderMetrics:

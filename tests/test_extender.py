@@ -336,6 +336,15 @@ async def test_metrics_show_per_gpu_budget(client: TestClient) -> None:  # type:
     assert 'vramguard_gpu_budget_bytes{gpu="0",node="h100"' in text
 
 
+def test_namespace_bytes_for_chargeback() -> None:
+    state, _, _ = make([gpu_node("h100"), gpu_node("quad", gpus=4)],
+                       [vllm_pod("a", "0.25", node="h100", namespace="team-a"),
+                        vllm_pod("b", "0.25", node="quad", namespace="team-a"),
+                        vllm_pod("c", "0.5", node="h100", namespace="team-b")])
+    quarter = (H100_MIB << 20) // 4
+    assert state.ledger.namespace_bytes() == {"team-a": 2 * quarter, "team-b": 2 * quarter}
+
+
 def test_slim_objects_keep_what_the_extender_reads() -> None:
     pod = vllm_pod("p", "0.3", node="h100")
     pod["metadata"]["managedFields"] = [{"manager": "kubectl"}] * 50

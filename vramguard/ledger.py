@@ -680,6 +680,23 @@ class Ledger:
             state.usage = (state.generation, tuple(rows))
         return tuple(rows)
 
+    def namespace_bytes(self) -> dict[str, int]:
+        """Bytes each namespace's pods hold (chargeback): a claim of unknown placement counts at its
+        size on the largest device it could be on."""
+        totals: dict[str, int] = {}
+        for record in self._records.values():
+            node = self._nodes.get(record.node)
+            if node is None:
+                continue
+            for resource, device_id, claim in record.held:
+                if device_id is not None:
+                    devices = [node.devices[device_id]]
+                else:
+                    devices = node.groups[resource].devices
+                held = max((d.claim_bytes(claim) for d in devices), default=0)
+                totals[record.pod.namespace] = totals.get(record.pod.namespace, 0) + held
+        return totals
+
     def check_invariants(self) -> list[str]:
         """Every violation of the rule, and every counter that disagrees with a recount (for tests)."""
         violations: list[str] = []
