@@ -26,7 +26,7 @@ e2e: $(INSTALLED)
 	$(BIN)/python -m pytest e2e
 
 demo: $(INSTALLED)
-	$(BIN)/python -m e2e.seed_demo
+	$(BIN)/python -m e2e.demo
 
 bench: $(INSTALLED)
 	$(BIN)/python -m bench.demand

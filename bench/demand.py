@@ -78,7 +78,12 @@ def measure(name: str, make: Callable[[], dict[str, Any]], seconds: float) -> di
             derive_pod_demand(pod)
         count += len(pods)
     elapsed = time.process_time() - start
-    return {"case": name, "pods": count, "cpu_seconds": round(elapsed, 3), "pods_per_cpu_second": round(count / elapsed)}
+    return {
+        "case": name,
+        "pods": count,
+        "cpu_seconds": round(elapsed, 3),
+        "pods_per_cpu_second": round(count / elapsed),
+    }
 
 
 def main() -> None:

@@ -1,8 +1,16 @@
-"""Demo: start a control plane, add one Node per GPU sharing shape, schedule pods, show the decisions.
+"""The seed's scenario on a real control plane: vLLM pods sharing one time-sliced 80 GB H100.
 
-    python -m e2e.demo [--dir DIR] [--keep] [--second-scheduler]
+    python -m e2e.demo [--dir DIR] [--keep]
 
-With ``--keep`` the cluster stays up (``python -m e2e.cluster down --dir DIR`` stops it).
+Starts etcd, kube-apiserver and kube-scheduler (built from source on first use) with the vramguard
+extender and webhook wired in, adds one H100 node that the NVIDIA device plugin advertises as four
+``nvidia.com/gpu`` replicas, then:
+
+1. four vLLM pods at ``--gpu-memory-utilization 0.20`` (4 x 0.20 = 0.80 of the GPU): all bound;
+2. four at 0.30 (1.20 of the GPU): three bound, the fourth stays Pending with the reason.
+
+Without vramguard the scheduler would bind all four: four replicas are free. The fourth would then
+die with CUDA OOM at start-up and crash-loop. A per-GPU table closes each act, then everything stops.
 """
 
 from __future__ import annotations
@@ -17,69 +25,97 @@ from typing import Any
 
 from e2e import gpu_nodes
 from e2e.cluster import Cluster
+from extender.state import ClusterState
+from vramguard.policy import default_policy
+from vramguard.report import gpu_rows, gpu_table
 
-NODES = [
-    gpu_nodes.exclusive("a100-exclusive", "A100-80GB", gpus=8),
-    gpu_nodes.time_sliced("h100-timesliced", "H100-80GB", gpus=2, replicas=4),
-    gpu_nodes.time_sliced("l40s-shared", "L40S", gpus=4, replicas=2, renamed=True),
-    gpu_nodes.mps("h200-mps", "H200", gpus=1, replicas=4),
-    gpu_nodes.mig_mixed("h100-mig", "H100-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], gpus=2),
-]
-REQUESTS = {
-    "wants-gpu": {"nvidia.com/gpu": "1"},
-    "wants-shared": {"nvidia.com/gpu.shared": "1"},
-    "wants-mig": {"nvidia.com/mig-3g.40gb": "1"},
-}
+NAMESPACE = "default"
+NODE = gpu_nodes.time_sliced("gpu-node-1", "H100-80GB", gpus=1, replicas=4)
 
 
-def _pod(name: str, limits: dict[str, str], scheduler: str | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}]
+def vllm_pod(name: str, utilization: str) -> dict[str, Any]:
+    """A vLLM server as people write it: the image's entrypoint, flags in ``args``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "chat"}},
+        "spec": {
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.21.0",
+                "args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", utilization],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }]
+        },
     }
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def wait_for_verdicts(core: Any, names: Sequence[str], timeout: float = 60.0) -> dict[str, tuple[str | None, str]]:
+    """Each pod's node, or its Pending reason, once the scheduler has decided on all of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result: dict[str, tuple[str | None, str]] = {}
+        for name in names:
+            pod = core.read_namespaced_pod(name, NAMESPACE)
+            reason = next((c.message or "" for c in pod.status.conditions or ()
+                           if c.type == "PodScheduled" and c.status == "False"), "")
+            result[name] = (pod.spec.node_name, reason)
+        if all(node or reason for node, reason in result.values()) or time.monotonic() > deadline:
+            return result
+        time.sleep(0.3)
+
+
+def gpu_report(cluster: Cluster) -> str:
+    """The per-GPU table, rebuilt from the API server the way the extender builds its ledger."""
+    state = ClusterState(default_policy())
+    state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
+    state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
+    state.pods.replace([p for p in cluster.request("GET", "/api/v1/pods")["items"] if p["spec"].get("nodeName")])
+    return gpu_table(gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node)))
+
+
+def act(cluster: Cluster, title: str, utilization: str, count: int = 4) -> int:
+    """Create ``count`` pods at ``utilization``, print where they went and the GPU table."""
+    core = cluster.core_v1()
+    print(f"\n== {title}: {count} vLLM pods at --gpu-memory-utilization {utilization} "
+          f"({count} x {utilization} = {count * float(utilization):.2f} of the GPU)")
+    names = [f"chat-{utilization.replace('.', '')}-{i}" for i in range(count)]
+    for name in names:
+        core.create_namespaced_pod(NAMESPACE, vllm_pod(name, utilization))
+    verdicts = wait_for_verdicts(core, names)
+    for name, (node, reason) in verdicts.items():
+        print(f"  {name:14} -> {node}" if node else f"  {name:14} -> Pending: {reason}")
+    print()
+    print(gpu_report(cluster), end="")
+    for name in names:
+        core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    return sum(1 for node, _ in verdicts.values() if node)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; returns a process exit code."""
+    """Run both acts; exit 0 when vramguard placed exactly what fits."""
     parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, help="cluster directory (default: a temporary one)")
-    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
-    parser.add_argument("--second-scheduler", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     args = parser.parse_args(argv)
     directory = args.dir or Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
-
-    cluster = Cluster.up(directory, second_scheduler=args.second_scheduler, detach=args.keep)
+    cluster = Cluster.up(directory, vramguard="on", detach=args.keep)
     try:
-        core = cluster.core_v1()
-        for spec in NODES:
-            gpu_nodes.create_gpu_node(core, spec)
-            resources = ", ".join(f"{k}={v}" for k, v in gpu_nodes.gpu_resources(spec).items())
-            print(f"node {spec.name:16} {gpu_nodes.gfd_labels(spec)['nvidia.com/gpu.product']:32} {resources}")
-        scheduler = "vramguard" if args.second_scheduler else None
-        for name, limits in REQUESTS.items():
-            core.create_namespaced_pod(namespace="default", body=_pod(name, limits, scheduler))
-        # Wait until each pod is bound or the scheduler has said why it is not.
-        deadline = time.monotonic() + 30
-        outcome: dict[str, str] = {}
-        while time.monotonic() < deadline and len(outcome) < len(REQUESTS):
-            for name in REQUESTS:
-                pod = core.read_namespaced_pod(name=name, namespace="default")
-                reasons = [c.message for c in pod.status.conditions or [] if c.reason == "Unschedulable"]
-                if pod.spec.node_name:
-                    outcome[name] = f"-> {pod.spec.node_name}"
-                elif reasons:
-                    outcome[name] = f"pending: {reasons[0]}"
-            time.sleep(0.2)
-        for name in REQUESTS:
-            print(f"pod  {name:16} {outcome.get(name, 'no decision within 30s')}")
+        gpu_nodes.create_gpu_node(cluster.core_v1(), NODE)
+        print(f"node {NODE.name}: 1 x NVIDIA H100 80GB HBM3 ({NODE.model.memory_mib} MiB), time-sliced, "
+              f"advertised as nvidia.com/gpu: {NODE.replicas}; vramguard keeps 10% headroom per GPU")
+        first = act(cluster, "Act 1", "0.20")
+        time.sleep(1.0)  # let the deletions reach the extender's watch
+        second = act(cluster, "Act 2", "0.30")
+        ok = first == 4 and second == 3
+        print("\nvramguard bound the pods that fit and kept the one that would crash-loop Pending."
+              if ok else "\nunexpected placement; see the logs in " + str(cluster.logs))
         if args.keep:
             print(f"export KUBECONFIG={cluster.kubeconfig}")
     finally:
         if not args.keep:
             cluster.down()
-    return 0 if len(outcome) == len(REQUESTS) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -602,3 +602,25 @@ def test_fit_warning(text: str, expected: str) -> None:
 )
 def test_quantity_text(count: int, text: str) -> None:
     assert quantity_text(count) == text
+
+
+# --------------------------------------------------------------------------- absurd requests
+
+
+@pytest.mark.parametrize("count", ["100000000000000000000", "1e21", "1025"])
+def test_more_gpus_than_any_node_offers_costs_nothing_and_is_refused(count: str) -> None:
+    obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.3", env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"},
+                   gpus=count))  # type: ignore[arg-type]
+    decision = review(obj, namespace="team-a", usage=NamespaceUsage())
+    assert not decision.allowed
+    assert f"container vllm: nvidia.com/gpu: {count} devices is more than any node offers (at most 1024)" in (
+        decision.violations
+    )
+    assert len(decision.claims) <= 1024
+
+
+def test_a_pod_asking_for_more_devices_than_any_node_has_gets_no_claims() -> None:
+    obj = pod(*(container(f"c{i}", gpus="1024") for i in range(5)), annotations={"vramguard.io/vram": "1Gi"})
+    decision = review(obj)
+    assert "the pod asks for 5120 GPU devices in all; no node offers more than 4096" in decision.violations
+    assert decision.claims == ()

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def pod_specs(objects: list[JSON]) -> Iterator[tuple[str, JSON]]:
             yield obj["metadata"]["name"], obj["spec"]["template"]["spec"]
 
 
-RENDERINGS = {
+RENDERINGS: dict[str, Callable[[], list[JSON]]] = {
     "base": lambda: render_kustomization(BASE),
     "default-scheduler": lambda: render_kustomization(DEFAULT_SCHEDULER),
     "helm": render_chart,

@@ -97,7 +97,9 @@ VALUES = ["0.3", "0.9", "1.5", "0", "-1", "abc", "2", "4", "$(UTIL)", "1e-2", ".
 word = st.sampled_from(FLAGS + VALUES)
 resource_names = st.sampled_from(["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-3g.40gb",
                                   "nvidia.com/mig-1g.5gb", "cpu", "memory", "example.com/fpga"])
-quantities = st.one_of(st.sampled_from(["1", "2", "0", "0.5", "1k", "-1", "x", "1Gi"]), st.integers(-2, 9), json_values)
+# Huge counts included: a pod asking for 10**21 GPUs must cost the webhook nothing.
+quantities = st.one_of(st.sampled_from(["1", "2", "0", "0.5", "1k", "-1", "x", "1Gi", "1e21", "2048", "1024"]),
+                       st.integers(-2, 9), json_values)
 env_names = st.sampled_from(["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
                              "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "UTIL",
                              "CUDA_MEMORY_FRACTION", "NUM_SHARD"])

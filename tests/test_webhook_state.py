@@ -141,3 +141,12 @@ def test_relist_replaces_everything() -> None:
     pods.replace([gpu_pod("a"), gpu_pod("b")])
     pods.replace([gpu_pod("c", namespace="team-b")])
     assert (pods.usage("team-a"), len(pods)) == (NamespaceUsage(), 1)
+
+
+def test_a_pod_asking_for_absurdly_many_gpus_is_read_cheaply() -> None:
+    _, pods = stores()
+    huge = gpu_pod("huge", vram="1Gi")
+    huge["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1e21"
+    huge["spec"]["containers"][0]["env"] = [{"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=16G"}]
+    pods.upsert(huge)
+    assert pods.usage("team-a").bytes <= 1024 * GiB

@@ -111,6 +111,8 @@ MAX_WARNINGS = 16
 # Audit annotation keys: a qualified name without a prefix (the API server adds "<webhook>/").
 AUDIT_WOULD_DENY_KEY = "would-deny"
 AUDIT_CLASS_KEY = "qos-class"
+# More GPU devices than any node hands one pod (8 GPUs x 7 MIG instances, or x 128 replicas).
+MAX_DEVICES_PER_POD = 4096
 # Pod templates whose demand is remembered (the replicas of a workload share one).
 DEMAND_CACHE_SIZE = 2048
 # Audit events are kept small; the violations are cut past this many characters.
@@ -246,7 +248,14 @@ def demand_options(policy: Policy) -> DemandOptions:
 
 
 def quota_claims(demand: PodDemand) -> tuple[Claim, ...]:
-    """A pod's claims as the quota counts them: unknown VRAM holds a whole device."""
+    """A pod's claims as the quota counts them: unknown VRAM holds a whole device.
+
+    One claim per device. The demand model caps each container (1024 devices); a pod whose
+    containers ask for more than :data:`MAX_DEVICES_PER_POD` in all gets none (and a violation):
+    a 1 MiB pod of ten thousand such containers must not cost gigabytes of claims.
+    """
+    if sum(c.gpus for c in demand.containers) > MAX_DEVICES_PER_POD:
+        return ()
     return pod_claims(demand, _WHOLE_DEVICE).claims
 
 
@@ -410,6 +419,11 @@ class AdmissionRules:
     ) -> None:
         for error in demand.errors:
             found.violate(error)
+        devices = sum(c.gpus for c in demand.containers)
+        if devices > MAX_DEVICES_PER_POD:
+            found.violate(
+                f"the pod asks for {devices} GPU devices in all; no node offers more than {MAX_DEVICES_PER_POD}"
+            )
         implicit = {c.name: _implicit_default(c) for c in demand.containers}
         disallowed = {name for name, engine in implicit.items() if engine and not choice.qos.allow_implicit_defaults}
         for warning in demand.warnings:

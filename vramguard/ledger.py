@@ -689,10 +689,7 @@ class Ledger:
             if node is None:
                 continue
             for resource, device_id, claim in record.held:
-                if device_id is not None:
-                    devices = [node.devices[device_id]]
-                else:
-                    devices = node.groups[resource].devices
+                devices = [node.devices[device_id]] if device_id is not None else node.groups[resource].devices
                 held = max((d.claim_bytes(claim) for d in devices), default=0)
                 totals[record.pod.namespace] = totals.get(record.pod.namespace, 0) + held
         return totals

@@ -19,7 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.admission import NamespaceUsage, ResourceOffer, claims_bytes, offers_from_inventories, quota_claims
+from vramguard.admission import (
+    NamespaceUsage,
+    ResourceOffer,
+    claims_bytes,
+    offers_from_inventories,
+    quota_claims,
+)
 from vramguard.demand import DemandOptions, derive_pod_demand
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.ledger import Claim
