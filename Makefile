@@ -30,6 +30,7 @@ demo: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(BIN)/python -m bench.demand
+	$(BIN)/python -m bench.webhook
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
