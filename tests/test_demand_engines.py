@@ -676,3 +676,20 @@ def test_configurable_gpu_resources() -> None:
     spec = pod(container(resource="amd.com/gpu", command=["vllm", "serve", "--gpu-memory-utilization", "0.5"]))
     assert derive_pod_demand(spec, options).containers[0].resource == "amd.com/gpu"
     assert not derive_pod_demand(spec).wants_gpu
+
+
+@pytest.mark.parametrize(
+    ("spec", "implicit"),
+    [
+        (pod(container(image=VLLM, args=["--model", "m"])), True),
+        (pod(container(image=VLLM, args=["--gpu-memory-utilization", "0.3"])), False),
+        (pod(container(command=["text-generation-launcher"])), True),
+        (pod(container(command=["text-generation-launcher"], env={"CUDA_MEMORY_FRACTION": "0.5"})), False),
+        (pod(container(command=["python", "t.py"], env={"XLA_PYTHON_CLIENT_PREALLOCATE": "true"})), True),
+        (pod(container(command=["python", "t.py"], env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})), False),
+        (pod(container(command=["python", "serve.py"])), False),
+    ],
+    ids=["vllm-default", "vllm-explicit", "tgi-default", "tgi-env", "jax-default", "jax-explicit", "unknown"],
+)
+def test_implicit_default_is_flagged(spec: dict[str, Any], implicit: bool) -> None:
+    assert derive_pod_demand(spec).containers[0].implicit_default is implicit

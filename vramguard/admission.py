@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,7 +117,7 @@ DEMAND_CACHE_SIZE = 2048
 # Audit events are kept small; the violations are cut past this many characters.
 AUDIT_VALUE_LIMIT = 8192
 
-_IMPLICIT_DEFAULT = re.compile(r"^(?P<engine>vLLM|TGI|JAX) default ")
+_ENGINE_TITLES = {"vllm": "vLLM", "tgi": "TGI", "jax": "JAX"}
 _DEFAULT_KNOB = {
     "vLLM": "--gpu-memory-utilization",
     "TGI": "--cuda-memory-fraction",
@@ -745,11 +744,9 @@ class _Findings:
 
 def _implicit_default(container: ContainerDemand) -> str | None:
     """The engine whose implicit memory default the container relies on (``vLLM``, ``TGI``, ``JAX``)."""
-    for item in container.evidence:
-        match = _IMPLICIT_DEFAULT.match(item)
-        if match is not None:
-            return match["engine"]
-    return None
+    if not container.implicit_default or container.engine is None:
+        return None
+    return _ENGINE_TITLES.get(container.engine)
 
 
 def _pod_template(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

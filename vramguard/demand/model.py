@@ -59,6 +59,8 @@ class EngineClaim:
     evidence: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    implicit_default: bool = False
+    """The VRAM comes from the engine's built-in default, not from anything the spec says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ class ContainerDemand:
     mps_limit: int | None = None
     """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for the container's GPUs, in bytes (the largest one)."""
     sm_percent: int | None = None
+    implicit_default: bool = False
+    """The engine's claim is its built-in default (vLLM's 0.92, TGI's 1.0, JAX's 0.75)."""
     evidence: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()

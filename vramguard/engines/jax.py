@@ -52,7 +52,10 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
     else:
         found.evidence.append("JAX default pre-allocation 0.75")
         vram = Vram(fraction=Fraction(3, 4))
-    return EngineClaim(NAME, vram, None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors))
+    implicit = not fractions and not on_demand
+    return EngineClaim(
+        NAME, vram, None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+    )
 
 
 def _is_false(value: str | None) -> bool:

@@ -38,6 +38,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     options = Options(args)
     flag = options.last(MEMORY_FRACTION) or env_flag(env, MEMORY_FRACTION_ENV, found)
     vram: Vram | None
+    implicit = flag is None
     if flag is None:
         found.evidence.append("TGI default --cuda-memory-fraction 1.0")
         found.warnings.append(
@@ -50,5 +51,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         vram = Vram(fraction=fraction) if fraction is not None else None
     shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
     gpus = found.count(shards) if shards is not None else None
-    return EngineClaim(NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors))
+    return EngineClaim(
+        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+    )
 

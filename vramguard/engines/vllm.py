@@ -52,6 +52,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     options = Options(args, underscores=True)
     gpus = _gpus(options, found)
     vram: Vram | None
+    implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
     utilization = options.last(UTILIZATION)
     if kv_bytes is not None:
@@ -74,7 +75,10 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         vram = None
     else:
         vram = Vram(fraction=_implicit_default(image, found))
-    return EngineClaim(NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors))
+        implicit = True
+    return EngineClaim(
+        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+    )
 
 
 def _gpus(options: Options, found: Findings) -> int | None:
