@@ -146,21 +146,32 @@ def _gpu_request(
     if len(asked) > 1:
         found.error(f"asks for several GPU resources ({', '.join(sorted(asked))}); use one")
     resource, raw = sorted(asked.items())[0]
-    try:
-        value = parse_quantity(str(raw))
-    except QuantityError:
+    count = _device_count(raw)
+    if count is None:
         found.error(f"{resource}: {raw!r} is not a whole number of devices")
         return resource, 1
-    if value.denominator != 1 or value < 0:
-        found.error(f"{resource}: {raw} is not a whole number of devices")
-        return resource, 1
-    if value == 0:
+    if count == 0:
         return None
-    if value > MAX_DEVICES:
+    if count > MAX_DEVICES:
         # No node offers that many; capping keeps every later step (one claim per device) bounded.
         found.error(f"{resource}: {raw} devices is more than any node offers (at most {MAX_DEVICES})")
         return resource, MAX_DEVICES
-    return resource, int(value)
+    return resource, count
+
+
+def _device_count(raw: Any) -> int | None:
+    """A quantity of devices as a whole number; ``None`` when it is not one (``0.5``, ``-1``, ``x``)."""
+    if type(raw) is int:  # the common cases first: JSON numbers and plain digit strings
+        return raw if raw >= 0 else None
+    if type(raw) is str and raw.isascii() and raw.isdigit():
+        return int(raw)
+    try:
+        value = parse_quantity(str(raw))
+    except QuantityError:
+        return None
+    if value.denominator != 1 or value < 0:
+        return None
+    return int(value)
 
 
 def _engine_claim(
