@@ -4,8 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# helm and kustomize render the chart and the kustomizations in the manifest tests; built from the
+# Go module proxy into .tools/ (the tests fall back to a small renderer without them).
+TOOLS := $(CURDIR)/.tools/bin
+HELM_VERSION := v3.22.0
+KUSTOMIZE_VERSION := v5.7.1
+export PATH := $(TOOLS):$(PATH)
 
-.PHONY: test unit e2e lint demo bench clean
+.PHONY: test unit e2e lint demo bench tools clean
 
 test: lint unit e2e  ## all tests: lint, unit, end-to-end on a real control plane
 
@@ -15,14 +21,22 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
 
+$(TOOLS)/helm:
+	GOBIN=$(TOOLS) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+$(TOOLS)/kustomize:
+	GOBIN=$(TOOLS) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+tools: $(TOOLS)/helm $(TOOLS)/kustomize
+
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-unit: $(INSTALLED)
+unit: $(INSTALLED) tools
 	$(BIN)/python -m pytest tests
 
-e2e: $(INSTALLED)
+e2e: $(INSTALLED) tools
 	$(BIN)/python -m pytest e2e
 
 demo: $(INSTALLED)
@@ -33,4 +47,4 @@ bench: $(INSTALLED)
 	$(BIN)/python -m bench.webhook
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
