@@ -139,3 +139,12 @@ def core_v1(cluster: Any) -> Any:
 def unique() -> str:
     """A short random suffix for object names, so tests never collide."""
     return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def namespace(core_v1: Any, unique: str) -> Iterator[str]:
+    """A namespace of the test's own, deleted afterwards."""
+    name = f"e2e-{unique}"
+    core_v1.create_namespace({"metadata": {"name": name}})
+    yield name
+    core_v1.delete_namespace(name)

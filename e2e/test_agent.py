@@ -12,50 +12,29 @@ PodResources server, and listing the node's pods through the API server.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e import gpu_nodes
-from extender.state import ClusterState
+from e2e.scenario import ledger_from_api, pin_to_test, private_node, require_extender
 from vramguard.inventory import AGENT_REPORT_ANNOTATION
-from vramguard.policy import default_policy
 
 pytestmark = pytest.mark.timeout(240)
 
-TEST_LABEL = "e2e.vramguard.io/test"
 H100_BYTES = 81559 * 2**20
 RECORDING = Path(__file__).resolve().parent.parent / "tests" / "data" / "agent" / "nvml_h100_time_sliced.json"
 
 
-@pytest.fixture
-def namespace(core_v1: Any, unique: str) -> Iterable[str]:
-    name = f"e2e-agent-{unique}"
-    core_v1.create_namespace({"metadata": {"name": name}})
-    yield name
-    core_v1.delete_namespace(name)
-
-
-def require_extender(cluster: Any) -> None:
-    if not getattr(cluster, "state", None) or "extender" not in (cluster.state.vramguard or {}):
-        pytest.skip("the vramguard extender is not wired into this cluster")
-
-
 def quad_node(core_v1: Any, unique: str) -> str:
     """Two H100s, 4 time-slicing replicas each, usable only by this test's pods."""
-    spec = dataclasses.replace(
-        gpu_nodes.time_sliced(f"quad-{unique}", "H100-80GB", gpus=2, replicas=4),
-        extra_labels={TEST_LABEL: unique},
-        taints=({"key": TEST_LABEL, "value": unique, "effect": "NoSchedule"},),
-    )
+    spec = private_node(gpu_nodes.time_sliced("quad", "H100-80GB", gpus=2, replicas=4), unique)
     gpu_nodes.create_gpu_node(core_v1, spec)
     return spec.name
 
@@ -65,16 +44,14 @@ def vllm_pod(name: str, unique: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {TEST_LABEL: unique},
-            "tolerations": [{"key": TEST_LABEL, "operator": "Equal", "value": unique, "effect": "NoSchedule"}],
+        "spec": pin_to_test({
             "containers": [{
                 "name": "vllm",
                 "image": "vllm/vllm-openai:v0.21.0",
                 "args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", "0.30"],
                 "resources": {"limits": {"nvidia.com/gpu": "1"}},
             }],
-        },
+        }, unique),
     }
 
 
@@ -123,12 +100,7 @@ def wait_for_extender(core_v1: Any, namespace: str, name: str, unique: str, time
 
 def ledger_violations(cluster: Any) -> list[str]:
     """The ledger rebuilt from the API server alone (annotation included), checked against the rule."""
-    state = ClusterState(default_policy())
-    state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
-    state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
-    pods = cluster.request("GET", "/api/v1/pods")["items"]
-    state.pods.replace([p for p in pods if p["spec"].get("nodeName")])
-    return state.ledger.check_invariants()
+    return ledger_from_api(cluster).ledger.check_invariants()
 
 
 def fill_conservatively(core_v1: Any, namespace: str, unique: str, node: str) -> None:

@@ -6,48 +6,24 @@ tolerate the taint and select the nodes) can land there: the session cluster is 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import time
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from e2e import gpu_nodes
-from extender.state import ClusterState
-from vramguard.policy import default_policy
+from e2e.scenario import ledger_from_api, pin_to_test, private_node, require_extender
 
 pytestmark = pytest.mark.timeout(240)
-
-TEST_LABEL = "e2e.vramguard.io/test"
-
-
-@pytest.fixture
-def namespace(core_v1: Any, unique: str) -> Iterable[str]:
-    name = f"e2e-{unique}"
-    core_v1.create_namespace({"metadata": {"name": name}})
-    yield name
-    core_v1.delete_namespace(name)
-
-
-def extender_running(cluster: Any) -> None:
-    if not getattr(cluster, "state", None) or "extender" not in (cluster.state.vramguard or {}):
-        pytest.skip("the vramguard extender is not wired into this cluster")
-
 
 def add_nodes(core_v1: Any, unique: str, *specs: gpu_nodes.GPUNodeSpec) -> list[str]:
     """Create GPU nodes only this test's pods can use."""
     names = []
     for template in specs:
-        spec = dataclasses.replace(
-            template,
-            name=f"{template.name}-{unique}",
-            extra_labels={TEST_LABEL: unique},
-            taints=({"key": TEST_LABEL, "value": unique, "effect": "NoSchedule"},),
-        )
+        spec = private_node(template, unique)
         gpu_nodes.create_gpu_node(core_v1, spec)
         names.append(spec.name)
     return names
@@ -64,16 +40,14 @@ def vllm_pod(name: str, utilization: str, unique: str, *, gpus: int = 1, qos: st
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeSelector": {TEST_LABEL: unique},
-            "tolerations": [{"key": TEST_LABEL, "operator": "Equal", "value": unique, "effect": "NoSchedule"}],
+        "spec": pin_to_test({
             "containers": [{
                 "name": "vllm",
                 "image": "vllm/vllm-openai:v0.21.0",
                 "args": args,
                 "resources": {"limits": {resource: str(gpus)}},
             }],
-        },
+        }, unique),
     }
 
 
@@ -117,18 +91,8 @@ def failed_scheduling_events(core_v1: Any, namespace: str, pod: str) -> list[str
     return [e.message for e in events if e.reason == "FailedScheduling"]
 
 
-def ledger_from_api(cluster: Any) -> ClusterState:
-    """The ledger rebuilt from the API server alone, as a restarted extender would."""
-    state = ClusterState(default_policy())
-    state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
-    state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
-    pods = cluster.request("GET", "/api/v1/pods")["items"]
-    state.pods.replace([p for p in pods if p["spec"].get("nodeName")])
-    return state
-
-
 def test_seed_four_pods_at_020_all_run(cluster: Any, core_v1: Any, namespace: str, unique: str) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     [node] = add_nodes(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", gpus=1, replicas=4))
     create_all(core_v1, namespace, [vllm_pod(f"chat-{i}", "0.20", unique) for i in range(4)])
     assert settle(core_v1, namespace, 4) == {f"chat-{i}": node for i in range(4)}
@@ -141,7 +105,7 @@ def test_seed_four_pods_at_020_all_run(cluster: Any, core_v1: Any, namespace: st
 def test_seed_fourth_pod_at_030_stays_pending_naming_vram(
     cluster: Any, core_v1: Any, namespace: str, unique: str
 ) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     [node] = add_nodes(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", gpus=1, replicas=4))
     create_all(core_v1, namespace, [vllm_pod(f"chat-{i}", "0.30", unique) for i in range(4)])
     placed = settle(core_v1, namespace, 3)
@@ -159,7 +123,7 @@ def test_seed_fourth_pod_at_030_stays_pending_naming_vram(
 def test_heterogeneous_gpus_fractions_are_of_the_gpu_they_land_on(
     cluster: Any, core_v1: Any, namespace: str, unique: str
 ) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     h100, h200 = add_nodes(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=4),
                            gpu_nodes.time_sliced("h200", "H200", replicas=4))
     create_all(core_v1, namespace, [vllm_pod(f"big-{i}", "0.5", unique) for i in range(3)])
@@ -168,7 +132,7 @@ def test_heterogeneous_gpus_fractions_are_of_the_gpu_they_land_on(
 
 
 def test_class_steering(cluster: Any, core_v1: Any, namespace: str, unique: str) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     shared, whole = add_nodes(core_v1, unique, gpu_nodes.time_sliced("shared", "H100-80GB", replicas=4),
                               gpu_nodes.exclusive("whole", "H100-80GB", gpus=1))
     create_all(core_v1, namespace, [
@@ -181,7 +145,7 @@ def test_class_steering(cluster: Any, core_v1: Any, namespace: str, unique: str)
 def test_multi_gpu_time_sliced_node_is_never_overcommitted(
     cluster: Any, core_v1: Any, namespace: str, unique: str
 ) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     [node] = add_nodes(core_v1, unique, gpu_nodes.time_sliced("quad", "H100-80GB", gpus=2, replicas=4))
     create_all(core_v1, namespace, [vllm_pod(f"p{i}", "0.30", unique) for i in range(5)])
     placed = settle(core_v1, namespace, 3)
@@ -197,7 +161,7 @@ def test_multi_gpu_time_sliced_node_is_never_overcommitted(
 def test_two_hundred_pods_at_once_onto_twenty_nodes(
     cluster: Any, core_v1: Any, namespace: str, unique: str
 ) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     add_nodes(core_v1, unique, *[gpu_nodes.time_sliced(f"n{i:02}", "H100-80GB", replicas=4) for i in range(20)])
     sizes = ["0.20", "0.30", "0.45"]
     create_all(core_v1, namespace, [vllm_pod(f"p{i:03}", sizes[i % 3], unique) for i in range(200)])
@@ -222,7 +186,7 @@ def test_two_hundred_pods_at_once_onto_twenty_nodes(
 def test_extender_killed_and_restarted_while_scheduling(
     cluster: Any, core_v1: Any, namespace: str, unique: str
 ) -> None:
-    extender_running(cluster)
+    require_extender(cluster)
     add_nodes(core_v1, unique, *[gpu_nodes.time_sliced(f"r{i}", "H100-80GB", replicas=4) for i in range(4)])
     pods = [vllm_pod(f"p{i:02}", "0.30", unique) for i in range(16)]
     create_all(core_v1, namespace, pods[:8])

@@ -1,0 +1,53 @@
+"""Helpers for scenario tests that share the session cluster: private nodes, pinned pods, the ledger.
+
+Each test creates GPU nodes tainted and labelled with its own id; its pods tolerate the taint and
+select the label, so no other test's pod lands there and no test sees another's pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from e2e import gpu_nodes
+from extender.state import ClusterState
+from vramguard.policy import default_policy
+
+TEST_LABEL = "e2e.vramguard.io/test"
+
+
+def require_extender(cluster: Any) -> None:
+    """Skip unless the vramguard extender is wired into ``cluster``."""
+    if not getattr(cluster, "state", None) or "extender" not in (cluster.state.vramguard or {}):
+        pytest.skip("the vramguard extender is not wired into this cluster")
+
+
+def private_node(spec: gpu_nodes.GPUNodeSpec, unique: str) -> gpu_nodes.GPUNodeSpec:
+    """``spec`` renamed with the test's id, labelled and tainted so only its pods can use it."""
+    return dataclasses.replace(
+        spec,
+        name=f"{spec.name}-{unique}",
+        extra_labels={TEST_LABEL: unique},
+        taints=({"key": TEST_LABEL, "value": unique, "effect": "NoSchedule"},),
+    )
+
+
+def pin_to_test(spec: dict[str, Any], unique: str) -> dict[str, Any]:
+    """A pod spec that selects, and tolerates, the test's private nodes."""
+    return {
+        **spec,
+        "nodeSelector": {TEST_LABEL: unique},
+        "tolerations": [{"key": TEST_LABEL, "operator": "Equal", "value": unique, "effect": "NoSchedule"}],
+    }
+
+
+def ledger_from_api(cluster: Any) -> ClusterState:
+    """The ledger rebuilt from the API server alone, as a restarted extender would build it."""
+    state = ClusterState(default_policy())
+    state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
+    state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
+    pods = cluster.request("GET", "/api/v1/pods")["items"]
+    state.pods.replace([p for p in pods if p["spec"].get("nodeName")])
+    return state
