@@ -1,37 +1,23 @@
-"""Certificates for a local control plane: a CA, serving certificates and service-account keys.
+"""Certificates for a local control plane, on top of :mod:`service.certs`.
 
-Everything is generated with ``cryptography`` (ECDSA P-256: fast to generate and accepted by
-kube-apiserver, Go's TLS stack and aiohttp alike).
+One CA signs the kube-apiserver's serving certificate and the vramguard services' (IP SAN
+127.0.0.1); a second one, as kubeadm sets it up, signs the aggregation layer's front-proxy client
+certificate. Service-account token signing needs a bare key pair.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
-_VALIDITY = datetime.timedelta(days=30)
-_CLOCK_SKEW = datetime.timedelta(minutes=5)
+from service import certs
 
-
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+LEAF_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -50,57 +36,29 @@ class KeyPair:
 
 @dataclass(frozen=True)
 class CertificateAuthority:
-    """A self-signed CA that issues serving and client certificates."""
+    """A CA that issues the control plane's serving and client certificates."""
 
-    key: ec.EllipticCurvePrivateKey
-    cert: x509.Certificate
+    authority: certs.CertificateAuthority
 
     @classmethod
     def create(cls, common_name: str) -> CertificateAuthority:
         """Generate a new CA key and self-signed certificate."""
-        key = _new_key()
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _CLOCK_SKEW)
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256())
-        )
-        return cls(key, cert)
+        return cls(certs.create_ca(common_name))
 
     @classmethod
     def load(cls, cert_path: Path, key_path: Path) -> CertificateAuthority:
         """Load a CA written by :meth:`write`."""
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise TypeError(f"{key_path}: expected an EC private key")
-        return cls(key, x509.load_pem_x509_certificate(cert_path.read_bytes()))
+        return cls(certs.load_ca(cert_path, key_path))
+
+    @property
+    def cert(self) -> x509.Certificate:
+        """The CA certificate."""
+        return self.authority.certificate
 
     @property
     def cert_pem(self) -> bytes:
         """The CA certificate in PEM form (what goes into caBundle / caData)."""
-        return self.cert.public_bytes(serialization.Encoding.PEM)
+        return self.authority.cert_pem()
 
     @property
     def cert_b64(self) -> str:
@@ -109,7 +67,7 @@ class CertificateAuthority:
 
     def write(self, cert_path: Path, key_path: Path) -> None:
         """Write the CA certificate and key."""
-        KeyPair(self.cert_pem, _key_pem(self.key)).write(cert_path, key_path)
+        KeyPair(self.cert_pem, self.authority.key_pem()).write(cert_path, key_path)
 
     def issue(
         self,
@@ -121,63 +79,31 @@ class CertificateAuthority:
         server: bool = True,
         client: bool = False,
     ) -> KeyPair:
-        """Issue a leaf certificate with the given SANs and extended key usages."""
-        key = _new_key()
-        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-        attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
-        usages = []
+        """Issue a serving certificate (``server``) or a client certificate (``client``)."""
+        if server == client:
+            raise ValueError("issue either a serving or a client certificate")
         if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        now = datetime.datetime.now(datetime.UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _CLOCK_SKEW)
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
+            leaf = certs.issue_serving_certificate(
+                self.authority, dns_names=dns_names, ip_addresses=ip_addresses, common_name=common_name, days=LEAF_DAYS
             )
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
-        )
-        alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
-        alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-        if alt_names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+        else:
+            leaf = certs.issue_client_certificate(
+                self.authority, common_name, organizations=organizations, days=LEAF_DAYS
+            )
+        return KeyPair(leaf.cert_pem(), leaf.key_pem())
 
     def issue_localhost_server(self, common_name: str, *extra_dns: str) -> KeyPair:
         """A serving certificate for ``https://127.0.0.1:<port>`` (IP SAN) and ``localhost``."""
-        return self.issue(
-            common_name,
-            ip_addresses=["127.0.0.1"],
-            dns_names=["localhost", *extra_dns],
-        )
+        return self.issue(common_name, ip_addresses=["127.0.0.1"], dns_names=["localhost", *extra_dns])
 
 
 def service_account_keys(private_path: Path, public_path: Path) -> None:
     """Write a key pair for --service-account-signing-key-file / --service-account-key-file."""
-    key = _new_key()
+    key = certs.generate_private_key()
     private_path.touch(mode=0o600)
-    private_path.write_bytes(_key_pem(key))
+    private_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     public_path.write_bytes(
         key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )

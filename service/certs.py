@@ -243,12 +243,48 @@ def issue_serving_certificate(
     end before the CA's does: a leaf outliving its CA would fail verification early, so that is
     refused here rather than discovered later.
     """
-    _check_days(days)
     names = _dedupe(_normalise_dns_name(name, allow_wildcard=True, what="DNS name") for name in dns_names)
     addresses = _dedupe(parse_ip_addresses(ip_addresses))
     if not names and not addresses:
         raise CertificateError("a serving certificate needs at least one DNS name or IP address")
+    subject_cn = common_name or (names[0] if names else str(addresses[0]))
+    return _issue_leaf(
+        ca, subject_cn, [ExtendedKeyUsageOID.SERVER_AUTH], names, addresses, (), days, key_type, now
+    )
 
+
+def issue_client_certificate(
+    ca: CertificateAuthority,
+    common_name: str,
+    *,
+    organizations: Sequence[str] = (),
+    days: int = LEAF_VALIDITY_DAYS,
+    key_type: KeyType = DEFAULT_KEY_TYPE,
+    now: dt.datetime | None = None,
+) -> ServingCertificate:
+    """Issue a TLS client certificate (clientAuth) for ``common_name`` in ``organizations``.
+
+    Kubernetes reads the user from the common name and the groups from the organizations.
+    """
+    if not common_name.strip():
+        raise CertificateError("a client certificate needs a common name")
+    return _issue_leaf(
+        ca, common_name, [ExtendedKeyUsageOID.CLIENT_AUTH], [], [], organizations, days, key_type, now
+    )
+
+
+def _issue_leaf(
+    ca: CertificateAuthority,
+    common_name: str,
+    usages: list[x509.ObjectIdentifier],
+    names: Sequence[str],
+    addresses: Sequence[IPAddress],
+    organizations: Sequence[str],
+    days: int,
+    key_type: KeyType,
+    now: dt.datetime | None,
+) -> ServingCertificate:
+    _check_days(days)
     issued = _utc(now)
     not_before = issued - _CLOCK_SKEW
     not_after = issued + dt.timedelta(days=days)
@@ -264,12 +300,11 @@ def issue_serving_certificate(
 
     key = generate_private_key(key_type)
     public_key = key.public_key()
-    subject_cn = common_name or (names[0] if names else str(addresses[0]))
-    san: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
-    san += [x509.IPAddress(address) for address in addresses]
-    certificate = (
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])]
+    subject += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn[:64])]))
+        .subject_name(x509.Name(subject))
         .issuer_name(ca_cert.subject)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
@@ -291,12 +326,15 @@ def issue_serving_certificate(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(san), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(_authority_key_identifier(ca_cert), critical=False)
-        .sign(ca.private_key, _signature_hash(ca.private_key))
     )
+    san: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
+    san += [x509.IPAddress(address) for address in addresses]
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    certificate = builder.sign(ca.private_key, _signature_hash(ca.private_key))
     return ServingCertificate(certificate=certificate, private_key=key, ca_certificate=ca_cert)
 
 

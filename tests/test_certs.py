@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from service import certs
@@ -403,3 +403,14 @@ def test_load_ca_errors(tmp_path: Path, case: str, message: str) -> None:
 def test_naive_time_is_refused() -> None:
     with pytest.raises(certs.CertificateError, match="timezone"):
         certs.create_ca(now=dt.datetime(2026, 1, 1))  # a naive datetime, on purpose
+
+
+def test_client_certificate_names_user_and_groups(ca: certs.CertificateAuthority) -> None:
+    leaf = certs.issue_client_certificate(ca, "front-proxy-client", organizations=["system:masters"], now=NOW)
+    subject = leaf.certificate.subject
+    assert subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "front-proxy-client"
+    assert subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
+    usages = leaf.certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    with pytest.raises(x509.ExtensionNotFound):
+        leaf.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
