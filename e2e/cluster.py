@@ -539,15 +539,19 @@ class Cluster:
         )
         proc = self._spawn(f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
+        waited = self._wait_ready(name, url, proc)
+        _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
+        return url
+
+    def _wait_ready(self, service: str, url: str, proc: ManagedProcess) -> float:
+        """Wait until a vramguard service answers ``/readyz`` with 200; return the seconds waited."""
         context = self.ssl_context()
-        waited = wait_until(
-            f"vramguard {name} /readyz",
+        return wait_until(
+            f"vramguard {service} /readyz",
             lambda: http_status(f"{url}/readyz", context=context) == 200,
             timeout=self.config.timeout,
             process=proc,
         )
-        _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
-        return url
 
     def restart_vramguard(
         self, service: services.ServiceName, sig: signal.Signals = signal.SIGTERM, *, grace: float = 15.0
@@ -580,13 +584,7 @@ class Cluster:
         )
         self.processes[index] = proc
         write_records(self.directory / PROCESSES_FILE, self.processes)
-        context = self.ssl_context()
-        waited = wait_until(
-            f"vramguard {service} /readyz",
-            lambda: http_status(f"{url}/readyz", context=context) == 200,
-            timeout=self.config.timeout,
-            process=proc,
-        )
+        waited = self._wait_ready(service, url, proc)
         _log(f"vramguard {service} ready again on {url} ({waited:.1f}s)")
 
     def _start_scheduler(

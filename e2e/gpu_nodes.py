@@ -202,29 +202,21 @@ def time_sliced(
     name: str, model: GPUModel | str, gpus: int = 1, replicas: int = 4, *, renamed: bool = False, **options: Any
 ) -> GPUNodeSpec:
     """CUDA time-slicing: each GPU advertised ``replicas`` times; every replica sees all VRAM."""
-    return GPUNodeSpec(
-        name=name,
-        model=gpu_model(model),
-        gpus=gpus,
-        sharing=Sharing.TIME_SLICING,
-        replicas=replicas,
-        renamed=renamed,
-        **options,
-    )
+    return _shared(Sharing.TIME_SLICING, name, model, gpus, replicas, renamed, options)
 
 
 def mps(
     name: str, model: GPUModel | str, gpus: int = 1, replicas: int = 4, *, renamed: bool = False, **options: Any
 ) -> GPUNodeSpec:
     """MPS: each GPU advertised ``replicas`` times, memory and SMs split equally among them."""
+    return _shared(Sharing.MPS, name, model, gpus, replicas, renamed, options)
+
+
+def _shared(
+    sharing: Sharing, name: str, model: GPUModel | str, gpus: int, replicas: int, renamed: bool, options: Any
+) -> GPUNodeSpec:
     return GPUNodeSpec(
-        name=name,
-        model=gpu_model(model),
-        gpus=gpus,
-        sharing=Sharing.MPS,
-        replicas=replicas,
-        renamed=renamed,
-        **options,
+        name=name, model=gpu_model(model), gpus=gpus, sharing=sharing, replicas=replicas, renamed=renamed, **options
     )
 
 

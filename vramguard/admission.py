@@ -62,7 +62,7 @@ from vramguard.demand import DemandOptions, PodDemand, Vram, derive_pod_demand
 from vramguard.demand.annotations import PREFIX, VRAM
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
-from vramguard.demand.objects import POD_TEMPLATE_PATHS
+from vramguard.demand.objects import pod_template
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim
 from vramguard.placement import pod_claims
@@ -384,7 +384,7 @@ class AdmissionRules:
         metadata = _mapping(subject.obj.get("metadata"))
         if subject.operation == "UPDATE" and metadata.get("deletionTimestamp"):
             return Decision(True, mode)
-        template = _pod_template(subject.kind, subject.obj)
+        template = pod_template(subject.obj, subject.kind)
         if template is None:
             return Decision(True, mode)
         demand, claims = self._derive(template)
@@ -636,7 +636,7 @@ class AdmissionRules:
         """Demote violations the old object had too: an update must not be refused for them."""
         assert subject.old is not None
         old_subject = Subject(subject.kind, "UPDATE", subject.namespace, subject.old)
-        old_template = _pod_template(subject.kind, subject.old)
+        old_template = pod_template(subject.old, subject.kind)
         if old_template is None:
             return
         old_demand, claims = self._derive(old_template)
@@ -747,15 +747,6 @@ def _implicit_default(container: ContainerDemand) -> str | None:
     if not container.implicit_default or container.engine is None:
         return None
     return _ENGINE_TITLES.get(container.engine)
-
-
-def _pod_template(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    if kind == "Pod":
-        return obj
-    node: Any = obj
-    for key in POD_TEMPLATE_PATHS.get(kind, ("-",)):
-        node = node.get(key) if isinstance(node, Mapping) else None
-    return node if isinstance(node, Mapping) else None
 
 
 def _controlled(obj: Mapping[str, Any]) -> bool:

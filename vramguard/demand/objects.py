@@ -25,9 +25,12 @@ class DocumentError(ValueError):
     """The input is not readable as Kubernetes objects."""
 
 
-def pod_template(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The pod (``metadata`` + ``spec``) that an object runs: itself for a Pod, else its template."""
-    kind = obj.get("kind")
+def pod_template(obj: Mapping[str, Any], kind: str | None = None) -> Mapping[str, Any] | None:
+    """The pod (``metadata`` + ``spec``) that an object runs: itself for a Pod, else its template.
+
+    ``kind`` overrides the object's own ``kind`` field (an AdmissionReview names it separately).
+    """
+    kind = kind if kind is not None else obj.get("kind")
     if kind == "Pod":
         return obj
     path = POD_TEMPLATE_PATHS.get(kind) if isinstance(kind, str) else None
