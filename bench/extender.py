@@ -53,12 +53,12 @@ from prometheus_client import CollectorRegistry
 
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
 from extender.app import build_app
-from extender.state import ClusterState
 from extender.verbs import Verbs
 from service.certs import create_ca, issue_serving_certificate, write_serving_files
 from service.http import Readiness
 from service.server import serve
 from service.tls import load_server_tls
+from vramguard.cluster import ClusterState
 from vramguard.policy import default_policy
 
 JSON = dict[str, Any]

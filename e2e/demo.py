@@ -25,7 +25,7 @@ from typing import Any
 
 from e2e import gpu_nodes
 from e2e.cluster import Cluster
-from extender.state import ClusterState
+from vramguard.cluster import ClusterState
 from vramguard.policy import default_policy
 from vramguard.report import gpu_rows, gpu_table
 

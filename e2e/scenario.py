@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from e2e import gpu_nodes
-from extender.state import ClusterState
+from vramguard.cluster import ClusterState
 from vramguard.policy import default_policy
 
 TEST_LABEL = "e2e.vramguard.io/test"

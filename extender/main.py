@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
-from extender.state import ClusterState, slim_node, slim_pod
 from extender.verbs import Verbs
 from service.http import Readiness
 from service.kube import Connection, Informer, KubeClient
 from service.server import ServerSettings, run_https
 from service.tls import ReloadingTLSContext
+from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.policy import PolicyFile, default_policy
 
 logger = logging.getLogger(__name__)

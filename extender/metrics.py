@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from extender.state import ClusterState
+from vramguard.cluster import ClusterState
 
 
 class LedgerCollector(Collector):

@@ -15,8 +15,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.state import PLACEMENT_ANNOTATION, ClusterState, PodKey, pod_key
 from service.kube import ApiError, KubeClient, object_path
+from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, PodKey, pod_key
 from vramguard.placement import (
     NodeVerdict,
     PodClaims,

@@ -15,11 +15,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import NOT_SYNCED, build_app
-from extender.state import PLACEMENT_ANNOTATION, ClusterState, slim_node, slim_pod
 from extender.verbs import Verbs
 from service.http import Readiness
 from service.kube import ApiError
 from tests.podspecs import container
+from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, slim_node, slim_pod
 from vramguard.policy import default_policy
 
 H100_MIB = 81559

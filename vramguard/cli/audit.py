@@ -4,7 +4,7 @@ Reads Nodes, Namespaces, live Pods and the workloads that make pods (Deployments
 DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
 
 - **GPUs committed beyond their budget**: the ledger the extender builds from the bound pods
-  (``extender.state.ClusterState``), device by device. Only pods placed without vramguard can put a
+  (``vramguard.cluster.ClusterState``), device by device. Only pods placed without vramguard can put a
   GPU there; the extender refuses every pod that would.
 - **Objects the webhook would deny or warn about**: each live GPU pod and each workload not made by
   a controller, reviewed with the webhook's rules (``vramguard.admission.AdmissionRules``) and the

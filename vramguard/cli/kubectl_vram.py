@@ -6,7 +6,7 @@ Installed as the executable ``kubectl-vram``, so kubectl finds it as a plugin::
     kubectl vram pods  [-n NAMESPACE] [-o table|json]
 
 It lists Nodes, Namespaces and bound, non-terminal Pods with the caller's credentials and builds
-the ledger the extender builds (``extender.state.ClusterState``), so the numbers are the ones the
+the ledger the extender builds (``vramguard.cluster.ClusterState``), so the numbers are the ones the
 scheduler extender decides with. It changes nothing. The policy is, in order: ``--policy FILE``,
 the ConfigMap ``vramguard-system/vramguard-policy`` when it can be read, the built-in one.
 
@@ -30,7 +30,7 @@ from vramguard.policy import Policy, PolicyError, default_policy
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
 
 if TYPE_CHECKING:
-    from extender.state import ClusterState
+    from vramguard.cluster import ClusterState
 
 __all__ = ["ClusterSnapshot", "build_state", "main", "node_rows", "pod_holdings", "read_cluster"]
 
@@ -156,7 +156,7 @@ def choose_policy(path: Path | None, configmap_text: str | None) -> tuple[Policy
 
 def build_state(snapshot: ClusterSnapshot, policy: Policy) -> ClusterState:
     """The extender's cluster state, filled from ``snapshot``: nodes and namespaces first, then pods."""
-    from extender.state import ClusterState  # noqa: PLC0415
+    from vramguard.cluster import ClusterState  # noqa: PLC0415
 
     state = ClusterState(policy)
     state.nodes.replace(snapshot.nodes)

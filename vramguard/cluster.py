@@ -1,4 +1,4 @@
-"""The cluster as the extender sees it: nodes, namespaces and bound GPU pods, kept by informers.
+"""The cluster as vramguard sees it: nodes, namespaces and bound GPU pods, kept by informers.
 
 Everything here is derived from the API server, so a restart loses nothing: the ledger is rebuilt
 from the Nodes (GPU Feature Discovery labels, the agent's report) and from the bound, non-terminal
