@@ -40,6 +40,7 @@ def test_default_policy_follows_the_decision_tree() -> None:
     assert policy.classes["burstable"].require_mps_limit
     assert policy.gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
     assert policy.gpu_resource_prefixes == ("nvidia.com/mig-",)
+    assert policy.schedulers == ("vramguard",)
 
 
 def test_defaults_of_a_minimal_policy() -> None:

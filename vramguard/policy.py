@@ -143,6 +143,9 @@ class Policy(_Strict):
     """Extended resources that are GPUs or GPU replicas."""
     gpu_resource_prefixes: tuple[str, ...] = DEFAULT_MIG_PREFIXES
     """Prefixes of resources that are MIG instances (``nvidia.com/mig-<profile>``)."""
+    schedulers: tuple[str, ...] = Field(default=("vramguard",), min_length=1)
+    """Scheduler names (profiles) whose kube-scheduler calls the vramguard extender: the extender
+    binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
 
     @field_validator("classes")
     @classmethod
