@@ -378,7 +378,7 @@ def bench_throughput(nodes: int, pods: int, work_dir: Path, timeout_s: float, *,
             result = asyncio.run(_schedule_all(cluster.kubeconfig, nodes, pods, timeout_s))
             url = (cluster.state.vramguard if cluster.state else {}).get("extender")
             if url:
-                result["extender_mean_ms"] = _mean_latencies(url, cluster.ssl_context())
+                result["extender_mean_ms"] = _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())
         records.append({"bench": "throughput", "scheduler": "kube-scheduler" + (" + extender" if services else ""),
                         "vramguard_services": services, **result})
     plain, extended = records

@@ -103,6 +103,8 @@ class ClusterState:
     scheduler_ports: dict[str, int] = field(default_factory=dict)
     vramguard: dict[str, str] = field(default_factory=dict)
     """Service name -> https URL of each vramguard service started."""
+    vramguard_ops: dict[str, str] = field(default_factory=dict)
+    """Service name -> http URL of the probes and metrics of a service that serves them apart."""
     up_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -324,8 +326,9 @@ class Cluster:
             sched_port,
             second_port,
             extender_port,
+            extender_ops_port,
             webhook_port,
-        ) = free_ports(7)
+        ) = free_ports(8)
         server = f"https://127.0.0.1:{api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
 
@@ -347,6 +350,8 @@ class Cluster:
         front_proxy_ca.issue("front-proxy-client", server=False, client=True).write(
             self.pki / "front-proxy-client.crt", self.pki / "front-proxy-client.key"
         )
+        # kube-scheduler's client certificate for the extender's mutual TLS (tlsConfig.certFile).
+        ca.issue("kube-scheduler", server=False, client=True).write(*self.scheduler_client_cert)
         tokens = {"admin": secrets.token_hex(16), "scheduler": secrets.token_hex(16)}
         identities = {name: services.service_identity(name, cfg.manifests) for name in wanted}
         lines = [
@@ -456,11 +461,13 @@ class Cluster:
             for obj in services.rbac_objects(list(identities.values()), cfg.manifests):
                 self.create(obj)
             ports = {"extender": extender_port, "webhook": webhook_port}
+            ops_ports = {"extender": extender_ops_port}
             for name in wanted:
                 urls[name] = self._start_vramguard_service(
                     name,
                     ports[name],
                     write_kubeconfig(self.pki / f"{name}.kubeconfig", identities[name].username, tokens[name]),
+                    ops_ports.get(name),
                 )
             if "webhook" in urls:
                 webhook = services.localize_webhook_configuration(
@@ -491,7 +498,11 @@ class Cluster:
             }
         for scheduler, (template, port, url) in schedulers.items():
             local = services.localize_scheduler_config(
-                template, kubeconfig=scheduler_kubeconfig, extender_url=url, ca_b64=ca.cert_b64
+                template,
+                kubeconfig=scheduler_kubeconfig,
+                extender_url=url,
+                ca_b64=ca.cert_b64,
+                client_cert=self.scheduler_client_cert,
             )
             config_path = self.directory / "config" / f"{scheduler}.yaml"
             config_path.write_text(yaml.safe_dump(local, sort_keys=False))
@@ -522,7 +533,28 @@ class Cluster:
             return list(self.config.vramguard_command)
         return services.vramguard_command()
 
-    def _start_vramguard_service(self, name: services.ServiceName, port: int, kubeconfig: Path) -> str:
+    @property
+    def scheduler_client_cert(self) -> tuple[Path, Path]:
+        """kube-scheduler's client certificate and key for the extender (signed by the harness CA)."""
+        return self.pki / "scheduler-client.crt", self.pki / "scheduler-client.key"
+
+    def client_ssl_context(self) -> ssl.SSLContext:
+        """An SSL context that trusts the harness CA and presents kube-scheduler's client certificate."""
+        context = self.ssl_context()
+        context.load_cert_chain(*self.scheduler_client_cert)
+        return context
+
+    def ops_url(self, service: services.ServiceName) -> str:
+        """Where ``service`` answers ``/healthz``, ``/readyz`` and ``/metrics``."""
+        state = self._require_state()
+        url = state.vramguard_ops.get(service) or state.vramguard.get(service)
+        if url is None:
+            raise RuntimeError(f"vramguard {service} is not running in this cluster")
+        return url
+
+    def _start_vramguard_service(
+        self, name: services.ServiceName, port: int, kubeconfig: Path, ops_port: int | None = None
+    ) -> str:
         command = self._command()
         assert command, "checked by _vramguard_services"
         pair: KeyPair = self.ca.issue_localhost_server(f"vramguard-{name}")
@@ -536,16 +568,22 @@ class Cluster:
             tls_key=key,
             kubeconfig=kubeconfig,
             policy=self.config.policy,
+            # The extender's verbs bind pods: only kube-scheduler's client certificate gets an answer.
+            client_ca=self.pki / "ca.crt" if name == "extender" else None,
+            ops_port=ops_port,
         )
         proc = self._spawn(f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
-        waited = self._wait_ready(name, url, proc)
+        ready_url = url
+        if ops_port is not None:
+            ready_url = self._require_state().vramguard_ops[name] = f"http://127.0.0.1:{ops_port}"
+        waited = self._wait_ready(name, ready_url, proc)
         _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
         return url
 
-    def _wait_ready(self, service: str, url: str, proc: ManagedProcess) -> float:
-        """Wait until a vramguard service answers ``/readyz`` with 200; return the seconds waited."""
-        context = self.ssl_context()
+    def _wait_ready(self, service: services.ServiceName, url: str, proc: ManagedProcess) -> float:
+        """Wait until a vramguard service answers ``url/readyz`` with 200; return the seconds waited."""
+        context = self.ssl_context() if url.startswith("https:") else None
         return wait_until(
             f"vramguard {service} /readyz",
             lambda: http_status(f"{url}/readyz", context=context) == 200,
@@ -584,7 +622,7 @@ class Cluster:
         )
         self.processes[index] = proc
         write_records(self.directory / PROCESSES_FILE, self.processes)
-        waited = self._wait_ready(service, url, proc)
+        waited = self._wait_ready(service, self.ops_url(service), proc)
         _log(f"vramguard {service} ready again on {url} ({waited:.1f}s)")
 
     def _start_scheduler(

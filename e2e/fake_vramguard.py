@@ -126,11 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-key", required=True, type=Path)
     parser.add_argument("--kubeconfig", required=True, type=Path)
     parser.add_argument("--policy", type=Path)
+    parser.add_argument("--client-ca", type=Path, help="require client certificates from this CA")
+    parser.add_argument("--ops-listen", help="serve /healthz and /readyz on this plain-HTTP address too")
     args = parser.parse_args(argv)
+    handler = make_handler(args.service, KubeClient(args.kubeconfig))
+    if args.ops_listen:
+        ops_host, ops_port = args.ops_listen.rsplit(":", 1)
+        ops = ThreadingHTTPServer((ops_host, int(ops_port)), handler)
+        threading.Thread(target=ops.serve_forever, daemon=True).start()
     host, port = args.listen.rsplit(":", 1)
-    server = ThreadingHTTPServer((host, int(port)), make_handler(args.service, KubeClient(args.kubeconfig)))
+    server = ThreadingHTTPServer((host, int(port)), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(args.tls_cert, args.tls_key)
+    if args.client_ca:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=args.client_ca)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     server.serve_forever()
     return 0

@@ -1,7 +1,10 @@
 """Plugging the vramguard extender and webhook into a local control plane.
 
 The services run as local processes over HTTPS on 127.0.0.1 with a serving certificate (IP SAN
-127.0.0.1) signed by the harness CA, and are wired in from the shipped manifests:
+127.0.0.1) signed by the harness CA, and are wired in from the shipped manifests. The extender
+requires client certificates from the harness CA (mutual TLS, as shipped): kube-scheduler
+presents one issued for it, through ``tlsConfig.certFile``/``keyFile``. The extender's probes
+and metrics answer on a separate plain-HTTP port.
 
 * kube-scheduler reads ``manifests/scheduler/extender-default.yaml`` (or
   ``second-scheduler.yaml``); only ``urlPrefix``, ``tlsConfig``, the kubeconfig path and
@@ -14,7 +17,8 @@ The services run as local processes over HTTPS on 127.0.0.1 with a serving certi
 
 Intended command lines (each service answers ``GET /readyz`` with 200 once ready)::
 
-    vramguard extender --listen 127.0.0.1:PORT --tls-cert F --tls-key F --kubeconfig K --policy P
+    vramguard extender --listen 127.0.0.1:PORT --tls-cert F --tls-key F --kubeconfig K --policy P \
+        --client-ca CA --ops-listen 127.0.0.1:OPS_PORT
     vramguard webhook  --listen 127.0.0.1:PORT --tls-cert F --tls-key F --kubeconfig K --policy P
 """
 
@@ -79,8 +83,14 @@ def service_argv(
     tls_key: Path,
     kubeconfig: Path,
     policy: Path | None,
+    client_ca: Path | None = None,
+    ops_port: int | None = None,
 ) -> list[str]:
-    """The command line that starts one vramguard service on 127.0.0.1:``port``."""
+    """The command line that starts one vramguard service on 127.0.0.1:``port``.
+
+    ``client_ca`` makes it require client certificates from that CA; ``ops_port`` serves its
+    probes and metrics on 127.0.0.1:``ops_port``.
+    """
     argv = [
         *command,
         service,
@@ -95,6 +105,10 @@ def service_argv(
     ]
     if policy is not None:
         argv += ["--policy", str(policy)]
+    if client_ca is not None:
+        argv += ["--client-ca", str(client_ca)]
+    if ops_port is not None:
+        argv += ["--ops-listen", f"127.0.0.1:{ops_port}"]
     return argv
 
 
@@ -219,13 +233,15 @@ def localize_scheduler_config(
     kubeconfig: Path,
     extender_url: str | None,
     ca_b64: str | None,
+    client_cert: tuple[Path, Path] | None = None,
 ) -> dict[str, Any]:
     """Adapt a shipped KubeSchedulerConfiguration to the local run.
 
     Sets the kubeconfig, turns leader election off (one scheduler per profile, and no lease wait)
     and points every extender at ``extender_url`` (keeping the manifest's URL path) with the
-    harness CA as ``tlsConfig.caData``. Without an extender the ``extenders`` list is dropped,
-    so the same profile runs without vramguard.
+    harness CA as ``tlsConfig.caData`` and ``client_cert`` (certificate file, key file) as
+    ``tlsConfig.certFile``/``keyFile``, the client certificate the extender requires. Without an
+    extender the ``extenders`` list is dropped, so the same profile runs without vramguard.
     """
     local = copy.deepcopy(dict(config))
     local.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
@@ -238,6 +254,8 @@ def localize_scheduler_config(
         extender["urlPrefix"] = extender_url.rstrip("/") + path
         extender["enableHTTPS"] = True
         extender["tlsConfig"] = {"insecure": False, "caData": ca_b64}
+        if client_cert is not None:
+            extender["tlsConfig"] |= {"certFile": str(client_cert[0]), "keyFile": str(client_cert[1])}
     return local
 
 

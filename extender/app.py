@@ -19,12 +19,20 @@ NOT_SYNCED = "vramguard: cluster state not synced yet; retrying"
 
 
 def build_app(
-    verbs: Verbs, synced: asyncio.Event, readiness: Readiness, registry: CollectorRegistry
+    verbs: Verbs,
+    synced: asyncio.Event,
+    readiness: Readiness,
+    registry: CollectorRegistry,
+    *,
+    operational_routes: bool = True,
 ) -> web.Application:
-    """The aiohttp application of the extender; ``synced`` gates every verb."""
+    """The aiohttp application of the extender; ``synced`` gates every verb.
+
+    ``operational_routes`` False leaves probes and metrics to a listener of their own.
+    """
     metrics = ExtenderMetrics(registry, verbs.state)
     readiness.add("caches-synced", synced.is_set)
-    app = create_app(registry=registry, readiness=readiness)
+    app = create_app(registry=registry, readiness=readiness, operational_routes=operational_routes)
 
     async def filter_handler(request: web.Request) -> web.Response:
         args = await read_model(request, ExtenderArgs)

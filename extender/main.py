@@ -1,4 +1,9 @@
-"""Run the extender: informers for Nodes, Namespaces and bound Pods, the policy watcher, HTTPS."""
+"""Run the extender: informers for Nodes, Namespaces and bound Pods, the policy watcher, HTTPS.
+
+The verbs are served on ``host:port`` (mutual TLS in a cluster: only kube-scheduler, holding a
+client certificate from the client CA, gets an HTTP answer); probes and metrics on the plain-HTTP
+``operational`` address.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from extender.app import build_app
 from extender.verbs import Verbs
 from service.http import Readiness
 from service.kube import Connection, Informer, KubeClient
-from service.server import ServerSettings, run_https
+from service.server import Address, ServerSettings, run_https
 from service.tls import ReloadingTLSContext
 from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.policy import PolicyFile, default_policy
@@ -32,6 +37,7 @@ class ExtenderSettings:
     host: str
     port: int
     tls: ReloadingTLSContext | None
+    operational: Address
     connection: Connection
     policy_file: PolicyFile | None
     server: ServerSettings
@@ -51,7 +57,7 @@ async def run(settings: ExtenderSettings) -> None:
     synced = asyncio.Event()
     registry = CollectorRegistry()
     readiness = Readiness()
-    app = build_app(Verbs(state, client), synced, readiness, registry)
+    app = build_app(Verbs(state, client), synced, readiness, registry, operational_routes=False)
 
     async def wait_synced() -> None:
         # Nodes and namespaces first, so that the pods' claims see their classes and devices.
@@ -76,7 +82,9 @@ async def run(settings: ExtenderSettings) -> None:
     if policy_file is not None:
         tasks.append(asyncio.create_task(watch_policy()))
     try:
-        await run_https(app, settings.host, settings.port, settings.tls, settings=settings.server)
+        await run_https(
+            app, settings.host, settings.port, settings.tls, settings=settings.server, operational=settings.operational
+        )
     finally:
         for task in tasks:
             task.cancel()

@@ -1,4 +1,5 @@
-"""Certificates for the webhook and the extender: a private CA and serving certificates it signs.
+"""Certificates for the webhook and the extender: a private CA and serving certificates it signs,
+and the client certificate kube-scheduler presents to the extender (mutual TLS).
 
 The kube-apiserver calls a webhook over HTTPS and checks the serving certificate against the
 ``caBundle`` of the webhook configuration, by the DNS name of the Service
@@ -30,6 +31,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 __all__ = [
     "CA_CERT_FILE",
     "CA_VALIDITY_DAYS",
+    "CLIENT_VALIDITY_DAYS",
     "DEFAULT_KEY_TYPE",
     "KEY_TYPES",
     "LEAF_VALIDITY_DAYS",
@@ -44,6 +46,7 @@ __all__ = [
     "ServingFiles",
     "create_ca",
     "generate_private_key",
+    "issue_client_certificate",
     "issue_service_certificate",
     "issue_serving_certificate",
     "load_ca",
@@ -61,6 +64,9 @@ TLS_KEY_FILE = "tls.key"
 
 CA_VALIDITY_DAYS = 3650
 LEAF_VALIDITY_DAYS = 365
+# kube-scheduler reads its extender client certificate only at start, so renewing it means a
+# restart of the control plane's scheduler: issued for longer than serving certificates.
+CLIENT_VALIDITY_DAYS = 1825
 
 # Backdating notBefore keeps a freshly issued certificate valid on a node whose clock runs a
 # little behind the machine that issued it.

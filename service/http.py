@@ -8,9 +8,13 @@
 - ``GET /metrics``: Prometheus exposition of the registry passed in; no global registry is used,
   so tests can build several applications in one process.
 
-plus a request-latency histogram and JSON errors. Handlers read request bodies only through
-:func:`read_body`, :func:`read_json` or :func:`read_model`: those enforce the body size limit
-(413), a time limit for slow senders (408), and turn junk into a 400 with a JSON message.
+plus a request-latency histogram and JSON errors. A service whose main listener requires client
+certificates serves those three on a listener of their own instead (:func:`create_operational_app`,
+started by ``service.server.serve``), so kubelets and Prometheus need no client certificate.
+
+Handlers read request bodies only through :func:`read_body`, :func:`read_json` or
+:func:`read_model`: those enforce the body size limit (413), a time limit for slow senders (408),
+and turn junk into a 400 with a JSON message.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "ReadinessCheck",
     "RequestError",
     "create_app",
+    "create_operational_app",
     "error_response",
     "read_body",
     "read_json",
@@ -144,6 +149,7 @@ class Readiness:
 READINESS_KEY = web.AppKey("vramguard_readiness", Readiness)
 REGISTRY_KEY = web.AppKey("vramguard_metrics_registry", CollectorRegistry)
 BODY_LIMIT_KEY = web.AppKey("vramguard_body_limit", int)
+LATENCY_KEY = web.AppKey("vramguard_latency_histogram", Histogram)
 
 
 def create_app(
@@ -153,8 +159,12 @@ def create_app(
     client_max_size: int = DEFAULT_CLIENT_MAX_SIZE,
     middlewares: Iterable[Middleware] = (),
     metrics_prefix: str = "vramguard",
+    operational_routes: bool = True,
 ) -> web.Application:
     """Return an application with ``/healthz``, ``/readyz``, ``/metrics`` and the shared middlewares.
+
+    With ``operational_routes`` False those three are left out, to be served on a separate
+    listener by :func:`create_operational_app`.
 
     ``registry`` receives the ``<metrics_prefix>_http_request_duration_seconds`` histogram
     (labels ``route``, ``code``) and is what ``/metrics`` exposes; give each application its own.
@@ -179,10 +189,31 @@ def create_app(
     app[READINESS_KEY] = readiness
     app[REGISTRY_KEY] = registry
     app[BODY_LIMIT_KEY] = client_max_size
+    app[LATENCY_KEY] = latency
+    if operational_routes:
+        _add_operational_routes(app)
+    return app
+
+
+def create_operational_app(app: web.Application) -> web.Application:
+    """Return an application serving ``app``'s ``/healthz``, ``/readyz`` and ``/metrics``.
+
+    It shares ``app``'s readiness checks, metrics registry and latency histogram, and has no
+    other route: nothing that changes state is reachable through it.
+    """
+    operational = web.Application(
+        client_max_size=1024, middlewares=[_timing_middleware(app[LATENCY_KEY]), _error_middleware]
+    )
+    operational[READINESS_KEY] = app[READINESS_KEY]
+    operational[REGISTRY_KEY] = app[REGISTRY_KEY]
+    _add_operational_routes(operational)
+    return operational
+
+
+def _add_operational_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", _healthz, allow_head=True)
     app.router.add_get("/readyz", _readyz, allow_head=True)
     app.router.add_get("/metrics", _metrics)
-    return app
 
 
 def readiness_of(app: web.Application) -> Readiness:

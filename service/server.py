@@ -1,5 +1,12 @@
 """Serving an aiohttp application over HTTPS until SIGTERM, then shutting down gracefully.
 
+With an ``operational`` address, ``/healthz``, ``/readyz`` and ``/metrics`` are served there over
+plain HTTP (see ``service.http.create_operational_app``) and the main listener keeps only the
+service's own routes: probes and scrapes then need no client certificate, while every route of
+the main listener is behind its TLS settings (mutual TLS for the extender). Plain HTTP is enough
+there: the routes are read-only, kubelet HTTPS probes would not verify a certificate anyway, and
+the NetworkPolicy shipped with the manifests limits who reaches the port.
+
 Shutdown order on SIGTERM or SIGINT: readiness turns 503 (``shutting-down``), an optional drain
 delay lets the endpoints controller take the pod out of the Service, the listener closes,
 requests in flight get up to ``shutdown_timeout`` seconds to finish, idle connections close.
@@ -23,14 +30,18 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from service.http import READINESS_KEY
-from service.tls import DEFAULT_RELOAD_INTERVAL, ReloadingTLSContext
+from service.http import READINESS_KEY, REGISTRY_KEY, create_operational_app
+from service.tls import DEFAULT_RELOAD_INTERVAL, CertificateExpiryCollector, ReloadingTLSContext
 
-__all__ = ["RunningServer", "ServerSettings", "run_https", "serve"]
+__all__ = ["Address", "RunningServer", "ServerSettings", "run_https", "serve"]
 
 logger = logging.getLogger(__name__)
 
 TLSArgument = ssl.SSLContext | ReloadingTLSContext | None
+Address = tuple[str, int]
+
+# Set once the application's registry exports the certificate expiry of its TLS context.
+_EXPIRY_EXPORTED = web.AppKey("vramguard_certificate_expiry_exported", bool)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,8 @@ class RunningServer:
     host: str
     port: int
     scheme: str
+    operational: RunningServer | None = None
+    """The plain-HTTP listener of ``/healthz``, ``/readyz`` and ``/metrics``, when separate."""
 
     @property
     def url(self) -> str:
@@ -80,30 +93,45 @@ async def serve(
     tls: TLSArgument,
     *,
     settings: ServerSettings | None = None,
+    operational: Address | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve ``app`` on ``host:port`` while the ``async with`` body runs; stop gracefully on exit.
 
     ``port`` 0 picks a free port (see :attr:`RunningServer.port`). With a
-    :class:`~service.tls.ReloadingTLSContext` its watcher runs alongside the server and, if the
-    application has a readiness registry without a ``"tls"`` check, one is added. ``tls`` None
-    serves plain HTTP (tests, or a loopback-only port).
+    :class:`~service.tls.ReloadingTLSContext` its watcher runs alongside the server, its
+    certificates' expiry is exported in the application's registry and, if the application has a
+    readiness registry without a ``"tls"`` check, one is added. ``tls`` None serves plain HTTP
+    (tests, or a loopback-only port). ``operational`` (host, port) serves ``app``'s probes and
+    metrics there over plain HTTP; ``app`` should then be made without them
+    (``create_app(operational_routes=False)``). It closes after the main listener, so probes
+    keep answering (503) while requests drain.
     """
     settings = settings or ServerSettings()
     ssl_context = tls.context if isinstance(tls, ReloadingTLSContext) else tls
     readiness = app.get(READINESS_KEY)
-    if isinstance(tls, ReloadingTLSContext) and readiness is not None and "tls" not in readiness:
-        readiness.add("tls", tls.is_loaded)
+    if isinstance(tls, ReloadingTLSContext):
+        if readiness is not None and "tls" not in readiness:
+            readiness.add("tls", tls.is_loaded)
+        registry = app.get(REGISTRY_KEY)
+        if registry is not None and not app.get(_EXPIRY_EXPORTED, False):
+            registry.register(CertificateExpiryCollector(tls))
+            app[_EXPIRY_EXPORTED] = True
 
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
-        keepalive_timeout=settings.keepalive_timeout,
-        lingering_time=settings.lingering_time,
-        shutdown_timeout=settings.shutdown_timeout,
-        max_line_size=settings.max_line_size,
-        max_field_size=settings.max_field_size,
-    )
+    operational_runner: web.AppRunner | None = None
+    operational_server: RunningServer | None = None
+    if operational is not None:
+        operational_runner = _runner(create_operational_app(app), settings)
+        await operational_runner.setup()
+        try:
+            operational_site = web.TCPSite(operational_runner, *operational, backlog=settings.backlog)
+            await operational_site.start()
+        except BaseException:
+            await operational_runner.cleanup()
+            raise
+        operational_server = RunningServer(host=operational[0], port=operational_site.port, scheme="http")
+        logger.info("serving probes and metrics on %s", operational_server.url)
+
+    runner = _runner(app, settings)
     await runner.setup()
     watcher: asyncio.Task[None] | None = None
     try:
@@ -111,13 +139,17 @@ async def serve(
         await site.start()
         if isinstance(tls, ReloadingTLSContext):
             watcher = asyncio.create_task(tls.watch(settings.reload_interval), name="tls-reload")
-        server = RunningServer(host=host, port=site.port, scheme="https" if ssl_context else "http")
+        server = RunningServer(
+            host=host, port=site.port, scheme="https" if ssl_context else "http", operational=operational_server
+        )
         logger.info("serving on %s", server.url)
         yield server
     finally:
         if readiness is not None:
             readiness.begin_shutdown()
         await runner.cleanup()
+        if operational_runner is not None:
+            await operational_runner.cleanup()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -134,8 +166,11 @@ async def run_https(
     stop: asyncio.Event | None = None,
     on_started: Callable[[RunningServer], None] | None = None,
     handle_signals: bool = True,
+    operational: Address | None = None,
 ) -> None:
     """Serve ``app`` until SIGTERM or SIGINT (or ``stop`` is set), then shut down gracefully.
+
+    ``operational`` is passed on to :func:`serve`.
 
     Tests pass ``port=0``, learn the port from ``on_started``, and end the server by setting
     ``stop`` (``handle_signals=False`` leaves the process's signal handling alone). Signal
@@ -154,7 +189,7 @@ async def run_https(
                 continue
             installed.append(signum)
     try:
-        async with serve(app, host, port, tls, settings=settings) as server:
+        async with serve(app, host, port, tls, settings=settings, operational=operational) as server:
             if on_started is not None:
                 on_started(server)
             await stop.wait()
@@ -173,3 +208,16 @@ async def run_https(
 def _request_stop(stop: asyncio.Event, signum: signal.Signals) -> None:
     logger.info("received %s, shutting down", signum.name)
     stop.set()
+
+
+def _runner(app: web.Application, settings: ServerSettings) -> web.AppRunner:
+    return web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
+        keepalive_timeout=settings.keepalive_timeout,
+        lingering_time=settings.lingering_time,
+        shutdown_timeout=settings.shutdown_timeout,
+        max_line_size=settings.max_line_size,
+        max_field_size=settings.max_field_size,
+    )

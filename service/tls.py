@@ -11,6 +11,13 @@ current. New handshakes get the new certificate; established connections keep th
 negotiated. Loading into the serving context in place is avoided on purpose: when
 ``load_cert_chain`` fails half-way (a new certificate with the old key, as seen while a pair is
 being replaced), OpenSSL has already dropped the old key and every later handshake fails.
+
+Mutual TLS: with a client CA file, every handshake must present a client certificate that chains
+to it and carries the clientAuth usage (OpenSSL checks the purpose), or the handshake fails before
+any HTTP is read. The CA file is reloaded with the pair. The requirement itself is set on the
+front context, not only on the current one, because OpenSSL copies the verify mode into the
+connection when it is created, before the SNI callback switches contexts; the trusted CAs are
+looked up in the current context at verification time. Either way a missing piece fails closed.
 """
 
 from __future__ import annotations
@@ -20,14 +27,19 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 __all__ = [
+    "CERTIFICATE_EXPIRY_METRIC",
     "DEFAULT_RELOAD_INTERVAL",
+    "CertificateExpiryCollector",
     "LoadedCertificate",
     "ReloadingTLSContext",
     "TLSLoadError",
@@ -38,6 +50,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_RELOAD_INTERVAL = 10.0
+CERTIFICATE_EXPIRY_METRIC = "vramguard_certificate_expiry_timestamp_seconds"
 
 # Forward-secret AEAD suites only, for TLS 1.2 (TLS 1.3 suites are not set by this string).
 # Go's TLS client, used by the kube-apiserver and kube-scheduler, offers all of them.
@@ -78,17 +91,37 @@ class ReloadingTLSContext:
     are looked at again on the next tick.
     """
 
-    def __init__(self, cert_file: Path | str, key_file: Path | str) -> None:
-        """Prepare a context for the given PEM files; nothing is loaded until :meth:`reload`."""
+    def __init__(
+        self, cert_file: Path | str, key_file: Path | str, client_ca_file: Path | str | None = None
+    ) -> None:
+        """Prepare a context for the given PEM files; nothing is loaded until :meth:`reload`.
+
+        With ``client_ca_file`` (PEM, one or more CA certificates) clients must present a
+        certificate signed by one of those CAs (mutual TLS).
+        """
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
+        self.client_ca_file = Path(client_ca_file) if client_ca_file is not None else None
         self._front = new_server_context()
+        if self.client_ca_file is not None:
+            self._front.verify_mode = ssl.CERT_REQUIRED
         self._front.sni_callback = self._select_current
         self._current: ssl.SSLContext | None = None
         self._loaded_digest: bytes | None = None
         self._failed_digest: bytes | None = None
         self._certificate: LoadedCertificate | None = None
+        self._client_cas: tuple[LoadedCertificate, ...] = ()
         self.last_error: str | None = None
+
+    @property
+    def requires_client_certificate(self) -> bool:
+        """Whether handshakes without a client certificate from the client CA are refused."""
+        return self.client_ca_file is not None
+
+    @property
+    def client_cas(self) -> tuple[LoadedCertificate, ...]:
+        """The CA certificates client certificates are checked against now (empty without mTLS)."""
+        return self._client_cas
 
     @property
     def context(self) -> ssl.SSLContext:
@@ -111,7 +144,7 @@ class ReloadingTLSContext:
         :attr:`last_error`, and the previous pair keeps serving.
         """
         try:
-            cert_pem, before = self._read()
+            cert_pem, ca_pem, before = self._read()
         except OSError as exc:
             self._failed(None, f"cannot read {exc.filename or 'the TLS files'}: {exc.strerror or exc}")
             return False
@@ -120,10 +153,21 @@ class ReloadingTLSContext:
         candidate = new_server_context()
         try:
             candidate.load_cert_chain(self.cert_file, self.key_file, password=_refuse_password)
-            _, after = self._read()
             certificate = _describe(cert_pem)
         except (OSError, ssl.SSLError, TLSLoadError, ValueError) as exc:
             self._failed(before, f"cannot load {self.cert_file} with {self.key_file}: {exc}")
+            return False
+        client_cas: tuple[LoadedCertificate, ...] = ()
+        if ca_pem is not None:
+            try:
+                client_cas = _trust_client_cas(candidate, ca_pem)
+            except (ssl.SSLError, TLSLoadError, ValueError) as exc:
+                self._failed(before, f"cannot load the client CA {self.client_ca_file}: {exc}")
+                return False
+        try:
+            _, _, after = self._read()
+        except OSError as exc:
+            self._failed(None, f"cannot read {exc.filename or 'the TLS files'}: {exc.strerror or exc}")
             return False
         if after != before:
             # The files changed while they were being read: the pair loaded is consistent (OpenSSL
@@ -134,6 +178,7 @@ class ReloadingTLSContext:
         self._loaded_digest = before
         self._failed_digest = None
         self._certificate = certificate
+        self._client_cas = client_cas
         self.last_error = None
         logger.info(
             "serving TLS certificate %s (serial %x, expires %s)",
@@ -141,6 +186,8 @@ class ReloadingTLSContext:
             certificate.serial_number,
             certificate.not_after.isoformat(),
         )
+        for ca in client_cas:
+            logger.info("requiring client certificates signed by %s (expires %s)", ca.subject, ca.not_after.isoformat())
         return True
 
     async def watch(self, interval: float = DEFAULT_RELOAD_INTERVAL) -> None:
@@ -162,16 +209,17 @@ class ReloadingTLSContext:
         if current is not None:
             connection.context = current
 
-    def _read(self) -> tuple[bytes, bytes]:
-        """Return the certificate file's content and a digest of both files."""
+    def _read(self) -> tuple[bytes, bytes | None, bytes]:
+        """Return the certificate file's content, the client CA file's, and a digest of all files."""
         cert_pem = self.cert_file.read_bytes()
         key_pem = self.key_file.read_bytes()
+        ca_pem = self.client_ca_file.read_bytes() if self.client_ca_file is not None else None
         sha = hashlib.sha256()
-        for content in (cert_pem, key_pem):
-            # Length-prefixed so that moving bytes from one file to the other changes the digest.
+        for content in (cert_pem, key_pem, ca_pem or b""):
+            # Length-prefixed so that moving bytes from one file to another changes the digest.
             sha.update(len(content).to_bytes(8, "big"))
             sha.update(content)
-        return cert_pem, sha.digest()
+        return cert_pem, ca_pem, sha.digest()
 
     def _failed(self, digest: bytes | None, message: str) -> None:
         self.last_error = message
@@ -185,12 +233,42 @@ class ReloadingTLSContext:
             logger.warning("%s; still serving the previous certificate", message)
 
 
-def load_server_tls(cert_file: Path | str, key_file: Path | str) -> ReloadingTLSContext:
-    """Return a :class:`ReloadingTLSContext` with the pair loaded; raise :class:`TLSLoadError` if not.
+class CertificateExpiryCollector(Collector):
+    """``vramguard_certificate_expiry_timestamp_seconds{role}``: when the loaded certificates expire.
+
+    Read from the :class:`ReloadingTLSContext` at scrape time, so a reload shows on the next
+    scrape. Roles: ``serving`` (the certificate presented to clients) and ``client-ca`` (the
+    soonest-expiring CA client certificates are checked against, with mutual TLS). Nothing is
+    exported before the first load.
+    """
+
+    def __init__(self, tls: ReloadingTLSContext) -> None:
+        """Export the certificates of ``tls``."""
+        self._tls = tls
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Yield one gauge family with a sample per loaded role."""
+        family = GaugeMetricFamily(
+            CERTIFICATE_EXPIRY_METRIC,
+            "Unix time at which a loaded certificate expires (notAfter), by role.",
+            labels=["role"],
+        )
+        serving = self._tls.certificate
+        if serving is not None:
+            family.add_metric(["serving"], serving.not_after.timestamp())
+        if self._tls.client_cas:
+            family.add_metric(["client-ca"], min(ca.not_after for ca in self._tls.client_cas).timestamp())
+        yield family
+
+
+def load_server_tls(
+    cert_file: Path | str, key_file: Path | str, client_ca_file: Path | str | None = None
+) -> ReloadingTLSContext:
+    """Return a :class:`ReloadingTLSContext` with the files loaded; raise :class:`TLSLoadError` if not.
 
     Use at start-up so that a service with unusable TLS files fails fast with a clear message.
     """
-    tls = ReloadingTLSContext(cert_file, key_file)
+    tls = ReloadingTLSContext(cert_file, key_file, client_ca_file)
     if not tls.reload():
         raise TLSLoadError(tls.last_error or "TLS files could not be loaded")
     return tls
@@ -201,11 +279,33 @@ def _refuse_password() -> bytes:
     raise TLSLoadError("the private key is encrypted; a serving key must be unencrypted")
 
 
+def _trust_client_cas(context: ssl.SSLContext, ca_pem: bytes) -> tuple[LoadedCertificate, ...]:
+    """Make ``context`` require client certificates from the CAs in ``ca_pem``; describe them.
+
+    Every certificate in the file must be a CA: a leaf put there by mistake would otherwise
+    become a trust anchor of its own.
+    """
+    cas = x509.load_pem_x509_certificates(ca_pem)  # ValueError when there is none
+    for ca in cas:
+        try:
+            constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            constraints = None
+        if constraints is None or not constraints.ca:
+            raise TLSLoadError(f"{ca.subject.rfc4514_string()} is not a CA certificate (basicConstraints CA:TRUE)")
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cadata=ca_pem.decode("ascii"))
+    return tuple(_describe_certificate(ca) for ca in cas)
+
+
 def _describe(cert_pem: bytes) -> LoadedCertificate:
-    leaf = x509.load_pem_x509_certificates(cert_pem)[0]
+    return _describe_certificate(x509.load_pem_x509_certificates(cert_pem)[0])
+
+
+def _describe_certificate(certificate: x509.Certificate) -> LoadedCertificate:
     return LoadedCertificate(
-        serial_number=leaf.serial_number,
-        subject=leaf.subject.rfc4514_string(),
-        not_after=leaf.not_valid_after_utc,
-        sha256_fingerprint=leaf.fingerprint(hashes.SHA256()).hex(),
+        serial_number=certificate.serial_number,
+        subject=certificate.subject.rfc4514_string(),
+        not_after=certificate.not_valid_after_utc,
+        sha256_fingerprint=certificate.fingerprint(hashes.SHA256()).hex(),
     )

@@ -1,4 +1,5 @@
-"""``vramguard certs``: a CA and a serving certificate for the webhook or the extender Service.
+"""``vramguard certs``: a CA and a serving certificate for the webhook or the extender Service,
+or (``--client NAME``) the client certificate kube-scheduler presents to the extender.
 
 Writes ``ca.crt``, ``tls.crt`` and ``tls.key`` (the key names of a ``kubernetes.io/tls`` Secret),
 and with ``--patch-webhook`` puts the CA into the ``caBundle`` of every webhook of a
@@ -49,15 +50,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``certs`` sub-command to the ``vramguard`` parser."""
     parser = subparsers.add_parser(
         "certs",
-        help="create a CA and a serving certificate for the webhook or extender Service",
+        help="create a CA and a serving certificate for the webhook or extender Service, or a client certificate",
         description=(
             "Create a CA (or reuse one) and a serving certificate for a Service's DNS names "
             "(<service>, <service>.<namespace>, <service>.<namespace>.svc[.<cluster-domain>]); "
-            "write ca.crt, tls.crt and tls.key into --out."
+            "write ca.crt, tls.crt and tls.key into --out. With --client NAME, issue a client "
+            "certificate instead: the one kube-scheduler presents to the extender (its tlsConfig "
+            "certFile/keyFile), signed by the CA the extender trusts with --client-ca."
         ),
     )
-    parser.add_argument("--service", required=True, help="Service name, e.g. vramguard-webhook")
-    parser.add_argument("--namespace", required=True, help="namespace of the Service")
+    parser.add_argument("--service", help="Service name, e.g. vramguard-webhook")
+    parser.add_argument("--namespace", help="namespace of the Service")
+    parser.add_argument(
+        "--client",
+        metavar="NAME",
+        help=(
+            "issue a client certificate (clientAuth) with this common name, e.g. kube-scheduler, "
+            "instead of a serving certificate; kube-scheduler reads it only at start, so renewing it "
+            "needs a scheduler restart"
+        ),
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory to write the files into")
     parser.add_argument(
         "--ip",
@@ -79,7 +91,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument(
-        "--days", type=int, default=365, help="validity of the serving certificate in days (default 365)"
+        "--days",
+        type=int,
+        help="validity of the certificate in days (default 365 for a serving certificate, 1825 with --client)",
     )
     parser.add_argument(
         "--ca-days",
@@ -115,6 +129,16 @@ def run(args: argparse.Namespace) -> int:
 
     from service import certs  # noqa: PLC0415
 
+    if args.client is not None:
+        serving_only = [flag for flag, value in (("--service", args.service), ("--namespace", args.namespace),
+                                                 ("--ip", args.ip), ("--dns", args.dns),
+                                                 ("--patch-webhook", args.patch_webhook)) if value]
+        if serving_only:
+            return _usage_error(f"--client issues a client certificate; {', '.join(serving_only)} are for serving ones")
+        if not args.client.strip():
+            return _usage_error("--client needs a name, e.g. kube-scheduler")
+    elif args.service is None or args.namespace is None:
+        return _usage_error("--service and --namespace are required (or --client NAME for a client certificate)")
     if (args.ca_cert is None) != (args.ca_key is None):
         return _usage_error("--ca-cert and --ca-key go together")
     if args.ca_key_out is not None and args.ca_cert is not None:
@@ -136,20 +160,24 @@ def run(args: argparse.Namespace) -> int:
             ca = certs.load_ca(args.ca_cert, args.ca_key)
             created_ca = False
         else:
-            ca = certs.create_ca(
-                f"vramguard CA for {args.service}.{args.namespace}", days=args.ca_days, key_type=args.key_type
-            )
+            subject = f"clients {args.client}" if args.client is not None else f"{args.service}.{args.namespace}"
+            ca = certs.create_ca(f"vramguard CA for {subject}", days=args.ca_days, key_type=args.key_type)
             created_ca = True
-        leaf = certs.issue_service_certificate(
-            ca,
-            args.service,
-            args.namespace,
-            extra_dns_names=args.dns,
-            ip_addresses=args.ip,
-            cluster_domain=args.cluster_domain,
-            days=args.days,
-            key_type=args.key_type,
-        )
+        if args.client is not None:
+            leaf = certs.issue_client_certificate(
+                ca, args.client.strip(), days=certs.CLIENT_VALIDITY_DAYS if args.days is None else args.days, key_type=args.key_type
+            )
+        else:
+            leaf = certs.issue_service_certificate(
+                ca,
+                args.service,
+                args.namespace,
+                extra_dns_names=args.dns,
+                ip_addresses=args.ip,
+                cluster_domain=args.cluster_domain,
+                days=certs.LEAF_VALIDITY_DAYS if args.days is None else args.days,
+                key_type=args.key_type,
+            )
         # The CA key first: if it cannot be saved, no certificate signed by a lost key is written.
         if created_ca and args.ca_key_out is not None:
             certs.write_ca_key(args.ca_key_out, ca)
@@ -157,10 +185,16 @@ def run(args: argparse.Namespace) -> int:
     except certs.CertificateError as exc:
         return _usage_error(str(exc))
 
-    sans = leaf.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    names = [str(name.value) for name in sans]
     print(f"wrote {files.ca_cert}, {files.tls_cert}, {files.tls_key}")
-    print(f"serving certificate for {', '.join(names)}; expires {leaf.certificate.not_valid_after_utc:%Y-%m-%d}")
+    expires = f"{leaf.certificate.not_valid_after_utc:%Y-%m-%d}"
+    if args.client is not None:
+        print(f"client certificate for {args.client.strip()}; expires {expires}")
+        print("kube-scheduler reads it only at start: restart the scheduler after installing a renewed one;")
+        print(f"the extender must trust {files.ca_cert} (--client-ca)")
+    else:
+        sans = leaf.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = [str(name.value) for name in sans]
+        print(f"serving certificate for {', '.join(names)}; expires {expires}")
     if created_ca and args.ca_key_out is None:
         print("the new CA's key was not saved (use --ca-key-out to keep it); renewing will need a new CA")
 

@@ -1,5 +1,9 @@
 """``vramguard extender``: the kube-scheduler extender (filter / prioritize / bind) over HTTPS.
 
+Secure by default: the verbs are served only with mutual TLS (``--client-ca``: kube-scheduler
+presents a client certificate from that CA), unless an ``--insecure-*`` flag says otherwise, for
+local debugging. Probes and metrics are served on ``--ops-listen`` over plain HTTP.
+
 The service and its dependencies are imported inside the handler, so ``vramguard`` stays
 importable without aiohttp or the Kubernetes client.
 """
@@ -17,6 +21,8 @@ from vramguard.cli.webhook import parse_listen
 _PROG = "vramguard extender"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_LISTEN = "127.0.0.1:8888"
+DEFAULT_OPS_LISTEN = "0.0.0.0:8080"
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,15 +33,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Keep a VRAM ledger per physical GPU from the API server (Nodes, Namespaces, bound Pods) and "
             "answer kube-scheduler's filter, prioritize and bind calls, with /healthz, /readyz and /metrics. "
-            "/readyz answers 200 once the caches are synced and TLS is loaded."
+            "/readyz answers 200 once the caches are synced and TLS is loaded. The verbs need a client "
+            "certificate signed by --client-ca (mutual TLS); probes and metrics are served on --ops-listen."
         ),
     )
     parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                         help=f"address to listen on (default {DEFAULT_LISTEN}: the scheduler runs beside it)")
     parser.add_argument("--tls-cert", type=Path, metavar="FILE", help="serving certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    parser.add_argument("--client-ca", type=Path, metavar="FILE",
+                        help="CA certificate(s) (PEM) that sign the client certificate kube-scheduler presents; "
+                             "reloaded when it changes. Required with --tls-cert unless --insecure-skip-client-auth")
+    parser.add_argument("--ops-listen", default=DEFAULT_OPS_LISTEN, metavar="HOST:PORT",
+                        help=f"plain-HTTP address of /healthz, /readyz and /metrics (default {DEFAULT_OPS_LISTEN})")
+    parser.add_argument("--insecure-skip-client-auth", action="store_true",
+                        help="INSECURE: serve the verbs over TLS to any client, without --client-ca: whoever "
+                             "reaches the port can bind pods (local debugging only)")
     parser.add_argument("--insecure-http", action="store_true",
-                        help="serve plain HTTP without --tls-cert/--tls-key (only on a loopback address)")
+                        help="INSECURE: serve the verbs over plain HTTP to any client, without --tls-cert/--tls-key "
+                             "(only on a loopback address; local debugging only)")
     parser.add_argument("--kubeconfig", type=Path, metavar="FILE",
                         help="kubeconfig (default: the in-cluster service account, then ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
@@ -60,31 +76,72 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         host, port = parse_listen(args.listen)
+        ops_host, ops_port = parse_listen(args.ops_listen, option="--ops-listen")
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE)
     if args.drain_delay < 0:
         return _fail("--drain-delay must not be negative", EXIT_USAGE)
-    if (args.tls_cert is None) != (args.tls_key is None):
-        return _fail("--tls-cert and --tls-key go together", EXIT_USAGE)
-    if args.tls_cert is None and not (args.insecure_http and host in ("127.0.0.1", "::1", "localhost")):
-        return _fail("serving needs --tls-cert and --tls-key (or --insecure-http on a loopback address)", EXIT_USAGE)
+    problem = transport_problem(args.tls_cert, args.tls_key, args.client_ca, args.insecure_skip_client_auth,
+                                args.insecure_http, host)
+    if problem:
+        return _fail(problem, EXIT_USAGE)
     try:
         policy_file = PolicyFile(args.policy) if args.policy else None
-        tls = load_server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
+        tls = load_server_tls(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
         connection = load_connection(str(args.kubeconfig) if args.kubeconfig else None, args.context)
     except (PolicyError, TLSLoadError) as exc:
         return _fail(str(exc), EXIT_FAILED)
     except Exception as exc:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
-    settings = ExtenderSettings(host, port, tls, connection, policy_file, ServerSettings(drain_delay=args.drain_delay))
-    logging.getLogger("vramguard.extender").info(
-        "serving on %s://%s:%d, policy %s", "https" if tls else "http", host, port, args.policy or "(built-in)"
-    )
+    settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
+                                ServerSettings(drain_delay=args.drain_delay))
+    log = logging.getLogger("vramguard.extender")
+    log.info("serving on %s://%s:%d (%s), probes and metrics on http://%s:%d, policy %s",
+             "https" if tls else "http", host, port,
+             "client certificates required" if tls is not None and tls.requires_client_certificate else "ANY client",
+             ops_host, ops_port, args.policy or "(built-in)")
+    if tls is None or not tls.requires_client_certificate:
+        log.warning("INSECURE: the verbs accept any client that reaches %s:%d; whoever does can bind pods", host, port)
     try:
         asyncio.run(run_extender(settings))
     except OSError as exc:
         return _fail(f"cannot serve on {args.listen}: {exc}", EXIT_FAILED)
     return EXIT_OK
+
+
+def transport_problem(
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    client_ca: Path | None,
+    insecure_skip_client_auth: bool,
+    insecure_http: bool,
+    host: str,
+) -> str | None:
+    """Say what is wrong with the verbs listener's options, or None when they are consistent.
+
+    Serving the verbs to unauthenticated clients takes an explicit ``--insecure-*`` flag; the
+    flags that contradict each other are refused rather than one silently winning.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        return "--tls-cert and --tls-key go together"
+    if tls_cert is None:
+        if client_ca is not None:
+            return "--client-ca needs --tls-cert and --tls-key (client certificates are checked by TLS)"
+        if not insecure_http:
+            return "serving needs --tls-cert, --tls-key and --client-ca (or --insecure-http on a loopback address)"
+        if host not in _LOOPBACK:
+            return f"--insecure-http serves only on a loopback address, not {host}"
+        return None
+    if insecure_http:
+        return "--insecure-http contradicts --tls-cert/--tls-key"
+    if client_ca is not None and insecure_skip_client_auth:
+        return "--insecure-skip-client-auth contradicts --client-ca"
+    if client_ca is None and not insecure_skip_client_auth:
+        return (
+            "the verbs need --client-ca (the CA of kube-scheduler's client certificate); "
+            "--insecure-skip-client-auth serves them to any client"
+        )
+    return None
 
 
 def _fail(message: str, code: int) -> int:

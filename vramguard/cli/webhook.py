@@ -63,22 +63,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8443`` for IPv6) -> ``(host, port)``; raise ``ValueError`` saying why."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit():
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 0.0.0.0:8443")
+        raise ValueError(f"{option} {text!r}: expected HOST:PORT, e.g. 0.0.0.0:8443")
     port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ValueError(f"--listen {text!r}: port {port} is outside 0..65535")
+        raise ValueError(f"{option} {text!r}: port {port} is outside 0..65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise ValueError(f"--listen {text!r}: {host!r} is not an IPv6 address") from None
+            raise ValueError(f"{option} {text!r}: {host!r} is not an IPv6 address") from None
     if not host:
-        raise ValueError(f"--listen {text!r}: the host is missing, e.g. 0.0.0.0:{port}")
+        raise ValueError(f"{option} {text!r}: the host is missing, e.g. 0.0.0.0:{port}")
     return host, port
 
 
