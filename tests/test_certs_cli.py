@@ -125,7 +125,7 @@ def test_parser_choices_follow_the_library() -> None:
     parser = build_parser()
     args = parser.parse_args(["certs", "--service", "s", "--namespace", "n", "--out", "o"])
     assert args.key_type == certs.DEFAULT_KEY_TYPE
-    assert args.days == certs.LEAF_VALIDITY_DAYS
+    assert args.days is None  # the default depends on the kind: serving or --client
     assert args.ca_days == certs.CA_VALIDITY_DAYS
     for key_type in certs.KEY_TYPES:
         parser.parse_args(["certs", "--service", "s", "--namespace", "n", "--out", "o", "--key-type", key_type])
@@ -274,4 +274,54 @@ def test_bad_kubeconfig_fails_before_writing(tmp_path: Path, capsys: pytest.Capt
     assert code == 1
     assert stderr.startswith("vramguard certs: error: cannot load Kubernetes configuration")
     assert stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+# --- the client certificate kube-scheduler presents to the extender --------------------------
+
+
+def test_client_certificate_signed_by_the_extenders_ca(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    extender, scheduler, ca_key = tmp_path / "extender", tmp_path / "scheduler", tmp_path / "ca.key"
+    assert _run(capsys, *_base_args(extender), "--ca-key-out", str(ca_key))[0] == 0
+    code, stdout, stderr = _run(
+        capsys, "--client", "kube-scheduler", "--out", str(scheduler),
+        "--ca-cert", str(extender / "ca.crt"), "--ca-key", str(ca_key),
+    )
+    assert (code, stderr) == (0, "")
+    assert (scheduler / "ca.crt").read_bytes() == (extender / "ca.crt").read_bytes()
+    assert stat.S_IMODE((scheduler / "tls.key").stat().st_mode) == 0o600
+    leaf = x509.load_pem_x509_certificate((scheduler / "tls.crt").read_bytes())
+    leaf.verify_directly_issued_by(x509.load_pem_x509_certificate((extender / "ca.crt").read_bytes()))
+    assert leaf.subject.rfc4514_string() == "CN=kube-scheduler"
+    usages = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+    # Long-lived: kube-scheduler reads it only at start, so each renewal is a scheduler restart.
+    assert (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days == certs.CLIENT_VALIDITY_DAYS
+    assert "restart" in stdout
+
+
+def test_serving_certificates_keep_their_default_validity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(capsys, *_base_args(tmp_path))[0] == 0
+    leaf = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    assert (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days == certs.LEAF_VALIDITY_DAYS
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--client", "kube-scheduler", "--service", "s"], "--service", id="client-with-service"),
+        pytest.param(["--client", "kube-scheduler", "--ip", "127.0.0.1"], "--ip", id="client-with-ip"),
+        pytest.param(["--client", "kube-scheduler", "--patch-webhook", "v"], "--patch-webhook", id="client-patch"),
+        pytest.param(["--client", "  "], "needs a name", id="blank-client-name"),
+        pytest.param([], "--service and --namespace are required", id="neither-service-nor-client"),
+        pytest.param(["--client", "kube-scheduler", "--days", "0"], "at least 1 day", id="client-zero-days"),
+    ],
+)
+def test_client_certificate_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, stderr = _run(capsys, *argv, "--out", str(tmp_path / "out"))
+    assert code == 2
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

@@ -79,6 +79,42 @@ def test_localized_scheduler_config_points_at_the_local_extender(tmp_path: Path)
     assert shipped["extenders"][0]["urlPrefix"].startswith("https://vramguard.example"), "input untouched"
 
 
+def test_localized_scheduler_presents_its_client_certificate(tmp_path: Path) -> None:
+    # The extender requires mutual TLS: without certFile/keyFile every scheduler call is refused.
+    shipped = services.load_yaml(services.SECOND_SCHEDULER_CONFIG)
+    cert, key = tmp_path / "scheduler.crt", tmp_path / "scheduler.key"
+    local = services.localize_scheduler_config(
+        shipped,
+        kubeconfig=tmp_path / "k",
+        extender_url="https://127.0.0.1:4443",
+        ca_b64="Q0E=",
+        client_cert=(cert, key),
+    )
+    assert local["extenders"][0]["tlsConfig"] == {
+        "insecure": False,
+        "caData": "Q0E=",
+        "certFile": str(cert),
+        "keyFile": str(key),
+    }
+
+
+def test_extender_command_line_requires_client_certificates(tmp_path: Path) -> None:
+    argv = services.service_argv(
+        ["vramguard"],
+        "extender",
+        port=4443,
+        tls_cert=tmp_path / "c",
+        tls_key=tmp_path / "k",
+        kubeconfig=tmp_path / "kc",
+        policy=None,
+        client_ca=tmp_path / "ca.crt",
+        ops_port=4080,
+    )
+    assert argv[argv.index("--client-ca") + 1] == str(tmp_path / "ca.crt")
+    assert argv[argv.index("--ops-listen") + 1] == "127.0.0.1:4080"
+    assert argv[argv.index("--listen") + 1] == "127.0.0.1:4443"
+
+
 def test_without_extender_the_profile_runs_plain(tmp_path: Path) -> None:
     shipped = services.load_yaml(services.SECOND_SCHEDULER_CONFIG)
     local = services.localize_scheduler_config(shipped, kubeconfig=tmp_path / "k", extender_url=None, ca_b64=None)

@@ -493,3 +493,61 @@ async def test_metrics_json_round_trip_over_https(tls_files: certs.ServingFiles)
             assert 'route="/json"' in await response.text()
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+# --- probes and metrics on a listener of their own ------------------------------------------
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with session.get(url) as response:
+        return response.status, await response.text()
+
+
+@pytest.mark.parametrize(
+    ("listener", "path", "expected"),
+    [
+        pytest.param("operational", "/healthz", 200, id="ops-healthz"),
+        pytest.param("operational", "/readyz", 200, id="ops-readyz"),
+        pytest.param("operational", "/metrics", 200, id="ops-metrics"),
+        pytest.param("operational", "/boom", 404, id="ops-has-no-service-routes"),
+        pytest.param("main", "/healthz", 404, id="main-has-no-healthz"),
+        pytest.param("main", "/readyz", 404, id="main-has-no-readyz"),
+        pytest.param("main", "/metrics", 404, id="main-has-no-metrics"),
+        pytest.param("main", "/conflict", 409, id="main-serves-its-routes"),
+    ],
+)
+async def test_operational_routes_live_on_their_own_plain_http_listener(
+    tls_files: certs.ServingFiles, listener: str, path: str, expected: int
+) -> None:
+    app = _app(operational_routes=False)
+    tls = load_server_tls(tls_files.tls_cert, tls_files.tls_key)
+    async with serve(app, HOST, 0, tls, operational=(HOST, 0)) as server, _client_session(tls_files) as session:
+        assert server.operational is not None
+        assert server.operational.scheme == "http"
+        base = server.operational.url if listener == "operational" else server.url
+        assert (await _get(session, base + path))[0] == expected
+
+
+async def test_operational_metrics_count_the_main_listeners_requests(tls_files: certs.ServingFiles) -> None:
+    registry = CollectorRegistry()
+    app = _app(registry=registry, operational_routes=False)
+    tls = load_server_tls(tls_files.tls_cert, tls_files.tls_key)
+    async with serve(app, HOST, 0, tls, operational=(HOST, 0)) as server, _client_session(tls_files) as session:
+        assert server.operational is not None
+        await _get(session, server.url + "/conflict")
+        status, text = await _get(session, server.operational.url + "/metrics")
+    assert status == 200
+    assert 'vramguard_http_request_duration_seconds_count{code="409",route="/conflict"} 1.0' in text
+    assert 'vramguard_certificate_expiry_timestamp_seconds{role="serving"}' in text
+
+
+async def test_operational_readyz_turns_503_on_shutdown() -> None:
+    readiness = Readiness()
+    app = _app(readiness=readiness, operational_routes=False)
+    async with serve(app, HOST, 0, None, operational=(HOST, 0)) as server, aiohttp.ClientSession() as session:
+        assert server.operational is not None
+        assert (await _get(session, server.operational.url + "/readyz"))[0] == 200
+        readiness.begin_shutdown()
+        status, text = await _get(session, server.operational.url + "/readyz")
+    assert status == 503
+    assert "shutting-down" in text

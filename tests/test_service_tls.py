@@ -1,4 +1,5 @@
-"""service.tls: the serving certificate follows its files, over real TLS on 127.0.0.1."""
+"""service.tls: the serving certificate follows its files, and mutual TLS refuses clients without a
+certificate from the client CA, over real TLS on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -19,7 +20,14 @@ from prometheus_client import CollectorRegistry
 from service import certs
 from service.http import create_app, readiness_of
 from service.server import RunningServer, ServerSettings, serve
-from service.tls import ReloadingTLSContext, TLSLoadError, load_server_tls, new_server_context
+from service.tls import (
+    CERTIFICATE_EXPIRY_METRIC,
+    CertificateExpiryCollector,
+    ReloadingTLSContext,
+    TLSLoadError,
+    load_server_tls,
+    new_server_context,
+)
 
 HOST = "127.0.0.1"
 
@@ -330,3 +338,162 @@ async def test_alpn_selects_http11(pki: Pki, served: tuple[RunningServer, Reload
 
 def test_server_context_minimum_version() -> None:
     assert new_server_context().minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+# ------------------------------------------------------------------------- mutual TLS
+
+
+@dataclass
+class MutualPki:
+    """A serving pair plus a client CA file, and clients with and without acceptable certificates."""
+
+    server: Pki
+    client_ca: certs.CertificateAuthority
+    client_ca_file: Path
+
+    def write_client_ca(self, ca: certs.CertificateAuthority) -> None:
+        certs.write_serving_files(  # only ca.crt matters; the leaf files are not read
+            self.client_ca_file.parent, certs.issue_client_certificate(ca, "unused")
+        )
+        self.client_ca = ca
+
+    def client(self, directory: Path, presenting: str) -> ssl.SSLContext:
+        """A client context trusting the server CA, presenting the certificate named by ``presenting``."""
+        context = self.server.client_context()
+        if presenting == "none":
+            return context
+        ca = {"trusted-ca": self.client_ca, "other-ca": certs.create_ca("someone else's CA")}.get(presenting)
+        if presenting == "serving-cert-of-trusted-ca":
+            # Signed by the trusted CA, but for serverAuth only: not a client certificate.
+            leaf = certs.issue_serving_certificate(self.client_ca, dns_names=["kube-scheduler"])
+        else:
+            assert ca is not None, presenting
+            leaf = certs.issue_client_certificate(ca, "kube-scheduler")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "client.crt").write_bytes(leaf.cert_pem())
+        (directory / "client.key").write_bytes(leaf.key_pem())
+        context.load_cert_chain(directory / "client.crt", directory / "client.key")
+        return context
+
+
+@pytest.fixture
+def mutual(pki: Pki, tmp_path: Path) -> MutualPki:
+    pki.issue()
+    ca = certs.create_ca("vramguard client CA")
+    mutual = MutualPki(pki, ca, tmp_path / "client-ca" / certs.CA_CERT_FILE)
+    mutual.write_client_ca(ca)
+    return mutual
+
+
+async def _status_or_refusal(server: RunningServer, context: ssl.SSLContext) -> int | str:
+    """GET /fast: the status, or "refused" when TLS fails before any HTTP answer."""
+    try:
+        connection = await _connect(server, context)
+        try:
+            status, _ = await connection.get("/fast")
+        finally:
+            await connection.close()
+    except (ssl.SSLError, ConnectionError, asyncio.IncompleteReadError):
+        # TLS 1.3 finishes the client's side of the handshake before the server checks the
+        # client certificate; the refusal then arrives as an alert on the first read.
+        return "refused"
+    return status
+
+
+@pytest.mark.parametrize(
+    ("presenting", "expected"),
+    [
+        pytest.param("trusted-ca", 200, id="client-cert-from-the-client-ca"),
+        pytest.param("none", "refused", id="no-client-cert"),
+        pytest.param("other-ca", "refused", id="client-cert-from-another-ca"),
+        pytest.param("serving-cert-of-trusted-ca", "refused", id="right-ca-but-not-a-client-cert"),
+    ],
+)
+@pytest.mark.parametrize("maximum", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"])
+async def test_client_certificates_are_required(
+    mutual: MutualPki, tmp_path: Path, presenting: str, expected: int | str, maximum: ssl.TLSVersion
+) -> None:
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+    assert tls.requires_client_certificate
+    context = mutual.client(tmp_path / "client", presenting)
+    context.maximum_version = maximum
+    async with serve(_app(Gate()), HOST, 0, tls) as server:
+        assert await _status_or_refusal(server, context) == expected
+
+
+async def test_without_a_client_ca_any_client_is_served(mutual: MutualPki, tmp_path: Path) -> None:
+    # The explicit insecure mode: the same server without --client-ca answers a client with no certificate.
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file)
+    assert not tls.requires_client_certificate
+    async with serve(_app(Gate()), HOST, 0, tls) as server:
+        assert await _status_or_refusal(server, mutual.client(tmp_path / "c", "none")) == 200
+
+
+async def test_a_rotated_client_ca_is_trusted_and_the_old_one_no_longer(mutual: MutualPki, tmp_path: Path) -> None:
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+    old_client = mutual.client(tmp_path / "old", "trusted-ca")
+    settings = ServerSettings(reload_interval=0.05)
+    async with serve(_app(Gate()), HOST, 0, tls, settings=settings) as server:
+        assert await _status_or_refusal(server, old_client) == 200
+        mutual.write_client_ca(certs.create_ca("rotated client CA"))
+        async with asyncio.timeout(5):
+            while tls.client_cas[0].subject != "CN=rotated client CA":
+                await asyncio.sleep(0.02)
+        assert await _status_or_refusal(server, old_client) == "refused"
+        assert await _status_or_refusal(server, mutual.client(tmp_path / "new", "trusted-ca")) == 200
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"not a certificate", id="junk"),
+        pytest.param("leaf", id="a-leaf-instead-of-a-ca"),
+    ],
+)
+def test_unusable_client_ca_fails_fast(mutual: MutualPki, content: bytes | str) -> None:
+    if content == "leaf":
+        content = certs.issue_client_certificate(mutual.client_ca, "x").cert_pem()
+    assert isinstance(content, bytes)
+    mutual.client_ca_file.write_bytes(content)
+    with pytest.raises(TLSLoadError, match="client CA"):
+        load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+
+
+async def test_a_broken_client_ca_keeps_the_previous_one(mutual: MutualPki, tmp_path: Path) -> None:
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+    mutual.client_ca_file.write_bytes(b"half a certif")
+    assert not tls.reload()
+    assert tls.last_error is not None and "client CA" in tls.last_error
+    async with serve(_app(Gate()), HOST, 0, tls) as server:
+        assert await _status_or_refusal(server, mutual.client(tmp_path / "c", "trusted-ca")) == 200
+        assert await _status_or_refusal(server, mutual.client(tmp_path / "n", "none")) == "refused"
+
+
+def _expiry(registry: CollectorRegistry) -> dict[str, float]:
+    family = next(f for f in registry.collect() if f.name == CERTIFICATE_EXPIRY_METRIC)
+    return {sample.labels["role"]: sample.value for sample in family.samples}
+
+
+async def test_certificate_expiry_is_exported_and_follows_reloads(mutual: MutualPki) -> None:
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+    registry = CollectorRegistry()
+    app = create_app(registry=registry)
+    async with serve(app, HOST, 0, tls, settings=ServerSettings(reload_interval=0.05)):
+        assert tls.certificate is not None
+        assert _expiry(registry) == {
+            "serving": tls.certificate.not_after.timestamp(),
+            "client-ca": mutual.client_ca.certificate.not_valid_after_utc.timestamp(),
+        }
+        leaf = certs.issue_serving_certificate(mutual.server.ca, dns_names=["localhost"], days=10)
+        certs.write_serving_files(mutual.server.directory, leaf)
+        async with asyncio.timeout(5):
+            while tls.certificate.serial_number != leaf.certificate.serial_number:
+                await asyncio.sleep(0.02)
+        assert _expiry(registry)["serving"] == leaf.certificate.not_valid_after_utc.timestamp()
+
+
+def test_no_expiry_before_the_first_load(pki: Pki) -> None:
+    registry = CollectorRegistry()
+    registry.register(CertificateExpiryCollector(ReloadingTLSContext(pki.cert_file, pki.key_file)))
+    assert _expiry(registry) == {}

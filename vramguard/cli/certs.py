@@ -164,9 +164,8 @@ def run(args: argparse.Namespace) -> int:
             ca = certs.create_ca(f"vramguard CA for {subject}", days=args.ca_days, key_type=args.key_type)
             created_ca = True
         if args.client is not None:
-            leaf = certs.issue_client_certificate(
-                ca, args.client.strip(), days=certs.CLIENT_VALIDITY_DAYS if args.days is None else args.days, key_type=args.key_type
-            )
+            days = certs.CLIENT_VALIDITY_DAYS if args.days is None else args.days
+            leaf = certs.issue_client_certificate(ca, args.client.strip(), days=days, key_type=args.key_type)
         else:
             leaf = certs.issue_service_certificate(
                 ca,
