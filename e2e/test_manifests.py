@@ -45,7 +45,6 @@ NOBODY: list[Check] = [
 ]
 EXTENDER: list[Check] = [
     ("create", "pods", "binding", "default", "", True),
-    ("patch", "pods", "", "default", "", True),
     ("get", "pods", "", "default", "", True),
     ("watch", "pods", "", "", "", True),
     ("list", "nodes", "", "", "", True),
@@ -53,7 +52,11 @@ EXTENDER: list[Check] = [
 ]
 EXPECTED: dict[str, list[Check]] = {
     "vramguard-extender": [
-        *EXTENDER, ("patch", "nodes", "", "", "", False), ("delete", "pods", "", "default", "", False)
+        *EXTENDER,
+        ("patch", "nodes", "", "", "", False),
+        ("delete", "pods", "", "default", "", False),
+        # The extender only reads pods and creates Bindings.
+        ("patch", "pods", "", "default", "", False),
     ],
     "vramguard-scheduler": [
         *EXTENDER,

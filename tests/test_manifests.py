@@ -111,7 +111,10 @@ def in_cluster_scheduler_config(source: Mapping[str, Any]) -> JSON:
     config.setdefault("leaderElection", {})["resourceNamespace"] = NAMESPACE
     for extender in config.get("extenders") or []:
         extender["urlPrefix"] = "https://127.0.0.1:8443"
-        extender.setdefault("tlsConfig", {})["caFile"] = "/etc/vramguard/extender-tls/ca.crt"
+        tls = extender.setdefault("tlsConfig", {})
+        tls["caFile"] = "/etc/vramguard/extender-tls/ca.crt"
+        tls["certFile"] = "/etc/vramguard/scheduler-client/tls.crt"
+        tls["keyFile"] = "/etc/vramguard/scheduler-client/tls.key"
     return config
 
 
@@ -160,6 +163,7 @@ def test_scheduler_config_is_the_shipped_second_scheduler_config() -> None:
         (CHART / "files" / "scheduler-config.yaml", BASE / "scheduler-config.yaml"),
         (CHART / "files" / "validating-webhook.yaml", MANIFESTS / "webhook" / "validating-webhook.yaml"),
         (CHART / "files" / "agent-node-scope.yaml", BASE / "agent-node-scope.yaml"),
+        (CHART / "files" / "alerts.yaml", MANIFESTS / "monitoring" / "vramguard-alerts.yaml"),
     ],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
@@ -282,7 +286,12 @@ def test_second_scheduler_calls_its_sidecar_over_tls() -> None:
     )
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert containers["kube-scheduler"]["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
-    assert "--listen=0.0.0.0:8443" in containers["extender"]["args"]
+    # The verbs listen on loopback, behind mutual TLS; probes and metrics on their own port.
+    args = containers["extender"]["args"]
+    assert "--listen=127.0.0.1:8443" in args
+    assert "--client-ca=/etc/vramguard/tls/ca.crt" in args
+    assert "--ops-listen=0.0.0.0:8080" in args
+    assert extender["tlsConfig"]["certFile"] == "/etc/vramguard/scheduler-client/tls.crt"
 
 
 def test_default_scheduler_overlay_drops_the_second_scheduler() -> None:
@@ -322,6 +331,68 @@ def test_helm_matches_kustomize_for_rbac() -> None:
 
     assert rules(render_chart()) == rules(render_kustomization(BASE))
     assert rules(render_chart("mode=default-scheduler")) == rules(render_kustomization(DEFAULT_SCHEDULER))
+
+
+# -------------------------------------------------------------------------------- alerts
+
+
+def test_alert_rules_are_complete_and_use_exported_metrics() -> None:
+    from extender.metrics import LedgerCollector  # noqa: PLC0415 - the metric names come from the code
+    from service.tls import CERTIFICATE_EXPIRY_METRIC  # noqa: PLC0415
+
+    rules = [rule for group in load(MANIFESTS / "monitoring" / "vramguard-alerts.yaml")["groups"]
+             for rule in group["rules"]]
+    exprs = {rule["alert"]: rule["expr"] for rule in rules}
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
+    assert CERTIFICATE_EXPIRY_METRIC in exprs["VramguardCertificateExpiringSoon"]
+    assert "14 * 86400" in exprs["VramguardCertificateExpiringSoon"]
+    assert exprs["VramguardWatchDead"] == "vramguard_watch_healthy == 0"
+    assert "vramguard_watch_oversized_events_total" in exprs["VramguardWatchOversizedEvents"]
+    ledger_source = Path(LedgerCollector.__module__.replace(".", "/") + ".py")
+    over = exprs["VramguardGpuOverReserved"]
+    for metric in ("vramguard_gpu_reserved_bytes", "vramguard_gpu_budget_bytes"):
+        assert metric in over and f'"{metric}"' in (ROOT / ledger_source).read_text(), metric
+
+
+def test_helm_renders_the_alerts_and_the_network_policy() -> None:
+    objects = render_chart("metrics.prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true")
+    rule = next(o for o in objects if o["kind"] == "PrometheusRule")
+    assert rule["spec"] == load(MANIFESTS / "monitoring" / "vramguard-alerts.yaml")
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
+    assert [p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]] == [8080, 10259]
+    monitor = next(
+        o for o in objects if o["kind"] == "ServiceMonitor" and o["metadata"]["name"] == "vramguard-extender"
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+@pytest.mark.parametrize("rendering", ["base", "default-scheduler", "helm", "helm-default-scheduler"])
+def test_extender_verbs_need_client_certificates_and_probes_do_not(rendering: str) -> None:
+    if not rendering.startswith("helm") and kustomize_command() is None:
+        pytest.skip("the overlay's JSON patches need kustomize")
+    objects = RENDERINGS[rendering]()
+    for workload, spec in pod_specs(objects):
+        for container in spec["containers"]:
+            if container["name"] != "extender":
+                continue
+            assert "--client-ca=/etc/vramguard/tls/ca.crt" in container["args"], workload
+            assert not any(arg.startswith("--insecure") for arg in container["args"]), workload
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert container[probe]["httpGet"]["port"] == "ops", workload
+                assert container[probe]["httpGet"].get("scheme", "HTTP") == "HTTP", workload
+            listen = next(arg for arg in container["args"] if arg.startswith("--listen="))
+            second_scheduler = workload == "vramguard-scheduler"
+            assert listen.startswith("--listen=127.0.0.1:" if second_scheduler else "--listen=0.0.0.0:"), workload
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "vramguard-extender")
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports["metrics"] == 8080
+    assert ("https" in ports) == rendering.endswith("default-scheduler")
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "vramguard-extender"]
+    assert len(policies) == 1
+    allowed = {p["port"] for r in policies[0]["spec"]["ingress"] for p in r["ports"]}
+    assert (8443 in allowed) == rendering.endswith("default-scheduler")
 
 
 # -------------------------------------------------------------------------------- dashboard

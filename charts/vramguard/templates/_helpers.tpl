@@ -40,18 +40,29 @@ capabilities:
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   args:
     - extender
+    {{- if eq .Values.mode "second-scheduler" }}
+    # Loopback only: kube-scheduler runs in the same pod.
+    - --listen=127.0.0.1:{{ .Values.extender.port }}
+    {{- else }}
     - --listen=0.0.0.0:{{ .Values.extender.port }}
+    {{- end }}
     - --tls-cert=/etc/vramguard/tls/tls.crt
     - --tls-key=/etc/vramguard/tls/tls.key
+    - --client-ca=/etc/vramguard/tls/ca.crt
+    - --ops-listen=0.0.0.0:{{ .Values.extender.opsPort }}
     - --policy=/etc/vramguard/policy/policy.yaml
   ports:
+    {{- if ne .Values.mode "second-scheduler" }}
     - name: https
       containerPort: {{ .Values.extender.port }}
+    {{- end }}
+    - name: ops
+      containerPort: {{ .Values.extender.opsPort }}
   readinessProbe:
-    httpGet: {path: /readyz, port: https, scheme: HTTPS}
+    httpGet: {path: /readyz, port: ops, scheme: HTTP}
     periodSeconds: 5
   livenessProbe:
-    httpGet: {path: /healthz, port: https, scheme: HTTPS}
+    httpGet: {path: /healthz, port: ops, scheme: HTTP}
     periodSeconds: 10
     failureThreshold: 6
   resources:
