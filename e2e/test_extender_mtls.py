@@ -12,12 +12,14 @@ from __future__ import annotations
 import re
 import socket
 import ssl
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from cryptography import x509
 
 from e2e.scenario import require_extender
 from service import certs
@@ -96,13 +98,16 @@ def _get(url: str) -> tuple[int, str]:
 def test_probes_and_metrics_need_no_client_certificate(cluster: Any) -> None:
     verbs, ops = _extender(cluster)
     assert urlsplit(ops).scheme == "http"
+    _post(verbs, "/bind", b"{}", cluster.client_ssl_context())  # a call from "kube-scheduler"
     assert _get(ops + "/readyz")[0] == 200
     assert _get(ops + "/healthz")[0] == 200
     status, metrics = _get(ops + "/metrics")
     assert status == 200
     expiry = dict(re.findall(r'vramguard_certificate_expiry_timestamp_seconds\{role="([a-z-]+)"\} (\S+)', metrics))
-    assert set(expiry) == {"serving", "client-ca"}
-    assert all(float(value) > 1e9 for value in expiry.values())
+    assert set(expiry) == {"serving", "client-ca", "client"}
+    scheduler_cert = x509.load_pem_x509_certificate(cluster.scheduler_client_cert[0].read_bytes())
+    assert float(expiry["client"]) == scheduler_cert.not_valid_after_utc.timestamp()
+    assert all(float(value) > time.time() for value in expiry.values())
     # The verbs port serves the verbs only, even to kube-scheduler.
     for path in ("/metrics", "/readyz"):
         answered = _post(verbs, path, b"", cluster.client_ssl_context(), method="GET")

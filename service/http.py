@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "BODY_LIMIT_KEY",
+    "CLIENT_CERTIFICATE_OBSERVER_KEY",
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_CLIENT_MAX_SIZE",
     "LATENCY_BUCKETS",
@@ -150,6 +151,10 @@ READINESS_KEY = web.AppKey("vramguard_readiness", Readiness)
 REGISTRY_KEY = web.AppKey("vramguard_metrics_registry", CollectorRegistry)
 BODY_LIMIT_KEY = web.AppKey("vramguard_body_limit", int)
 LATENCY_KEY = web.AppKey("vramguard_latency_histogram", Histogram)
+# Called with the verified client certificate (``SSLSocket.getpeercert()`` form) of each request
+# over mutual TLS; ``service.server.serve`` sets it to record the expiry of the client's certificate.
+ClientCertificateObserver = Callable[[Mapping[str, Any]], None]
+CLIENT_CERTIFICATE_OBSERVER_KEY = web.AppKey[ClientCertificateObserver]("vramguard_client_certificate_observer")
 
 
 def create_app(
@@ -184,7 +189,7 @@ def create_app(
     )
     app = web.Application(
         client_max_size=client_max_size,
-        middlewares=[_timing_middleware(latency), _error_middleware, *middlewares],
+        middlewares=[_timing_middleware(latency), _error_middleware, _client_certificate_middleware, *middlewares],
     )
     app[READINESS_KEY] = readiness
     app[REGISTRY_KEY] = registry
@@ -305,6 +310,17 @@ def _timing_middleware(latency: Histogram) -> Middleware:
             latency.labels(route=_route_label(request), code=str(code)).observe(time.perf_counter() - started)
 
     return timing
+
+
+@web.middleware
+async def _client_certificate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    observe = request.config_dict.get(CLIENT_CERTIFICATE_OBSERVER_KEY)
+    if observe is not None and request.transport is not None:
+        # Only a certificate the TLS layer verified shows here (the dict form is empty otherwise).
+        peer = request.transport.get_extra_info("peercert")
+        if peer:
+            observe(peer)
+    return await handler(request)
 
 
 @web.middleware

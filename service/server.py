@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from service.http import READINESS_KEY, REGISTRY_KEY, create_operational_app
+from service.http import CLIENT_CERTIFICATE_OBSERVER_KEY, READINESS_KEY, REGISTRY_KEY, create_operational_app
 from service.tls import DEFAULT_RELOAD_INTERVAL, CertificateExpiryCollector, ReloadingTLSContext
 
 __all__ = ["Address", "RunningServer", "ServerSettings", "run_https", "serve"]
@@ -116,6 +116,8 @@ async def serve(
         if registry is not None and not app.get(_EXPIRY_EXPORTED, False):
             registry.register(CertificateExpiryCollector(tls))
             app[_EXPIRY_EXPORTED] = True
+            if tls.requires_client_certificate:
+                app[CLIENT_CERTIFICATE_OBSERVER_KEY] = tls.observe_client_certificate
 
     operational_runner: web.AppRunner | None = None
     operational_server: RunningServer | None = None

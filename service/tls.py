@@ -27,9 +27,10 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -111,12 +112,32 @@ class ReloadingTLSContext:
         self._failed_digest: bytes | None = None
         self._certificate: LoadedCertificate | None = None
         self._client_cas: tuple[LoadedCertificate, ...] = ()
+        self._last_client_expiry: float | None = None
         self.last_error: str | None = None
 
     @property
     def requires_client_certificate(self) -> bool:
         """Whether handshakes without a client certificate from the client CA are refused."""
         return self.client_ca_file is not None
+
+    @property
+    def last_client_expiry(self) -> float | None:
+        """Unix time at which the client certificate of the latest request expires, if any was seen."""
+        return self._last_client_expiry
+
+    def observe_client_certificate(self, peer: Mapping[str, Any]) -> None:
+        """Record the expiry of a verified client certificate (``SSLSocket.getpeercert()`` form).
+
+        The latest one wins: after kube-scheduler restarts with a renewed certificate the old
+        expiry must not linger. Client certificates are read only when their process starts, so
+        this is what an expiry alert must watch.
+        """
+        not_after = peer.get("notAfter")
+        if isinstance(not_after, str):
+            try:
+                self._last_client_expiry = float(ssl.cert_time_to_seconds(not_after))
+            except ValueError:
+                logger.debug("unparsable notAfter %r in a client certificate", not_after)
 
     @property
     def client_cas(self) -> tuple[LoadedCertificate, ...]:
@@ -237,9 +258,10 @@ class CertificateExpiryCollector(Collector):
     """``vramguard_certificate_expiry_timestamp_seconds{role}``: when the loaded certificates expire.
 
     Read from the :class:`ReloadingTLSContext` at scrape time, so a reload shows on the next
-    scrape. Roles: ``serving`` (the certificate presented to clients) and ``client-ca`` (the
-    soonest-expiring CA client certificates are checked against, with mutual TLS). Nothing is
-    exported before the first load.
+    scrape. Roles: ``serving`` (the certificate presented to clients), ``client-ca`` (the
+    soonest-expiring CA client certificates are checked against, with mutual TLS) and ``client``
+    (the certificate the latest client presented: kube-scheduler's, which it reads only at start,
+    so renewing it takes a restart). Nothing is exported before it is known.
     """
 
     def __init__(self, tls: ReloadingTLSContext) -> None:
@@ -258,6 +280,8 @@ class CertificateExpiryCollector(Collector):
             family.add_metric(["serving"], serving.not_after.timestamp())
         if self._tls.client_cas:
             family.add_metric(["client-ca"], min(ca.not_after for ca in self._tls.client_cas).timestamp())
+        if self._tls.last_client_expiry is not None:
+            family.add_metric(["client"], self._tls.last_client_expiry)
         yield family
 
 

@@ -479,12 +479,18 @@ async def test_certificate_expiry_is_exported_and_follows_reloads(mutual: Mutual
     tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
     registry = CollectorRegistry()
     app = create_app(registry=registry)
-    async with serve(app, HOST, 0, tls, settings=ServerSettings(reload_interval=0.05)):
+    app.router.add_get("/fast", _fast)
+    async with serve(app, HOST, 0, tls, settings=ServerSettings(reload_interval=0.05)) as server:
         assert tls.certificate is not None
         assert _expiry(registry) == {
             "serving": tls.certificate.not_after.timestamp(),
             "client-ca": mutual.client_ca.certificate.not_valid_after_utc.timestamp(),
         }
+        # The client's own certificate (kube-scheduler's, read only at its start) once it has called.
+        client_dir = mutual.server.directory.parent / "client"
+        assert await _status_or_refusal(server, mutual.client(client_dir, "trusted-ca")) == 200
+        client_cert = x509.load_pem_x509_certificate((client_dir / "client.crt").read_bytes())
+        assert _expiry(registry)["client"] == client_cert.not_valid_after_utc.timestamp()
         leaf = certs.issue_serving_certificate(mutual.server.ca, dns_names=["localhost"], days=10)
         certs.write_serving_files(mutual.server.directory, leaf)
         async with asyncio.timeout(5):
