@@ -50,11 +50,14 @@ classes:
     require_mps_limit: true
   best-effort:
     sharing: [time-slicing]
+    allows_pod_classes: [guaranteed, small, burstable, capped]
   capped:
     sharing: [time-slicing, none]
     max_vram_per_gpu: "0.5"
 quotas:
   team-a: 160Gi
+# The pods of these tests name no scheduler (the API server would default it to default-scheduler).
+schedulers: [vramguard, default-scheduler]
 """
 )
 RULES = AdmissionRules(POLICY)

@@ -34,6 +34,7 @@ classes:
   shared: {sharing: [time-slicing]}
 quotas:
   team-a: 80Gi
+schedulers: [vramguard, default-scheduler]
 """
 )
 

@@ -25,15 +25,20 @@ from vramguard.admission import (
     Subject,
     demand_options,
 )
+from vramguard.cluster import ClusterState
 from vramguard.policy import Policy, PolicyFile
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
 from webhook.state import NamespaceStore, NodeStore, PodStore
 
-__all__ = ["STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
+__all__ = ["BODY_LIMIT", "STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
 
 logger = logging.getLogger(__name__)
 
 NamespaceLookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+# The API server sends the whole object (twice on UPDATE: object and oldObject). An object may be
+# up to etcd's 1.5 MiB, more in JSON with escapes; 8 MiB reads every review of such objects, so a
+# padded pod is judged by the rules instead of falling to the failure policy with a 413.
+BODY_LIMIT = 8 * 1024 * 1024
 # The API server gives the webhook at most timeoutSeconds (5 s in the shipped configuration);
 # a namespace the watch has not delivered yet is fetched within a fraction of that.
 NAMESPACE_LOOKUP_TIMEOUT = 1.5
@@ -84,6 +89,8 @@ class WebhookState:
         self.namespaces = NamespaceStore()
         self.nodes = NodeStore(tuple(options.gpu_resources), options.gpu_resource_prefixes)
         self.pods = PodStore(options, self.nodes)
+        self.cluster = ClusterState(policy.policy)
+        """The extender's cluster model (ledger of bound GPU pods), to check direct placements."""
         self._lookup = namespace_lookup
 
     async def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
@@ -110,7 +117,8 @@ class WebhookState:
         usage = None
         if self.policy.rules.quota_bytes(subject.namespace) is not None:
             usage = self.pods.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
-        return ClusterView(labels, self.nodes.offers(), node_offers, usage)
+        ledger = self.cluster.ledger if node else None
+        return ClusterView(labels, self.nodes.offers(), node_offers, usage, ledger)
 
 
 STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)
@@ -144,7 +152,9 @@ def create_webhook_app(
     state: WebhookState, *, registry: CollectorRegistry, readiness: Readiness | None = None
 ) -> web.Application:
     """The webhook application: ``POST /validate`` plus the probes and metrics of ``service.http``."""
-    app = create_app(registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook")
+    app = create_app(
+        registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook", client_max_size=BODY_LIMIT
+    )
     app[STATE_KEY] = state
     app[_METRICS_KEY] = _Metrics(registry, state)
     app.router.add_post("/validate", validate)
@@ -209,7 +219,8 @@ def _subject(admission: AdmissionRequest) -> Subject:
         raise RequestError(400, f"request.namespace is missing; {gvk.kind} objects are namespaced")
     operation: Operation = "CREATE" if admission.operation == "CREATE" else "UPDATE"
     old = admission.oldObject if operation == "UPDATE" else None
-    return Subject(gvk.kind, operation, namespace, obj, old)
+    user = admission.userInfo
+    return Subject(gvk.kind, operation, namespace, obj, old, user.username, user.groups)
 
 
 def _object_uid(obj: Mapping[str, Any]) -> str | None:

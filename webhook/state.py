@@ -30,7 +30,7 @@ from vramguard.demand import DemandOptions, derive_pod_demand
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.ledger import Claim
 
-__all__ = ["PENDING_TTL", "NamespaceStore", "NodeStore", "PodStore"]
+__all__ = ["PENDING_TTL", "FanOut", "NamespaceStore", "NodeStore", "PodStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,30 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
 def _name(obj: Mapping[str, Any]) -> str:
     name = _metadata(obj).get("name")
     return name if isinstance(name, str) else ""
+
+
+class FanOut:
+    """One informer feeding several stores (the quota's and the cluster model's), so the webhook
+    watches each kind once."""
+
+    def __init__(self, *stores: Any) -> None:
+        """Forward every event to each of ``stores`` (objects with replace, upsert and delete)."""
+        self._stores = stores
+
+    def replace(self, objects: list[JSON]) -> None:
+        """The full list after a (re-)list."""
+        for store in self._stores:
+            store.replace(objects)
+
+    def upsert(self, obj: JSON) -> None:
+        """An object was added or changed."""
+        for store in self._stores:
+            store.upsert(obj)
+
+    def delete(self, obj: JSON) -> None:
+        """An object was deleted."""
+        for store in self._stores:
+            store.delete(obj)
 
 
 class NamespaceStore:
