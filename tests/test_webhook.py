@@ -456,6 +456,18 @@ async def test_bound_pods_of_the_watch_fill_the_ledger_and_leave_it(client_for: 
     assert body["response"]["allowed"] is True
 
 
+async def test_gpus_over_budget_are_a_metric(client_for: Any) -> None:
+    # Two 0.9 pods placed on a one-GPU node past the webhook (an allow-listed requester, or a race).
+    state = make_state(nodes=(gpu_node("g1", gpus=1),),
+                       pods=tuple(vllm_pod("0.9", name=f"b{i}", uid=f"b{i}", node="g1") for i in range(2)))
+    client = await client_for(state)
+    text = await (await client.get("/metrics")).text()
+    assert "vramguard_webhook_gpus_over_budget 1.0" in text
+    FanOut(state.pods, state.cluster.pods).delete(vllm_pod("0.9", name="b1", uid="b1", node="g1"))
+    text = await (await client.get("/metrics")).text()
+    assert "vramguard_webhook_gpus_over_budget 0.0" in text
+
+
 async def test_scheduler_not_wired_to_vramguard_is_refused(client_for: Any) -> None:
     policy = Policy.from_yaml(
         POLICY_YAML.replace("schedulers: [vramguard, default-scheduler]", "schedulers: [vramguard]")
@@ -468,6 +480,13 @@ async def test_scheduler_not_wired_to_vramguard_is_refused(client_for: Any) -> N
     )
     _, body = await post(client, admission_review(vllm_pod(schedulerName="vramguard")))
     assert body["response"]["allowed"] is True
+
+
+async def test_user_info_of_the_wrong_type_is_a_400(client_for: Any) -> None:
+    review = admission_review(vllm_pod())
+    review["request"]["userInfo"] = {"username": ["x"], "groups": "system:masters"}
+    status, body = await post(await client_for(make_state()), review)
+    assert status == 400 and "userInfo" in body["error"]
 
 
 # --------------------------------------------------------------------------- probes, metrics, policy

@@ -93,6 +93,13 @@ class WebhookState:
         """The extender's cluster model (ledger of bound GPU pods), to check direct placements."""
         self._lookup = namespace_lookup
 
+    def gpus_over_budget(self) -> int:
+        """Devices of the cluster model whose worst case exceeds their budget."""
+        ledger = self.cluster.ledger
+        return sum(
+            1 for node in ledger.node_names() for row in ledger.usage(node, pods=False) if row.worst_bytes > row.budget
+        )
+
     async def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The namespace's labels from the watch, else from the API server; ``None`` if unknown."""
         labels = self.namespaces.labels(namespace)
@@ -143,6 +150,13 @@ class _Metrics:
             registry=registry,
         )
         pending.set_function(state.pods.pending)
+        over = Gauge(
+            "vramguard_webhook_gpus_over_budget",
+            "GPUs whose bound pods may hold more than the GPU's VRAM budget (pods placed past vramguard, "
+            "e.g. direct placements that raced at admission); `vramguard audit` names them.",
+            registry=registry,
+        )
+        over.set_function(state.gpus_over_budget)
 
 
 _METRICS_KEY = web.AppKey("vramguard_webhook_metrics", _Metrics)
