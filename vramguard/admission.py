@@ -12,7 +12,12 @@ returns a :class:`Decision` ready to encode.
   declaration), a ``vramguard.io/qos-class`` label naming no class, VRAM that cannot be derived in
   a class that rejects it, an engine's implicit default in a class that forbids them, a reservation
   above the class's ``max_vram_per_gpu``, a missing MPS limit where the class requires one, a GPU
-  resource or sharing strategy the class does not allow, a namespace VRAM quota exceeded;
+  resource or sharing strategy the class does not allow, a namespace VRAM quota exceeded, a
+  ``vramguard.io/qos-class`` pod label naming a class its namespace's class does not allow
+  (``allows_pod_classes``), a ``spec.schedulerName`` that does not call the extender (policy
+  ``schedulers``), a pod created with ``spec.nodeName`` that does not fit that node's ledger
+  (``ClusterView.ledger``, the extender's cluster model) unless its requester is in the policy's
+  ``direct_placement`` allow-list;
 - *notes* are worth knowing but never block: the demand model's warnings (implicit defaults where
   allowed, unknown VRAM counted as a whole GPU, values from Secrets), problems that show only on
   some GPU sizes, labels with invalid values.
@@ -28,6 +33,10 @@ client displays whole; the full text stays in the denial message and the audit a
 object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
 a finalizer being removed) is admitted at once. Otherwise turning a namespace to ``enforce``
 would block label edits and deletions of everything admitted before.
+
+**Engines named only by environment variables** (JAX) are not believed in a class with
+``trust_env_only_engines: false``: such a container counts as unknown VRAM there (a note says so),
+as it does in :func:`vramguard.placement.pod_claims` for the extender.
 
 **GPU sizes.** A fraction of a GPU becomes bytes only on a device. A pod bound to a node is sized
 on that node's devices; a pod not yet bound, or a workload's template, on the devices the cluster
