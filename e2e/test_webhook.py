@@ -9,7 +9,6 @@ namespace a quota, registered (from the same shipped file) for that namespace on
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import re
 import ssl
@@ -26,6 +25,8 @@ import yaml
 from e2e import gpu_nodes, kube, services
 from e2e.procs import ManagedProcess, free_port, http_status, wait_until
 from e2e.scenario import private_node
+from vramguard.policy import Policy
+from vramguard.webhook_config import webhook_configuration
 
 WAIT = 30.0
 VALIDATE_COUNT = re.compile(
@@ -288,12 +289,13 @@ def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[N
         wait_until("the quota webhook /readyz", lambda: http_status(url + "/readyz", context=cluster.ssl_context())
                    == 200, timeout=60, process=process)
         ns = Namespace(cluster, name, {})
+        # The configuration `vramguard webhook-config` prints for this policy (default enforce).
         configuration = services.localize_webhook_configuration(
-            copy.deepcopy(services.webhook_configuration()), webhook_url=url, ca_b64=cluster.ca.cert_b64
+            webhook_configuration(Policy.model_validate(policy)), webhook_url=url, ca_b64=cluster.ca.cert_b64
         )
         configuration["metadata"]["name"] = configuration_name
         for webhook in configuration["webhooks"]:
-            webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": name}}
+            webhook["namespaceSelector"]["matchLabels"] = {"kubernetes.io/metadata.name": name}
         cluster.create(configuration)
         # The API server picks up a new webhook configuration within a moment; a dry run shows when.
         probe = pod("probe", {"name": "c", "image": "registry.k8s.io/pause:3.10",
