@@ -368,6 +368,40 @@ def test_padded_pod_is_judged_not_waved_through(namespace: Callable[[str], Names
     assert f"would deny: {BAD_UTILIZATION}" in warnings_of(response)
 
 
+def test_unreachable_webhook_refuses_only_where_enforced(cluster: Any, namespace: Callable[[str], Namespace],
+                                                        unique: str) -> None:
+    """The shipped split of failure policies, on the real API server, with a webhook that never answers."""
+    if not hasattr(cluster, "ca"):
+        pytest.skip("registers a webhook configuration of its own on the local control plane")
+    enforced, warned = namespace("enforce"), namespace("warn")
+    dead = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    configuration = services.localize_webhook_configuration(
+        services.webhook_configuration(), webhook_url=dead, ca_b64=cluster.ca.cert_b64
+    )
+    configuration["metadata"]["name"] = f"vramguard-dead-{unique}"
+    for webhook in configuration["webhooks"]:
+        webhook["namespaceSelector"]["matchExpressions"].append(
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [enforced.name, warned.name]})
+    cluster.create(configuration)
+    try:
+        good = pod("good", vllm_container("0.3"))
+
+        def refused() -> str | None:
+            try:
+                enforced.create_pod(good, dry_run="All")
+            except kube.api_exception() as error:
+                return str(json.loads(getattr(error, "body", "") or "{}").get("message", ""))
+            return None
+
+        message = poll("the unreachable webhook to be called", refused)
+        assert message.startswith('Internal error occurred: failed calling webhook "pods.vramguard.io"'), message
+        # Ignore where the namespace warns: admitted (unchecked by the dead webhook).
+        assert warned.create_pod(good).status == 201
+    finally:
+        cluster.request("DELETE", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                  f"vramguard-dead-{unique}")
+
+
 # --------------------------------------------------------------------------- direct placement
 
 
