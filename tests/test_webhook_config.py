@@ -145,3 +145,29 @@ def test_chart_splits_the_failure_policy_by_the_policy_in_its_values(mode: str, 
             "enforcement: warn", "enforcement: enforce"))
     config = helm_webhook_configuration(policy)
     assert entries(config) == MODES[mode]
+
+
+def test_chart_ships_the_admission_policies_with_the_admin_groups_of_its_values() -> None:
+    helm = helm_command()
+    if helm is None:
+        pytest.skip("helm is not installed")
+
+    def policies(*values: str) -> dict[str, JSON]:
+        args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+        for value in values:
+            args += ["--set", value]
+        output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return {f"{d['metadata']['name']}/{d['kind']}": d for d in yaml.safe_load_all(output)
+                if d and d["kind"].startswith("ValidatingAdmissionPolicy") and "agent" not in d["metadata"]["name"]}
+
+    shipped = {f"{d['metadata']['name']}/{d['kind']}": d
+               for d in yaml.safe_load_all((MANIFESTS / "webhook" / "admission-policies.yaml").read_text())}
+    rendered = policies()
+    assert set(rendered) == set(shipped)
+    for key, obj in rendered.items():
+        assert obj["spec"].get("validations") == shipped[key]["spec"].get("validations"), key
+    custom = policies("webhook.admissionPolicies.namespaceAdminGroups={platform,system:masters}")
+    condition = custom["vramguard-namespace-labels/ValidatingAdmissionPolicy"]["spec"]["matchConditions"][0][
+        "expression"]
+    assert "g in ['platform', 'system:masters']" in condition
+    assert policies("webhook.admissionPolicies.enabled=false") == {}
