@@ -532,7 +532,8 @@ async def test_policy_file_changes_apply_without_a_restart(client_for: Any, tmp_
     _, body = await post(client, admission_review(vllm_pod("1.5")))
     assert body["response"]["allowed"] is False  # enforcement: enforce
     path.write_text(POLICY_YAML.replace("enforcement: enforce", "enforcement: audit"))
-    assert source.refresh()
+    assert state.refresh_policy()
+    assert state.cluster.policy is source.policy  # the ledger's budgets follow the new headrooms
     _, body = await post(client, admission_review(vllm_pod("1.5")))
     assert body["response"]["allowed"] is True
     path.write_text("classes: [broken")

@@ -93,6 +93,13 @@ class WebhookState:
         """The extender's cluster model (ledger of bound GPU pods), to check direct placements."""
         self._lookup = namespace_lookup
 
+    def refresh_policy(self) -> bool:
+        """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""
+        if not self.policy.refresh():
+            return False
+        self.cluster.set_policy(self.policy.policy)
+        return True
+
     def gpus_over_budget(self) -> int:
         """Devices of the cluster model whose worst case exceeds their budget."""
         ledger = self.cluster.ledger

@@ -103,8 +103,7 @@ async def _refresh_policy(settings: WebhookSettings, state: WebhookState) -> Non
     while True:
         await asyncio.sleep(settings.policy_refresh_interval)
         try:
-            if settings.policy.refresh():
-                state.cluster.set_policy(settings.policy.policy)
+            state.refresh_policy()
         except Exception:
             # A bug here must not stop later reloads; the last good policy stays in force.
             logger.exception("unexpected error while reloading the policy")
