@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from service.http import Readiness
 from tests.podspecs import container, pod
 from vramguard.admission import SUPPORTED_KINDS
-from vramguard.policy import ENFORCE_LABEL, Policy, PolicyFile, default_policy
+from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, Policy, PolicyFile, default_policy
 from webhook.app import BODY_LIMIT, PolicySource, WebhookState, create_webhook_app
 from webhook.state import FanOut
 
@@ -454,6 +454,25 @@ async def test_bound_pods_of_the_watch_fill_the_ledger_and_leave_it(client_for: 
     pods.delete(vllm_pod("0.9", name="b0", uid="b0", node="g1"))
     _, body = await post(client, admission_review(vllm_pod("0.9", uid="new", node="g1")))
     assert body["response"]["allowed"] is True
+
+
+async def test_quota_counts_live_env_only_engines_as_whole_gpus_where_the_class_distrusts_them(
+    client_for: Any,
+) -> None:
+    policy = Policy.from_yaml(POLICY_YAML.replace(
+        "guaranteed: {sharing: [none, mig], allow_implicit_defaults: false}",
+        "guaranteed: {sharing: [none, mig], allow_implicit_defaults: false, trust_env_only_engines: false}"))
+    jax = pod(container("jax", env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.01"}))
+    live = []
+    for i, qos in enumerate(("guaranteed", "best-effort")):
+        obj = copy.deepcopy(jax)
+        obj["metadata"].update(name=f"j{i}", namespace="team-a", uid=f"j{i}", labels={QOS_CLASS_LABEL: qos})
+        live.append(obj)
+    state = make_state(policy, namespaces={"team-a": {ENFORCE_LABEL: "enforce"}}, pods=tuple(live))
+    # gpu-1 offers 80 GiB GPUs: the distrusted pod holds all 80 GiB, the trusted one 1% of it.
+    usage = state.pods.usage("team-a")
+    assert usage.bytes == 80 * GiB + int(80 * GiB * 0.01) // 1
+    assert usage.pods == 2
 
 
 async def test_gpus_over_budget_are_a_metric(client_for: Any) -> None:

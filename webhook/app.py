@@ -88,10 +88,20 @@ class WebhookState:
         options = demand_options(policy.policy)
         self.namespaces = NamespaceStore()
         self.nodes = NodeStore(tuple(options.gpu_resources), options.gpu_resource_prefixes)
-        self.pods = PodStore(options, self.nodes)
+        self.pods = PodStore(options, self.nodes, trusts_env_only=self._trusts_env_only)
         self.cluster = ClusterState(policy.policy)
         """The extender's cluster model (ledger of bound GPU pods), to check direct placements."""
         self._lookup = namespace_lookup
+
+    def _trusts_env_only(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the class of a live pod (its labels, its namespace's) believes env-only engines."""
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        labels = metadata.get("labels")
+        namespace = metadata.get("namespace")
+        pod_labels = {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, Mapping) else None
+        namespace_labels = self.namespaces.labels(namespace) if isinstance(namespace, str) else None
+        return self.policy.policy.choose_class(pod_labels, namespace_labels).qos.trust_env_only_engines
 
     def refresh_policy(self) -> bool:
         """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""

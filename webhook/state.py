@@ -211,12 +211,23 @@ class PodStore:
     """The live GPU pods of every namespace, and those admitted but not yet seen by the watch."""
 
     def __init__(
-        self, options: DemandOptions, nodes: NodeStore, *, clock: Callable[[], float] = time.monotonic
+        self,
+        options: DemandOptions,
+        nodes: NodeStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        trusts_env_only: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
-        """Derive pods' demand with ``options``; size their claims on ``nodes``."""
+        """Derive pods' demand with ``options``; size their claims on ``nodes``.
+
+        ``trusts_env_only`` says whether a pod's class believes engines recognised only from
+        environment variables; where it does not, such a container counts as unknown VRAM (a whole
+        device), as the rules count the pod under review.
+        """
         self._options = options
         self._nodes = nodes
         self._clock = clock
+        self._trusts_env_only = trusts_env_only
         self._pods: dict[str, PodRecord] = {}
         self._by_namespace: dict[str, set[str]] = {}
         self._pending: dict[str, _Pending] = {}
@@ -268,6 +279,8 @@ class PodStore:
         demand = derive_pod_demand(obj, self._options)
         if not demand.wants_gpu:
             return None
+        if self._trusts_env_only is not None and demand.env_only_guesses() and not self._trusts_env_only(obj):
+            demand = demand.distrusting_env_only()
         metadata = _metadata(obj)
         spec = obj.get("spec")
         node = spec.get("nodeName") if isinstance(spec, Mapping) else None
