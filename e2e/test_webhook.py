@@ -353,7 +353,7 @@ def test_quota_holds_across_several_pods(quota_webhook: tuple[Namespace, str]) -
 
 
 def padded(name: str, container: dict[str, Any]) -> dict[str, Any]:
-    """A pod with a 1.1 MB environment variable: larger than the webhook's former 1 MiB body limit."""
+    """A pod with a 1.1 MB environment variable: its review is larger than aiohttp's default 1 MiB body limit."""
     return pod(name, {**container, "env": [{"name": "PADDING", "value": "x" * 1_100_000}]})
 
 
