@@ -72,19 +72,18 @@ class _Kind:
     """(API group, resources) pairs, all version v1."""
     spec_path: str
     """The CEL path of the pod spec in ``object`` (``object.spec`` for a Pod)."""
-    comment: str
 
 
+# Workloads' pod templates are validated too, so a bad Deployment is refused at apply time rather
+# than later in its ReplicaSet's events; a CronJob's template lies one level deeper.
 _KINDS = (
-    _Kind("pods", (("", ("pods",)),), "object.spec", "Pods"),
+    _Kind("pods", (("", ("pods",)),), "object.spec"),
     _Kind(
         "workloads",
         (("apps", ("deployments", "statefulsets", "daemonsets", "replicasets")), ("batch", ("jobs",))),
         "object.spec.template.spec",
-        "pod templates of workloads, refused at apply time rather than later in a ReplicaSet's events",
     ),
-    _Kind("cronjobs", (("batch", ("cronjobs",)),), "object.spec.jobTemplate.spec.template.spec",
-          "CronJobs, whose pod template lies one level deeper"),
+    _Kind("cronjobs", (("batch", ("cronjobs",)),), "object.spec.jobTemplate.spec.template.spec"),
 )
 
 
