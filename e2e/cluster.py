@@ -475,6 +475,8 @@ class Cluster:
                 )
                 self.create(webhook)
                 _log(f"registered ValidatingWebhookConfiguration {webhook['metadata']['name']}")
+                for policy in services.admission_policies(cfg.manifests):
+                    self.create(policy)
         self.state.vramguard = urls
 
         # kube-scheduler (and the second scheduler)

@@ -319,6 +319,11 @@ def localize_webhook_configuration(config: Mapping[str, Any], *, webhook_url: st
     return local
 
 
+def admission_policies(root: Path = MANIFESTS) -> list[dict[str, Any]]:
+    """The shipped ValidatingAdmissionPolicies of the webhook (manifests/webhook) and their bindings."""
+    return manifest_objects(["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"], root / "webhook")
+
+
 def webhook_configuration(root: Path = MANIFESTS) -> dict[str, Any]:
     """The shipped ValidatingWebhookConfiguration, or the built-in default."""
     found = manifest_objects(["ValidatingWebhookConfiguration"], root)
@@ -342,6 +347,8 @@ def object_path(obj: Mapping[str, Any]) -> str:
         "Role": f"{rbac}/namespaces/{namespace}/roles",
         "RoleBinding": f"{rbac}/namespaces/{namespace}/rolebindings",
         "ValidatingWebhookConfiguration": f"{admission}/validatingwebhookconfigurations",
+        "ValidatingAdmissionPolicy": f"{admission}/validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": f"{admission}/validatingadmissionpolicybindings",
     }
     if kind not in paths:
         raise ValueError(f"the harness does not create {kind} objects")

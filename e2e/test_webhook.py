@@ -9,11 +9,11 @@ namespace a quota, registered (from the same shipped file) for that namespace on
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import re
 import ssl
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +22,11 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import kube, services
+from e2e import gpu_nodes, kube, services
 from e2e.procs import ManagedProcess, free_port, http_status, wait_until
+from e2e.scenario import private_node
+from vramguard.policy import Policy
+from vramguard.webhook_config import webhook_configuration
 
 WAIT = 30.0
 VALIDATE_COUNT = re.compile(
@@ -43,8 +46,9 @@ def vllm_container(utilization: str) -> dict[str, Any]:
 
 def pod_spec(*containers: dict[str, Any]) -> dict[str, Any]:
     # A node selector no node has: the pods stay Pending and never reach the scheduler's extender.
+    # The scheduler the default policy names: the webhook refuses GPU pods of any other scheduler.
     return {"containers": list(containers), "nodeSelector": {"e2e.vramguard.io/nowhere": "true"},
-            "terminationGracePeriodSeconds": 0}
+            "terminationGracePeriodSeconds": 0, "schedulerName": "vramguard"}
 
 
 def pod(name: str, *containers: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -285,12 +289,13 @@ def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[N
         wait_until("the quota webhook /readyz", lambda: http_status(url + "/readyz", context=cluster.ssl_context())
                    == 200, timeout=60, process=process)
         ns = Namespace(cluster, name, {})
+        # The configuration `vramguard webhook-config` prints for this policy (default enforce).
         configuration = services.localize_webhook_configuration(
-            copy.deepcopy(services.webhook_configuration()), webhook_url=url, ca_b64=cluster.ca.cert_b64
+            webhook_configuration(Policy.model_validate(policy)), webhook_url=url, ca_b64=cluster.ca.cert_b64
         )
         configuration["metadata"]["name"] = configuration_name
         for webhook in configuration["webhooks"]:
-            webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": name}}
+            webhook["namespaceSelector"]["matchLabels"] = {"kubernetes.io/metadata.name": name}
         cluster.create(configuration)
         # The API server picks up a new webhook configuration within a moment; a dry run shows when.
         probe = pod("probe", {"name": "c", "image": "registry.k8s.io/pause:3.10",
@@ -342,3 +347,222 @@ def test_quota_holds_across_several_pods(quota_webhook: tuple[Namespace, str]) -
 
     poll("the freed quota to admit the pod", admitted)
     ns.create_pod(pod("c", worker, annotations=declared))
+
+
+# --------------------------------------------------------------------------- padded reviews
+
+
+def padded(name: str, container: dict[str, Any]) -> dict[str, Any]:
+    """A pod with a 1.1 MB environment variable: its review is larger than aiohttp's default 1 MiB body limit."""
+    return pod(name, {**container, "env": [{"name": "PADDING", "value": "x" * 1_100_000}]})
+
+
+def test_padded_pod_is_judged_not_waved_through(namespace: Callable[[str], Namespace]) -> None:
+    enforced = namespace("enforce")
+    with pytest.raises(kube.api_exception()) as refused:
+        enforced.create_pod(padded("padded", vllm_container("1.5")))
+    assert denial(refused.value) == f'admission webhook "pods.vramguard.io" denied the request: {BAD_UTILIZATION}'
+    warned = namespace("warn")
+    response = warned.create_pod(padded("padded", vllm_container("1.5")))
+    assert response.status == 201
+    assert f"would deny: {BAD_UTILIZATION}" in warnings_of(response)
+
+
+def test_unreachable_webhook_refuses_only_where_enforced(cluster: Any, namespace: Callable[[str], Namespace],
+                                                        unique: str) -> None:
+    """The shipped split of failure policies, on the real API server, with a webhook that never answers."""
+    if not hasattr(cluster, "ca"):
+        pytest.skip("registers a webhook configuration of its own on the local control plane")
+    enforced, warned = namespace("enforce"), namespace("warn")
+    dead = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    configuration = services.localize_webhook_configuration(
+        services.webhook_configuration(), webhook_url=dead, ca_b64=cluster.ca.cert_b64
+    )
+    configuration["metadata"]["name"] = f"vramguard-dead-{unique}"
+    for webhook in configuration["webhooks"]:
+        webhook["namespaceSelector"]["matchExpressions"].append(
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [enforced.name, warned.name]})
+    cluster.create(configuration)
+    try:
+        good = pod("good", vllm_container("0.3"))
+
+        def refused() -> str | None:
+            try:
+                enforced.create_pod(good, dry_run="All")
+            except kube.api_exception() as error:
+                return str(json.loads(getattr(error, "body", "") or "{}").get("message", ""))
+            return None
+
+        message = poll("the unreachable webhook to be called", refused)
+        assert message.startswith('Internal error occurred: failed calling webhook "pods.vramguard.io"'), message
+        # Ignore where the namespace warns: admitted (unchecked by the dead webhook).
+        assert warned.create_pod(good).status == 201
+    finally:
+        cluster.request("DELETE", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                  f"vramguard-dead-{unique}")
+
+
+# --------------------------------------------------------------------------- direct placement
+
+
+def test_pods_created_on_a_node_must_fit_its_ledger(
+    cluster: Any, core_v1: Any, namespace: Callable[[str], Namespace], unique: str
+) -> None:
+    spec = private_node(gpu_nodes.time_sliced("direct", "H100-80GB", gpus=1, replicas=4), unique)
+    gpu_nodes.create_gpu_node(core_v1, spec)
+    try:
+        enforced = namespace("enforce")
+        warned = namespace("warn")
+
+        def direct(name: str) -> dict[str, Any]:
+            body = pod(name, vllm_container("0.6"))
+            body["spec"] = {**body["spec"], "nodeName": spec.name}
+            del body["spec"]["nodeSelector"]
+            return body
+
+        # The webhook's ledger learns the node from its watch; the first pod fits once it does.
+        def first_admitted() -> bool:
+            try:
+                enforced.create_pod(direct("first"))
+            except kube.api_exception():
+                return False
+            return True
+
+        poll("the webhook to see the GPU node", first_admitted)
+
+        def second_refused() -> str | None:
+            try:
+                enforced.create_pod(direct("second"), dry_run="All")
+            except kube.api_exception() as error:
+                return denial(error)
+            return None
+
+        # 0.6 + 0.6 of one GPU is more than its budget (90%): refused once the watch shows "first".
+        message = poll("the second direct pod to be refused", second_refused)
+        assert message.startswith(
+            f'admission webhook "pods.vramguard.io" denied the request: spec.nodeName {spec.name} places the pod '
+            "past the scheduler and it does not fit there: GPU 0 (NVIDIA H100 80GB HBM3): "
+        ), message
+        assert re.search(r"[\d.]+ GiB of [\d.]+ GiB VRAM budget free, pod needs [\d.]+ GiB per GPU$", message)
+        # The ledger is the node's, whatever the namespace: a warn namespace is told, not refused.
+        response = warned.create_pod(direct("second"))
+        assert response.status == 201
+        assert any(w.startswith(f"would deny: spec.nodeName {spec.name} places the pod") for w in warnings_of(response))
+    finally:
+        gpu_nodes.delete_nodes(core_v1, [spec.name])
+
+
+# --------------------------------------------------------------------------- admission policies
+
+
+def raw(cluster: Any, method: str, path: str, body: Any = None, *, user: str | None = None,
+        group: str | None = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
+    """A request as the admin, or as ``user`` (in ``group``) through impersonation; (status, body)."""
+    state = cluster.state
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(state.server + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {state.admin_token}")
+    request.add_header("Content-Type", content_type)
+    if user is not None:
+        request.add_header("Impersonate-User", user)
+    if group is not None:
+        request.add_header("Impersonate-Group", group)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=cluster.ssl_context()) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+@pytest.fixture
+def tenant(cluster: Any, unique: str) -> Iterator[str]:
+    """A user allowed by RBAC to create and update namespaces (not a namespace admin of vramguard)."""
+    if not hasattr(cluster, "state"):
+        pytest.skip("impersonates users as the local control plane's admin")
+    user = f"tenant-{unique}"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": user},
+            "rules": [{"apiGroups": [""], "resources": ["namespaces"],
+                       "verbs": ["get", "create", "update", "patch", "delete"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": user},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+    assert raw(cluster, "POST", f"{rbac}/clusterroles", role)[0] == 201
+    assert raw(cluster, "POST", f"{rbac}/clusterrolebindings", binding)[0] == 201
+    yield user
+    raw(cluster, "DELETE", f"{rbac}/clusterrolebindings/{user}")
+    raw(cluster, "DELETE", f"{rbac}/clusterroles/{user}")
+
+
+MERGE = "application/merge-patch+json"
+
+
+def test_only_namespace_admins_set_vramguard_namespace_labels(cluster: Any, tenant: str, unique: str) -> None:
+    name = f"vap-ns-{unique}"
+    labelled = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"vramguard.io/qos-class": "guaranteed"}}}
+
+    def create_refused() -> dict[str, Any] | None:
+        status, body = raw(cluster, "POST", "/api/v1/namespaces?dryRun=All", labelled, user=tenant)
+        return body if status == 403 else None
+
+    # The API server compiles a new policy within moments; the session registered it at start-up.
+    refused = poll("the namespace label policy to refuse the tenant", create_refused)
+    assert "only namespace admins (group vramguard:namespace-admins) may set or change the vramguard.io/ labels" \
+        in refused["message"], refused
+    plain = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"team": "a"}}}
+    assert raw(cluster, "POST", "/api/v1/namespaces", plain, user=tenant)[0] == 201
+    try:
+        path = f"/api/v1/namespaces/{name}"
+        status, body = raw(cluster, "PATCH", path, {"metadata": {"labels": {"vramguard.io/enforce": "audit"}}},
+                           user=tenant, content_type=MERGE)
+        assert status == 403, body
+        status, _ = raw(cluster, "PATCH", path, {"metadata": {"labels": {"team": "b"}}}, user=tenant,
+                        content_type=MERGE)
+        assert status == 200
+        status, body = raw(cluster, "PATCH", path, {"metadata": {"labels": {"vramguard.io/enforce": "enforce"}}},
+                           user=tenant, group="vramguard:namespace-admins", content_type=MERGE)
+        assert status == 200, body
+        # Removing the label is a change too.
+        status, _ = raw(cluster, "PATCH", path, {"metadata": {"labels": {"vramguard.io/enforce": None}}},
+                        user=tenant, content_type=MERGE)
+        assert status == 403
+    finally:
+        raw(cluster, "DELETE", f"/api/v1/namespaces/{name}")
+
+
+def test_vramguard_annotations_of_a_bound_pod_are_frozen(cluster: Any, namespace: Callable[[str], Namespace],
+                                                         unique: str) -> None:
+    ns = namespace("warn")
+    body = pod("frozen", vllm_container("0.3"), annotations={"vramguard.io/vram": "30Gi"})
+    body["spec"]["schedulerName"] = f"nobody-{unique}"  # bound below, by hand, as the extender binds
+    ns.create_pod(body)
+    path = f"/api/v1/namespaces/{ns.name}/pods/frozen"
+    # Before binding, the declaration may still change (the webhook re-checks it).
+    status, _ = raw(cluster, "PATCH", path, {"metadata": {"annotations": {"vramguard.io/vram": "20Gi"}}},
+                    content_type=MERGE)
+    assert status == 200
+    placement = json.dumps({"node": f"nowhere-{unique}", "containers": {"vllm": ["GPU-0"]}})
+    binding = {"apiVersion": "v1", "kind": "Binding",
+               "metadata": {"name": "frozen", "annotations": {"vramguard.io/placement": placement}},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": f"nowhere-{unique}"}}
+    status, answer = raw(cluster, "POST", path + "/binding", binding)
+    assert status == 201, answer
+    # The Binding's annotation reaches the pod: the policy does not match pods/binding.
+    status, bound = raw(cluster, "GET", path)
+    assert bound["spec"]["nodeName"] == f"nowhere-{unique}"
+    assert bound["metadata"]["annotations"]["vramguard.io/placement"] == placement
+
+    changes = {
+        "shrink-the-declaration": {"vramguard.io/vram": "1Gi"},
+        "drop-the-declaration": {"vramguard.io/vram": None},
+        "rewrite-the-placement": {"vramguard.io/placement": "{}"},
+        "add-a-declaration": {"vramguard.io/vram.vllm": "1Gi"},
+    }
+    for case, change in changes.items():
+        status, answer = raw(cluster, "PATCH", path, {"metadata": {"annotations": change}}, content_type=MERGE)
+        assert status == 403, (case, answer)
+        assert "its vramguard.io/ annotations can no longer change" in answer["message"], case
+    status, _ = raw(cluster, "PATCH", path, {"metadata": {"annotations": {"team": "b"}}}, content_type=MERGE)
+    assert status == 200

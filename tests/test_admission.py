@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -28,9 +29,13 @@ from vramguard.admission import (
     quota_claims,
     workload_pods,
 )
+from vramguard.cluster import ClusterState
 from vramguard.demand import derive_pod_demand
+from vramguard.demand.model import Vram
 from vramguard.inventory import read_inventory
-from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, Policy, default_policy
+from vramguard.ledger import Ledger
+from vramguard.placement import pod_claims
+from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, ClassChoice, DirectPlacement, Policy, default_policy
 from vramguard.quantity import GiB, MiB
 
 POLICY = Policy.from_yaml(
@@ -50,11 +55,14 @@ classes:
     require_mps_limit: true
   best-effort:
     sharing: [time-slicing]
+    allows_pod_classes: [guaranteed, small, burstable, capped]
   capped:
     sharing: [time-slicing, none]
     max_vram_per_gpu: "0.5"
 quotas:
   team-a: 160Gi
+# The pods of these tests name no scheduler (the API server would default it to default-scheduler).
+schedulers: [vramguard, default-scheduler]
 """
 )
 RULES = AdmissionRules(POLICY)
@@ -624,3 +632,167 @@ def test_a_pod_asking_for_more_devices_than_any_node_has_gets_no_claims() -> Non
     decision = review(obj)
     assert "the pod asks for 5120 GPU devices in all; no node offers more than 4096" in decision.violations
     assert decision.claims == ()
+
+
+# --------------------------------------------------------------------------- tenants stay in their lane
+
+
+def test_pod_label_outside_its_namespace_class_is_a_violation_and_ignored() -> None:
+    policy = Policy.from_yaml("""
+default_class: open
+enforcement: enforce
+schedulers: [default-scheduler]
+classes:
+  open: {sharing: [time-slicing], allows_pod_classes: [team]}
+  team: {sharing: [time-slicing], max_vram_per_gpu: 40Gi}
+""")
+    obj = labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3")), "open")
+    decision = review(obj, rules=AdmissionRules(policy), namespace_labels={QOS_CLASS_LABEL: "team"})
+    assert decision.qos_class == "team"  # the namespace's class still applies
+    assert decision.violations == (
+        "label vramguard.io/qos-class=open is not allowed in namespace class team; use one of team "
+        "(a namespace admin sets the namespace's class)",
+    )
+    # The unlabelled namespace's (default) class lists team: the label is honoured there.
+    obj = labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.3")), "team")
+    allowed = review(obj, rules=AdmissionRules(policy))
+    assert (allowed.allowed, allowed.qos_class, allowed.violations) == (True, "team", ())
+
+
+# --------------------------------------------------------------------------- schedulers
+
+WIRED = AdmissionRules(POLICY.model_copy(update={"schedulers": ("vramguard",)}))
+NOT_WIRED = (
+    "spec.schedulerName default-scheduler does not call vramguard, so nothing would check this pod's GPU "
+    "memory; set spec.schedulerName: vramguard (policy schedulers: vramguard)"
+)
+GOOD = vllm("vllm", "--gpu-memory-utilization", "0.3")
+SCHEDULERS = {
+    "default-scheduler-implied": (pod(GOOD), "Pod", (NOT_WIRED,)),
+    "default-scheduler-named": (pod(GOOD, schedulerName="default-scheduler"), "Pod", (NOT_WIRED,)),
+    "wired-scheduler": (pod(GOOD, schedulerName="vramguard"), "Pod", ()),
+    "direct-placement-is-checked-otherwise": (pod(GOOD, nodeName="n1", schedulerName="x"), "Pod", ()),
+    "workload-template": (deployment(pod(GOOD)), "Deployment", (NOT_WIRED,)),
+}
+
+
+@pytest.mark.parametrize(("obj", "kind", "violations"), SCHEDULERS.values(), ids=SCHEDULERS.keys())
+def test_gpu_pods_must_name_a_scheduler_wired_to_vramguard(obj: dict[str, Any], kind: str,
+                                                           violations: tuple[str, ...]) -> None:
+    decision = review(obj, kind=kind, rules=WIRED, offers={"nvidia.com/gpu": offer(GB80, sharing=("time-slicing",))})
+    assert decision.violations == violations
+    assert decision.allowed is not violations
+
+
+def test_scheduler_violation_only_warns_in_a_warn_namespace() -> None:
+    decision = review(pod(GOOD), rules=WIRED, mode="warn")
+    assert decision.allowed and decision.warnings[0].startswith("would deny: spec.schedulerName default-scheduler")
+
+
+# --------------------------------------------------------------------------- direct placement
+
+
+def ledger_with(*bound: dict[str, Any], gpus: int = 1) -> Ledger:
+    """The cluster model's ledger with one time-sliced node ``n1`` of 80 GiB GPUs and ``bound`` pods."""
+    state = ClusterState(POLICY)
+    state.nodes.replace([{
+        "metadata": {"name": "n1", "labels": {
+            "nvidia.com/gpu.count": str(gpus), "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.replicas": "4",
+            "nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 4)}},
+    }])
+    state.pods.replace(list(bound))
+    return state.ledger
+
+
+def direct(utilization: str, uid: str, **spec: Any) -> dict[str, Any]:
+    obj = pod(vllm("vllm", "--gpu-memory-utilization", utilization), nodeName="n1", **spec)
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+DIRECT_DENIAL = (
+    "spec.nodeName n1 places the pod past the scheduler and it does not fit there: GPU 0 (NVIDIA A100 SXM4 "
+    "80GB): 8.0 GiB of 72.0 GiB VRAM budget free, pod needs 40.0 GiB per GPU"
+)
+DIRECT = {
+    "fits": ("CREATE", "bob", (), (), ()),
+    "over-budget": ("CREATE", "bob", (), (direct("0.8", "b0"),), (DIRECT_DENIAL,)),
+    "allow-listed-user": ("CREATE", "kubelet", (), (direct("0.8", "b0"),), ()),
+    "allow-listed-group": ("CREATE", "bob", ("system:nodes",), (direct("0.8", "b0"),), ()),
+    "update-not-rechecked": ("UPDATE", "bob", (), (direct("0.8", "b0"),), ()),
+}
+PLACING = AdmissionRules(POLICY.model_copy(update={"direct_placement": DirectPlacement(
+    allowed_users=("kubelet",), allowed_groups=("system:nodes",))}))
+
+
+@pytest.mark.parametrize(("operation", "user", "groups", "bound", "violations"), DIRECT.values(), ids=DIRECT.keys())
+def test_direct_placement_must_fit_the_node_ledger(operation: str, user: str, groups: tuple[str, ...],
+                                                   bound: tuple[dict[str, Any], ...],
+                                                   violations: tuple[str, ...]) -> None:
+    obj = direct("0.5", "new")
+    subject = Subject("Pod", operation, "default", obj, obj if operation == "UPDATE" else None,  # type: ignore[arg-type]
+                      user, groups)
+    view = ClusterView({ENFORCE_LABEL: "enforce"}, TIME_SLICED, TIME_SLICED, None, ledger_with(*bound))
+    decision = PLACING.review(subject, view)
+    assert decision.violations == violations
+
+
+def test_direct_placement_of_unknown_vram_counts_a_whole_gpu_even_where_the_class_rejects_it() -> None:
+    # guaranteed rejects unknown VRAM: the pod is refused for that, and its fit is judged as a whole GPU.
+    obj = labelled(pod(container("app", gpus=1), nodeName="n1"), "guaranteed")
+    subject = Subject("Pod", "CREATE", "default", obj, None, "bob")
+    exclusive = {"nvidia.com/gpu": offer(GB80, sharing=("none",))}
+    view = ClusterView({ENFORCE_LABEL: "enforce"}, exclusive, exclusive, None, ledger_with(direct("0.2", "b0")))
+    violations = RULES.review(subject, view).violations
+    assert any(v.startswith("container app: VRAM unknown and class guaranteed rejects that") for v in violations)
+    assert any(v.startswith("spec.nodeName n1 places the pod past the scheduler") for v in violations)
+
+
+# --------------------------------------------------------------------------- engines named only by env vars
+
+
+DISTRUSTING = AdmissionRules(Policy.from_yaml("""
+default_class: strict
+enforcement: enforce
+schedulers: [default-scheduler]
+classes:
+  strict: {sharing: [time-slicing], unknown_vram: reject, trust_env_only_engines: false,
+           allows_pod_classes: [capped, trusting]}
+  capped: {sharing: [time-slicing], max_vram_per_gpu: 40Gi, trust_env_only_engines: false}
+  trusting: {sharing: [time-slicing], max_vram_per_gpu: 40Gi}
+"""))
+JAX_1PCT = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.01"}
+ENV_ONLY = {
+    "rejecting-class": ("strict", container("jax", env=JAX_1PCT), None,
+                        "container jax: VRAM unknown and class strict rejects that"),
+    "whole-gpu-class": ("capped", container("jax", env=JAX_1PCT), None,
+                        "container jax: VRAM unknown, so it holds a whole GPU of 80.0 GiB, above class capped's "
+                        "max_vram_per_gpu 40Gi"),
+    "trusting-class": ("trusting", container("jax", env=JAX_1PCT), None, None),
+    "declared": ("strict", container("jax", env=JAX_1PCT), "10Gi", None),
+    "engine-on-the-command-line": ("strict", vllm("vllm", "--gpu-memory-utilization", "0.3"), None, None),
+}
+
+
+@pytest.mark.parametrize(("qos", "spec", "declared", "violation"), ENV_ONLY.values(), ids=ENV_ONLY.keys())
+def test_engine_named_only_by_env_vars_counts_as_unknown_where_the_class_says(
+    qos: str, spec: dict[str, Any], declared: str | None, violation: str | None
+) -> None:
+    annotations = {"vramguard.io/vram": declared} if declared else None
+    decision = review(labelled(pod(spec, annotations=annotations), qos), rules=DISTRUSTING)
+    if violation is None:
+        assert decision.violations == ()
+    else:
+        assert any(v.startswith(violation) for v in decision.violations), decision.violations
+
+
+def test_extender_claims_agree_with_admission_on_env_only_engines() -> None:
+    demand = derive_pod_demand(pod(container("jax", env=JAX_1PCT)))
+    classes = DISTRUSTING.policy.classes
+    trusted = pod_claims(demand, ClassChoice("trusting", classes["trusting"], "pod"))
+    distrusted = pod_claims(demand, ClassChoice("capped", classes["capped"], "pod"))
+    assert trusted.claims[0].vram == (Vram(fraction=Fraction(1, 100)),)
+    assert distrusted.claims[0].vram == (None,)  # a whole GPU
+    rejected = pod_claims(demand, ClassChoice("strict", classes["strict"], "pod"))
+    assert rejected.refusal is not None and "VRAM unknown" in rejected.refusal

@@ -162,6 +162,7 @@ def test_scheduler_config_is_the_shipped_second_scheduler_config() -> None:
         (CHART / "files" / "policy.yaml", ROOT / "vramguard" / "default_policy.yaml"),
         (CHART / "files" / "scheduler-config.yaml", BASE / "scheduler-config.yaml"),
         (CHART / "files" / "validating-webhook.yaml", MANIFESTS / "webhook" / "validating-webhook.yaml"),
+        (CHART / "files" / "admission-policies.yaml", MANIFESTS / "webhook" / "admission-policies.yaml"),
         (CHART / "files" / "agent-node-scope.yaml", BASE / "agent-node-scope.yaml"),
         (CHART / "files" / "alerts.yaml", MANIFESTS / "monitoring" / "vramguard-alerts.yaml"),
     ],
@@ -316,9 +317,9 @@ def test_webhook_reads_the_policy_configmap() -> None:
 
 
 def test_helm_values_reach_the_objects() -> None:
-    objects = render_chart("webhook.failurePolicy=Fail", "webhook.replicas=3", "image.repository=registry.example/vg")
+    objects = render_chart("webhook.timeoutSeconds=7", "webhook.replicas=3", "image.repository=registry.example/vg")
     webhook = next(o for o in objects if o["kind"] == "ValidatingWebhookConfiguration")
-    assert {w["failurePolicy"] for w in webhook["webhooks"]} == {"Fail"}
+    assert {w["timeoutSeconds"] for w in webhook["webhooks"]} == {7}
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-webhook")
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/vg:0.1.0"

@@ -126,8 +126,18 @@ CHOICES = [
     pytest.param({}, {}, ("best-effort", "default", None), id="default"),
     pytest.param({QOS_CLASS_LABEL: "guaranteed"}, {}, ("guaranteed", "pod", None), id="pod-label"),
     pytest.param({}, {QOS_CLASS_LABEL: "burstable"}, ("burstable", "namespace", None), id="namespace-label"),
-    pytest.param({QOS_CLASS_LABEL: "guaranteed"}, {QOS_CLASS_LABEL: "burstable"}, ("guaranteed", "pod", None),
-                 id="pod-wins-over-namespace"),
+    pytest.param({QOS_CLASS_LABEL: "guaranteed"}, {QOS_CLASS_LABEL: "burstable"},
+                 ("burstable", "namespace",
+                  "pod label vramguard.io/qos-class=guaranteed is not allowed in a namespace of class burstable "
+                  "(allowed: burstable)"),
+                 id="pod-cannot-leave-its-namespace-class"),
+    pytest.param({QOS_CLASS_LABEL: "best-effort"}, {QOS_CLASS_LABEL: "guaranteed"},
+                 ("guaranteed", "namespace", "pod label vramguard.io/qos-class=best-effort is not allowed"),
+                 id="pod-cannot-escape-guaranteed-rules"),
+    pytest.param({QOS_CLASS_LABEL: "guaranteed"}, {QOS_CLASS_LABEL: "guaranteed"}, ("guaranteed", "pod", None),
+                 id="pod-may-name-its-namespace-class"),
+    pytest.param({QOS_CLASS_LABEL: "burstable"}, {}, ("burstable", "pod", None),
+                 id="default-class-allows-the-shipped-classes"),
     pytest.param({QOS_CLASS_LABEL: "gold"}, {QOS_CLASS_LABEL: "burstable"},
                  ("burstable", "namespace", "pod label vramguard.io/qos-class=gold names no class"),
                  id="unknown-pod-class-falls-back"),
@@ -146,6 +156,58 @@ def test_choose_class(pod: dict[str, str], namespace: dict[str, str], expected: 
     else:
         assert choice.problem is not None and expected[2] in choice.problem
     assert choice.qos == default_policy().classes[choice.name]
+
+
+def test_a_namespace_class_lists_the_pod_classes_allowed_under_it() -> None:
+    policy = Policy.from_yaml("""
+default_class: open
+classes:
+  open: {sharing: [time-slicing]}
+  team: {sharing: [time-slicing], allows_pod_classes: [big]}
+  big: {sharing: [none]}
+""")
+    team = {QOS_CLASS_LABEL: "team"}
+    assert policy.pod_classes_under("team") == ("team", "big")
+    assert policy.choose_class({QOS_CLASS_LABEL: "big"}, team).name == "big"
+    refused = policy.choose_class({QOS_CLASS_LABEL: "open"}, team)
+    assert (refused.name, refused.source) == ("team", "namespace")
+    assert refused.problem == (
+        "pod label vramguard.io/qos-class=open is not allowed in a namespace of class team (allowed: team, big)"
+    )
+    # The field defaults to "only itself", for the default class too.
+    assert policy.choose_class({QOS_CLASS_LABEL: "big"}, {}).name == "open"
+
+
+def test_allows_pod_classes_must_name_classes() -> None:
+    with pytest.raises(PolicyError, match=r"classes\.a\.allows_pod_classes: 'gold' is not a class"):
+        Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none], allows_pod_classes: [gold]}}")
+
+
+@pytest.mark.parametrize(
+    ("user", "groups", "allowed"),
+    [
+        pytest.param("alice", (), True, id="listed-user"),
+        pytest.param("bob", ("system:nodes",), True, id="listed-group"),
+        pytest.param("bob", ("tenants",), False, id="neither"),
+        pytest.param("", (), False, id="anonymous"),
+    ],
+)
+def test_direct_placement_allow_list(user: str, groups: tuple[str, ...], allowed: bool) -> None:
+    policy = Policy.from_yaml(
+        "default_class: a\nclasses: {a: {sharing: [none]}}\n"
+        "direct_placement: {allowed_users: [alice], allowed_groups: [system:nodes]}"
+    )
+    assert policy.direct_placement.allows(user, groups) is allowed
+
+
+def test_direct_placement_keys_are_checked() -> None:
+    with pytest.raises(PolicyError, match="unknown key 'users' in direct_placement"):
+        Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\ndirect_placement: {users: [x]}")
+
+
+def test_shipped_policy_distrusts_env_only_engines_for_guaranteed_only() -> None:
+    classes = default_policy().classes
+    assert {name for name, qos in classes.items() if not qos.trust_env_only_engines} == {"guaranteed"}
 
 
 def test_choose_class_accepts_missing_labels() -> None:

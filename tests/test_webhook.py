@@ -17,17 +17,20 @@ from prometheus_client import CollectorRegistry
 from service.http import Readiness
 from tests.podspecs import container, pod
 from vramguard.admission import SUPPORTED_KINDS
-from vramguard.policy import ENFORCE_LABEL, Policy, PolicyFile, default_policy
-from webhook.app import PolicySource, WebhookState, create_webhook_app
+from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, Policy, PolicyFile, default_policy
+from webhook.app import BODY_LIMIT, PolicySource, WebhookState, create_webhook_app
+from webhook.state import FanOut
 
 POLICY_YAML = """
 default_class: best-effort
 enforcement: enforce
 classes:
   guaranteed: {sharing: [none, mig], allow_implicit_defaults: false}
-  best-effort: {sharing: [time-slicing]}
+  best-effort: {sharing: [time-slicing], allows_pod_classes: [guaranteed]}
 quotas:
   team-a: 160Gi
+schedulers: [vramguard, default-scheduler]
+direct_placement: {allowed_groups: ["system:nodes"]}
 """
 POLICY = Policy.from_yaml(POLICY_YAML)
 MiB = 1 << 20
@@ -73,7 +76,8 @@ def _name(obj: Any) -> str:
 
 def admission_review(obj: Any, *, operation: str = "CREATE", kind: str = "Pod",
                      namespace: str = "default", uid: str = "7f3c-req", old: Mapping[str, Any] | None = None,
-                     dry_run: bool = False, sub_resource: str | None = None) -> dict[str, Any]:
+                     dry_run: bool = False, sub_resource: str | None = None,
+                     groups: tuple[str, ...] = ("system:authenticated",)) -> dict[str, Any]:
     group, version = SUPPORTED_KINDS.get(kind, ("", "v1"))
     request: dict[str, Any] = {
         "uid": uid,
@@ -83,7 +87,7 @@ def admission_review(obj: Any, *, operation: str = "CREATE", kind: str = "Pod",
         "name": _name(obj),
         "namespace": namespace,
         "operation": operation,
-        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "userInfo": {"username": "alice", "groups": list(groups)},
         "object": obj,
         "oldObject": old,
         "dryRun": dry_run,
@@ -103,10 +107,12 @@ def make_state(
     lookup: Callable[[str], Awaitable[Mapping[str, Any] | None]] | None = None,
 ) -> WebhookState:
     state = WebhookState(PolicySource(policy), namespace_lookup=lookup)
-    state.namespaces.replace([{"metadata": {"name": n, "labels": dict(labels)}} for n, labels in
-                              (namespaces or {"default": {ENFORCE_LABEL: "enforce"}}).items()])
-    state.nodes.replace([gpu_node("gpu-1"), *nodes])
-    state.pods.replace(list(pods))
+    # As in webhook.main: the quota's stores and the cluster model read the same watches.
+    FanOut(state.namespaces, state.cluster.namespaces).replace(
+        [{"metadata": {"name": n, "labels": dict(labels)}} for n, labels in
+         (namespaces or {"default": {ENFORCE_LABEL: "enforce"}}).items()])
+    FanOut(state.nodes, state.cluster.nodes).replace([gpu_node("gpu-1"), *nodes])
+    FanOut(state.pods, state.cluster.pods).replace(list(pods))
     return state
 
 
@@ -261,14 +267,29 @@ async def test_malformed_requests_are_a_clear_400(client_for: Any, body: bytes, 
     assert fragment in error
 
 
-async def test_body_over_one_mebibyte_is_413(client_for: Any) -> None:
+async def test_padded_review_is_read_and_judged_not_refused_with_413(client_for: Any) -> None:
+    # An UPDATE carries the object twice: two 1.1 MB env vars must still reach the rules, or the
+    # API server applies the failure policy (Ignore would admit the pod unchecked).
+    obj = vllm_pod("1.5")
+    obj["spec"]["containers"][0]["env"] = [{"name": "PAD", "value": "x" * 1_100_000}]
+    client = await client_for(make_state())
+    status, body = await post(client, admission_review(obj, operation="UPDATE", old=obj))
+    assert status == 200
+    assert body["response"]["allowed"] is True  # the old object had the problem too
+    status, body = await post(client, admission_review(obj))
+    assert (status, body["response"]["allowed"]) == (200, False)
+    assert "--gpu-memory-utilization 1.5 is outside (0, 1]" in body["response"]["status"]["message"]
+
+
+async def test_body_over_eight_mebibytes_is_413(client_for: Any) -> None:
     obj = vllm_pod()
-    obj["metadata"]["annotations"] = {"filler": "x" * (1024 * 1024)}
+    obj["metadata"]["annotations"] = {"filler": "x" * BODY_LIMIT}
     client = await client_for(make_state())
     response = await client.post("/validate", data=json.dumps(admission_review(obj)).encode(),
                                  headers={"Content-Type": "application/json"})
     assert response.status == 413
-    assert "exceeds the limit of 1048576 bytes" in (await response.json())["error"]
+    assert f"exceeds the limit of {BODY_LIMIT} bytes" in (await response.json())["error"]
+    assert BODY_LIMIT == 8 * 1024 * 1024
 
 
 async def test_junk_inside_the_object_is_never_a_server_error(client_for: Any) -> None:
@@ -385,11 +406,106 @@ async def test_bound_pod_is_sized_on_its_node(client_for: Any) -> None:
                        pods=tuple(vllm_pod("0.5", name=f"r{i}", namespace="team-a", uid=f"r{i}", node="small")
                                   for i in range(7)))
     client = await client_for(state)
+    # The kubelet's mirror pods (system:nodes) are allow-listed past the node's ledger.
     _, body = await post(client, admission_review(vllm_pod("0.5", namespace="team-a", uid="n", node="small"),
-                                                  namespace="team-a"))
+                                                  namespace="team-a", groups=("system:nodes",)))
     assert body["response"]["allowed"] is True  # 8 x 20 GiB = 160 GiB
     _, body = await post(client, admission_review(vllm_pod("0.5", namespace="team-a", uid="m"), namespace="team-a"))
     assert body["response"]["status"]["message"].startswith("namespace team-a would hold 200Gi of its 160Gi")
+
+
+# --------------------------------------------------------------------------- direct placement
+
+
+DIRECT = {
+    "fits": ("enforce", ("system:authenticated",), 0, True, None),
+    "over-budget-denied": ("enforce", ("system:authenticated",), 1, False,
+                           "spec.nodeName g1 places the pod past the scheduler and it does not fit there: "
+                           "GPU 0 (NVIDIA A100 SXM4 80GB): 0.0 GiB of 72.0 GiB VRAM budget free, pod needs 72.0 GiB "
+                           "per GPU"),
+    "over-budget-warned": ("warn", ("system:authenticated",), 1, True, None),
+    "allow-listed-group": ("enforce", ("system:nodes",), 1, True, None),
+}
+
+
+@pytest.mark.parametrize(("mode", "groups", "bound", "allowed", "message"), DIRECT.values(), ids=DIRECT.keys())
+async def test_pod_created_on_a_node_must_fit_its_ledger(
+    client_for: Any, mode: str, groups: tuple[str, ...], bound: int, allowed: bool, message: str | None
+) -> None:
+    # One 80 GiB GPU with 10% headroom: a 72 GiB budget, which one 0.9 pod takes whole.
+    state = make_state(namespaces={"default": {ENFORCE_LABEL: mode}}, nodes=(gpu_node("g1", gpus=1),),
+                       pods=tuple(vllm_pod("0.9", name=f"b{i}", uid=f"b{i}", node="g1") for i in range(bound)))
+    client = await client_for(state)
+    _, body = await post(client, admission_review(vllm_pod("0.9", uid="new", node="g1"), groups=groups))
+    assert body["response"]["allowed"] is allowed
+    if message is not None:
+        assert body["response"]["status"]["message"] == message
+    if mode == "warn":
+        assert any(w.startswith("would deny: spec.nodeName g1 places the pod") for w in body["response"]["warnings"])
+
+
+async def test_bound_pods_of_the_watch_fill_the_ledger_and_leave_it(client_for: Any) -> None:
+    state = make_state(nodes=(gpu_node("g1", gpus=1),))
+    client = await client_for(state)
+    pods = FanOut(state.pods, state.cluster.pods)
+    pods.upsert(vllm_pod("0.9", name="b0", uid="b0", node="g1"))
+    _, body = await post(client, admission_review(vllm_pod("0.9", uid="new", node="g1")))
+    assert body["response"]["allowed"] is False
+    pods.delete(vllm_pod("0.9", name="b0", uid="b0", node="g1"))
+    _, body = await post(client, admission_review(vllm_pod("0.9", uid="new", node="g1")))
+    assert body["response"]["allowed"] is True
+
+
+async def test_quota_counts_live_env_only_engines_as_whole_gpus_where_the_class_distrusts_them(
+    client_for: Any,
+) -> None:
+    policy = Policy.from_yaml(POLICY_YAML.replace(
+        "guaranteed: {sharing: [none, mig], allow_implicit_defaults: false}",
+        "guaranteed: {sharing: [none, mig], allow_implicit_defaults: false, trust_env_only_engines: false}"))
+    jax = pod(container("jax", env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.01"}))
+    live = []
+    for i, qos in enumerate(("guaranteed", "best-effort")):
+        obj = copy.deepcopy(jax)
+        obj["metadata"].update(name=f"j{i}", namespace="team-a", uid=f"j{i}", labels={QOS_CLASS_LABEL: qos})
+        live.append(obj)
+    state = make_state(policy, namespaces={"team-a": {ENFORCE_LABEL: "enforce"}}, pods=tuple(live))
+    # gpu-1 offers 80 GiB GPUs: the distrusted pod holds all 80 GiB, the trusted one 1% of it.
+    usage = state.pods.usage("team-a")
+    assert usage.bytes == 80 * GiB + int(80 * GiB * 0.01) // 1
+    assert usage.pods == 2
+
+
+async def test_gpus_over_budget_are_a_metric(client_for: Any) -> None:
+    # Two 0.9 pods placed on a one-GPU node past the webhook (an allow-listed requester, or a race).
+    state = make_state(nodes=(gpu_node("g1", gpus=1),),
+                       pods=tuple(vllm_pod("0.9", name=f"b{i}", uid=f"b{i}", node="g1") for i in range(2)))
+    client = await client_for(state)
+    text = await (await client.get("/metrics")).text()
+    assert "vramguard_webhook_gpus_over_budget 1.0" in text
+    FanOut(state.pods, state.cluster.pods).delete(vllm_pod("0.9", name="b1", uid="b1", node="g1"))
+    text = await (await client.get("/metrics")).text()
+    assert "vramguard_webhook_gpus_over_budget 0.0" in text
+
+
+async def test_scheduler_not_wired_to_vramguard_is_refused(client_for: Any) -> None:
+    policy = Policy.from_yaml(
+        POLICY_YAML.replace("schedulers: [vramguard, default-scheduler]", "schedulers: [vramguard]")
+    )
+    client = await client_for(make_state(policy))
+    _, body = await post(client, admission_review(vllm_pod()))
+    assert body["response"]["status"]["message"] == (
+        "spec.schedulerName default-scheduler does not call vramguard, so nothing would check this pod's GPU "
+        "memory; set spec.schedulerName: vramguard (policy schedulers: vramguard)"
+    )
+    _, body = await post(client, admission_review(vllm_pod(schedulerName="vramguard")))
+    assert body["response"]["allowed"] is True
+
+
+async def test_user_info_of_the_wrong_type_is_a_400(client_for: Any) -> None:
+    review = admission_review(vllm_pod())
+    review["request"]["userInfo"] = {"username": ["x"], "groups": "system:masters"}
+    status, body = await post(await client_for(make_state()), review)
+    assert status == 400 and "userInfo" in body["error"]
 
 
 # --------------------------------------------------------------------------- probes, metrics, policy
@@ -435,7 +551,8 @@ async def test_policy_file_changes_apply_without_a_restart(client_for: Any, tmp_
     _, body = await post(client, admission_review(vllm_pod("1.5")))
     assert body["response"]["allowed"] is False  # enforcement: enforce
     path.write_text(POLICY_YAML.replace("enforcement: enforce", "enforcement: audit"))
-    assert source.refresh()
+    assert state.refresh_policy()
+    assert state.cluster.policy is source.policy  # the ledger's budgets follow the new headrooms
     _, body = await post(client, admission_review(vllm_pod("1.5")))
     assert body["response"]["allowed"] is True
     path.write_text("classes: [broken")

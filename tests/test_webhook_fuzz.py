@@ -25,8 +25,9 @@ default_class: best-effort
 classes:
   guaranteed: {sharing: [none, mig], allow_implicit_defaults: false, unknown_vram: reject, max_vram_per_gpu: 40Gi}
   burstable: {sharing: [mps], require_mps_limit: true}
-  best-effort: {sharing: [time-slicing]}
+  best-effort: {sharing: [time-slicing], allows_pod_classes: [guaranteed, burstable]}
 quotas: {team-a: 100Gi}
+schedulers: [vramguard, default-scheduler]
 """
 )
 NAMESPACES = ("team-a", "enforced", "warned", "audited", "unknown")

@@ -34,6 +34,7 @@ classes:
   shared: {sharing: [time-slicing]}
 quotas:
   team-a: 80Gi
+schedulers: [vramguard, default-scheduler]
 """
 )
 
@@ -227,3 +228,23 @@ async def _served_serial(running: Running) -> int:
 
 async def _is(status: Any, expected: int) -> bool:
     return bool(await status == expected)
+
+
+async def test_direct_placement_reads_the_ledger_the_watches_feed(running: Running) -> None:
+    # The pod watch feeds the quota and the cluster model alike: a pod bound by the watch fills the
+    # GPU (0.9 of 80 GiB is its whole budget), and a pod created onto that node no longer fits.
+    running.api.lists_open.set()
+    await eventually(lambda: _is(running.get("/readyz"), 200))
+    direct = gpu_pod("direct", "0.2", namespace="team-b")
+    direct["spec"]["nodeName"] = "gpu"
+    running.api.objects["namespaces"].append({"metadata": {"name": "team-b", "labels": {ENFORCE_LABEL: "enforce"}}})
+    assert (await running.validate(review(direct, "team-b")))["allowed"] is True
+    bound = gpu_pod("bound", "0.9", namespace="team-b")
+    bound["spec"]["nodeName"] = "gpu"
+    await running.api.events["pods"].put({"type": "ADDED", "object": bound})
+
+    async def refused() -> bool:
+        answer = await running.validate(review(direct, "team-b"))
+        return not answer["allowed"] and answer["status"]["message"].startswith("spec.nodeName gpu places the pod")
+
+    await eventually(refused)

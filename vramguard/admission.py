@@ -12,7 +12,12 @@ returns a :class:`Decision` ready to encode.
   declaration), a ``vramguard.io/qos-class`` label naming no class, VRAM that cannot be derived in
   a class that rejects it, an engine's implicit default in a class that forbids them, a reservation
   above the class's ``max_vram_per_gpu``, a missing MPS limit where the class requires one, a GPU
-  resource or sharing strategy the class does not allow, a namespace VRAM quota exceeded;
+  resource or sharing strategy the class does not allow, a namespace VRAM quota exceeded, a
+  ``vramguard.io/qos-class`` pod label naming a class its namespace's class does not allow
+  (``allows_pod_classes``), a ``spec.schedulerName`` that does not call the extender (policy
+  ``schedulers``), a pod created with ``spec.nodeName`` that does not fit that node's ledger
+  (``ClusterView.ledger``, the extender's cluster model) unless its requester is in the policy's
+  ``direct_placement`` allow-list;
 - *notes* are worth knowing but never block: the demand model's warnings (implicit defaults where
   allowed, unknown VRAM counted as a whole GPU, values from Secrets), problems that show only on
   some GPU sizes, labels with invalid values.
@@ -28,6 +33,10 @@ client displays whole; the full text stays in the denial message and the audit a
 object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
 a finalizer being removed) is admitted at once. Otherwise turning a namespace to ``enforce``
 would block label edits and deletions of everything admitted before.
+
+**Engines named only by environment variables** (JAX) are not believed in a class with
+``trust_env_only_engines: false``: such a container counts as unknown VRAM there (a note says so),
+as it does in :func:`vramguard.placement.pod_claims` for the extender.
 
 **GPU sizes.** A fraction of a GPU becomes bytes only on a device. A pod bound to a node is sized
 on that node's devices; a pod not yet bound, or a workload's template, on the devices the cluster
@@ -64,8 +73,8 @@ from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.inventory import Gpu, NodeInventory
-from vramguard.ledger import Claim
-from vramguard.placement import pod_claims
+from vramguard.ledger import Claim, Ledger
+from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes
 
@@ -205,6 +214,9 @@ class ClusterView:
     """For a pod already bound (``spec.nodeName``): what its node offers, when the node is known."""
     usage: NamespaceUsage | None = None
     """The namespace's VRAM in use; ``None`` when it was not computed (the namespace has no quota)."""
+    ledger: Ledger | None = None
+    """The cluster's GPU ledger (the extender's model, fed by the same watches), to check pods
+    created with ``spec.nodeName``; ``None``: not checked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +229,10 @@ class Subject:
     obj: Mapping[str, Any]
     old: Mapping[str, Any] | None = None
     """The object before an UPDATE."""
+    user: str = ""
+    """Who asks (``request.userInfo.username``)."""
+    groups: tuple[str, ...] = ()
+    """The requester's groups (``request.userInfo.groups``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +411,7 @@ class AdmissionRules:
         if mode_problem is not None:
             found.note(mode_problem)
         choice = self._class(template, cluster, found)
+        demand, claims = self._believed(demand, claims, choice, found)
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.obj, template, demand, offers)
         self._rules(subject, demand, choice, offers, claims, pods, cluster, found)
@@ -437,6 +454,70 @@ class AdmissionRules:
             self._mps_limit(container, choice, found)
             self._sharing(container, choice, offer, cluster.node_offers is not None, found)
         self._quota(subject, claims, pods, offers, cluster, found)
+        template = pod_template(subject.obj, subject.kind) or {}
+        node = _mapping(template.get("spec")).get("nodeName")
+        if isinstance(node, str) and node:
+            self._direct_placement(subject, node, demand, choice, cluster, found)
+        else:
+            self._scheduler(template, found)
+
+    @staticmethod
+    def _believed(
+        demand: PodDemand, claims: tuple[Claim, ...], choice: ClassChoice, found: _Findings
+    ) -> tuple[PodDemand, tuple[Claim, ...]]:
+        """The demand as the class believes it: engines named only by env vars are unknown VRAM there."""
+        guesses = demand.env_only_guesses()
+        if choice.qos.trust_env_only_engines or not guesses:
+            return demand, claims
+        for name in guesses:
+            found.note(
+                f"container {name}: class {choice.name} does not trust engines recognised only from "
+                f"environment variables; its VRAM counts as unknown unless declared ({VRAM}.{name})"
+            )
+        believed = demand.distrusting_env_only()
+        return believed, quota_claims(believed)
+
+    def _scheduler(self, template: Mapping[str, Any], found: _Findings) -> None:
+        """A GPU pod must be placed by a scheduler that calls the extender, or nothing checks its GPU."""
+        name = _mapping(template.get("spec")).get("schedulerName")
+        name = name if isinstance(name, str) and name else "default-scheduler"  # the API server default
+        wired = self.policy.schedulers
+        if name not in wired:
+            found.violate(
+                f"spec.schedulerName {name} does not call vramguard, so nothing would check this pod's GPU "
+                f"memory; set spec.schedulerName: {wired[0]} (policy schedulers: {', '.join(wired)})"
+            )
+
+    def _direct_placement(
+        self,
+        subject: Subject,
+        node: str,
+        demand: PodDemand,
+        choice: ClassChoice,
+        cluster: ClusterView,
+        found: _Findings,
+    ) -> None:
+        """A pod created with ``spec.nodeName`` skips the scheduler: it must fit that node's ledger.
+
+        It runs whatever its class says about unknown VRAM, so such VRAM holds a whole GPU here,
+        as it does in the ledger once the pod is bound.
+        """
+        if subject.kind != "Pod" or subject.operation != "CREATE" or cluster.ledger is None:
+            return
+        if self.policy.direct_placement.allows(subject.user, subject.groups):
+            return
+        whole_gpu = choice
+        if choice.qos.unknown_vram != "whole-gpu":
+            qos = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
+            whole_gpu = ClassChoice(choice.name, qos, choice.source)
+        uid = _mapping(subject.obj.get("metadata")).get("uid")
+        claims = pod_claims(demand, whole_gpu, uid if isinstance(uid, str) else "")
+        verdict = filter_node(cluster.ledger, node, claims, whole_gpu)
+        if not verdict.ok:
+            found.violate(
+                f"spec.nodeName {node} places the pod past the scheduler and it does not fit there: "
+                f"{verdict.message}"
+            )
 
     def _class(self, template: Mapping[str, Any], cluster: ClusterView, found: _Findings) -> ClassChoice:
         labels = _string_map(_mapping(template.get("metadata")).get("labels"))
@@ -445,6 +526,12 @@ class AdmissionRules:
         if asked is not None and asked not in self.policy.classes:
             found.violate(
                 f"label {QOS_CLASS_LABEL}={asked} names no class; use one of {', '.join(self.policy.classes)}"
+            )
+        elif asked is not None and choice.name != asked:
+            allowed = self.policy.pod_classes_under(choice.name)
+            found.violate(
+                f"label {QOS_CLASS_LABEL}={asked} is not allowed in namespace class {choice.name}; "
+                f"use one of {', '.join(allowed)} (a namespace admin sets the namespace's class)"
             )
         namespace_class = (cluster.namespace_labels or {}).get(QOS_CLASS_LABEL)
         if namespace_class is not None and namespace_class not in self.policy.classes:

@@ -87,6 +87,8 @@ class Assignment:
 
 def pod_claims(demand: PodDemand, choice: ClassChoice, uid: str = "") -> PodClaims:
     """The claims a pod makes, one per device replica, under its class's rule for unknown VRAM."""
+    if not choice.qos.trust_env_only_engines:
+        demand = demand.distrusting_env_only()  # an engine named only by env vars is unknown VRAM
     unknown = [c.name for c in demand.containers if c.reservation is None]
     if unknown and choice.qos.unknown_vram == "reject":
         names = ", ".join(unknown)

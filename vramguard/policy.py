@@ -1,7 +1,8 @@
 """The policy: QoS classes, enforcement modes and VRAM quotas, shared by the extender and the webhook.
 
-A pod's class comes from its label ``vramguard.io/qos-class``, else from its namespace's label of
-the same name, else from ``default_class``. A class says which sharing strategies its pods may use
+A pod's class comes from its label ``vramguard.io/qos-class`` when its namespace's class allows
+that class (``allows_pod_classes``), else from its namespace's label of the same name, else from
+``default_class``. A class says which sharing strategies its pods may use
 (``none``, ``time-slicing``, ``mps``, ``mig``), how much of each GPU to keep free (``headroom``),
 how to rank nodes (``binpack`` | ``spread``), and what to do when a pod's VRAM is unknown
 (``whole-gpu`` | ``reject``); the webhook reads ``max_vram_per_gpu``, ``require_mps_limit`` and
@@ -94,6 +95,14 @@ class QosClass(_Strict):
     """Containers must set ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (webhook)."""
     allow_implicit_defaults: bool = True
     """Whether an engine's implicit default (vLLM's 0.92) is acceptable (webhook)."""
+    allows_pod_classes: tuple[str, ...] | None = None
+    """Classes a pod label may pick in a namespace of this class (default: only this class). A
+    tenant labels its pods; only a namespace admin labels namespaces, so a pod must not escape
+    its namespace's class by labelling itself."""
+    trust_env_only_engines: bool = True
+    """Whether an engine recognised only from environment variables (JAX's ``XLA_PYTHON_CLIENT_*``)
+    is believed. Any container can set ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.01``; when false, such a
+    container counts as unknown VRAM (``unknown_vram``) unless it declares its VRAM."""
 
     @field_validator("sharing")
     @classmethod
@@ -118,6 +127,22 @@ class QosClass(_Strict):
     def max_vram(self) -> Vram | None:
         """``max_vram_per_gpu`` parsed, or ``None``."""
         return parse_vram_limit(self.max_vram_per_gpu) if self.max_vram_per_gpu is not None else None
+
+
+class DirectPlacement(_Strict):
+    """Who may create GPU pods with ``spec.nodeName`` set that do not fit the node's ledger.
+
+    Such pods bypass the scheduler and its extender; the webhook admits one in an ``enforce``
+    namespace only when it fits, or when its creator is listed here (the kubelet's mirror pods
+    belong to ``system:nodes``).
+    """
+
+    allowed_users: tuple[str, ...] = ()
+    allowed_groups: tuple[str, ...] = ()
+
+    def allows(self, user: str, groups: tuple[str, ...]) -> bool:
+        """Whether the requester (``request.userInfo``) is allow-listed."""
+        return user in self.allowed_users or any(group in self.allowed_groups for group in groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +171,8 @@ class Policy(_Strict):
     schedulers: tuple[str, ...] = Field(default=("vramguard",), min_length=1)
     """Scheduler names (profiles) whose kube-scheduler calls the vramguard extender: the extender
     binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
+    direct_placement: DirectPlacement = Field(default_factory=DirectPlacement)
+    """Requesters allowed to place GPU pods directly (``spec.nodeName``) past the ledger (webhook)."""
 
     @field_validator("classes")
     @classmethod
@@ -171,7 +198,19 @@ class Policy(_Strict):
             raise ValueError(
                 f"default_class {self.default_class!r} is not a class (classes: {', '.join(self.classes)})"
             )
+        for name, qos in self.classes.items():
+            unknown = [c for c in qos.allows_pod_classes or () if c not in self.classes]
+            if unknown:
+                raise ValueError(
+                    f"classes.{name}.allows_pod_classes: {', '.join(map(repr, unknown))} is not a class "
+                    f"(classes: {', '.join(self.classes)})"
+                )
         return self
+
+    def pod_classes_under(self, namespace_class: str) -> tuple[str, ...]:
+        """The classes a pod label may pick in a namespace of ``namespace_class`` (itself at least)."""
+        allowed = self.classes[namespace_class].allows_pod_classes
+        return tuple(dict.fromkeys((namespace_class, *(allowed or ()))))
 
     @classmethod
     def from_yaml(cls, text: str) -> Policy:
@@ -192,29 +231,40 @@ class Policy(_Strict):
     def choose_class(
         self, pod_labels: Mapping[str, str] | None, namespace_labels: Mapping[str, str] | None
     ) -> ClassChoice:
-        """The pod's class: its label, else its namespace's label, else the default class.
+        """The pod's class: its label when its namespace's class allows it, else the namespace's class.
 
-        A label naming no class is skipped (the next source decides) and reported in ``problem``,
-        so the webhook can tell the user and the extender can still place the pod.
+        The namespace's class is its label, else the default class. A label naming no class, or a
+        pod label naming a class its namespace's class does not allow (``allows_pod_classes``), is
+        ignored and reported in ``problem``, so the webhook can tell the user and the extender can
+        still place the pod.
         """
         problems: list[str] = []
-        sources: tuple[tuple[Literal["pod", "namespace"], Mapping[str, str] | None], ...] = (
-            ("pod", pod_labels),
-            ("namespace", namespace_labels),
-        )
-        for source, labels in sources:
-            name = (labels or {}).get(QOS_CLASS_LABEL)
-            if name is None:
-                continue
-            if name in self.classes:
-                return ClassChoice(name, self.classes[name], source, "; ".join(problems) or None)
+        namespace_name = (namespace_labels or {}).get(QOS_CLASS_LABEL)
+        source: Literal["pod", "namespace", "default"] = "namespace"
+        if namespace_name is not None and namespace_name not in self.classes:
             problems.append(
-                f"{source} label {QOS_CLASS_LABEL}={name} names no class "
+                f"namespace label {QOS_CLASS_LABEL}={namespace_name} names no class "
                 f"(classes: {', '.join(self.classes)})"
             )
-        return ClassChoice(
-            self.default_class, self.classes[self.default_class], "default", "; ".join(problems) or None
-        )
+            namespace_name = None
+        if namespace_name is None:
+            namespace_name, source = self.default_class, "default"
+        asked = (pod_labels or {}).get(QOS_CLASS_LABEL)
+        if asked is not None:
+            allowed = self.pod_classes_under(namespace_name)
+            if asked not in self.classes:
+                problems.insert(
+                    0, f"pod label {QOS_CLASS_LABEL}={asked} names no class (classes: {', '.join(self.classes)})"
+                )
+            elif asked not in allowed:
+                problems.insert(
+                    0,
+                    f"pod label {QOS_CLASS_LABEL}={asked} is not allowed in a namespace of class "
+                    f"{namespace_name} (allowed: {', '.join(allowed)})",
+                )
+            else:
+                return ClassChoice(asked, self.classes[asked], "pod", "; ".join(problems) or None)
+        return ClassChoice(namespace_name, self.classes[namespace_name], source, "; ".join(problems) or None)
 
     def headroom_for(self, sharing: Sharing) -> Fraction:
         """The headroom of GPUs shared by ``sharing``: the largest among classes allowed on them.
@@ -273,6 +323,8 @@ def _allowed_keys(parent: tuple[int | str, ...]) -> list[str]:
     model: type[BaseModel] = Policy
     if len(parent) == 2 and parent[0] == "classes":
         model = QosClass
+    elif parent == ("direct_placement",):
+        model = DirectPlacement
     return list(model.model_fields)
 
 

@@ -25,15 +25,20 @@ from vramguard.admission import (
     Subject,
     demand_options,
 )
+from vramguard.cluster import ClusterState
 from vramguard.policy import Policy, PolicyFile
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
 from webhook.state import NamespaceStore, NodeStore, PodStore
 
-__all__ = ["STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
+__all__ = ["BODY_LIMIT", "STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
 
 logger = logging.getLogger(__name__)
 
 NamespaceLookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+# The API server sends the whole object (twice on UPDATE: object and oldObject). An object may be
+# up to etcd's 1.5 MiB, more in JSON with escapes; 8 MiB reads every review of such objects, so a
+# padded pod is judged by the rules instead of falling to the failure policy with a 413.
+BODY_LIMIT = 8 * 1024 * 1024
 # The API server gives the webhook at most timeoutSeconds (5 s in the shipped configuration);
 # a namespace the watch has not delivered yet is fetched within a fraction of that.
 NAMESPACE_LOOKUP_TIMEOUT = 1.5
@@ -83,8 +88,34 @@ class WebhookState:
         options = demand_options(policy.policy)
         self.namespaces = NamespaceStore()
         self.nodes = NodeStore(tuple(options.gpu_resources), options.gpu_resource_prefixes)
-        self.pods = PodStore(options, self.nodes)
+        self.pods = PodStore(options, self.nodes, trusts_env_only=self._trusts_env_only)
+        self.cluster = ClusterState(policy.policy)
+        """The extender's cluster model (ledger of bound GPU pods), to check direct placements."""
         self._lookup = namespace_lookup
+
+    def _trusts_env_only(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the class of a live pod (its labels, its namespace's) believes env-only engines."""
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        labels = metadata.get("labels")
+        namespace = metadata.get("namespace")
+        pod_labels = {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, Mapping) else None
+        namespace_labels = self.namespaces.labels(namespace) if isinstance(namespace, str) else None
+        return self.policy.policy.choose_class(pod_labels, namespace_labels).qos.trust_env_only_engines
+
+    def refresh_policy(self) -> bool:
+        """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""
+        if not self.policy.refresh():
+            return False
+        self.cluster.set_policy(self.policy.policy)
+        return True
+
+    def gpus_over_budget(self) -> int:
+        """Devices of the cluster model whose worst case exceeds their budget."""
+        ledger = self.cluster.ledger
+        return sum(
+            1 for node in ledger.node_names() for row in ledger.usage(node, pods=False) if row.worst_bytes > row.budget
+        )
 
     async def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The namespace's labels from the watch, else from the API server; ``None`` if unknown."""
@@ -110,7 +141,8 @@ class WebhookState:
         usage = None
         if self.policy.rules.quota_bytes(subject.namespace) is not None:
             usage = self.pods.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
-        return ClusterView(labels, self.nodes.offers(), node_offers, usage)
+        ledger = self.cluster.ledger if node else None
+        return ClusterView(labels, self.nodes.offers(), node_offers, usage, ledger)
 
 
 STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)
@@ -135,6 +167,13 @@ class _Metrics:
             registry=registry,
         )
         pending.set_function(state.pods.pending)
+        over = Gauge(
+            "vramguard_webhook_gpus_over_budget",
+            "GPUs whose bound pods may hold more than the GPU's VRAM budget (pods placed past vramguard, "
+            "e.g. direct placements that raced at admission); `vramguard audit` names them.",
+            registry=registry,
+        )
+        over.set_function(state.gpus_over_budget)
 
 
 _METRICS_KEY = web.AppKey("vramguard_webhook_metrics", _Metrics)
@@ -144,7 +183,9 @@ def create_webhook_app(
     state: WebhookState, *, registry: CollectorRegistry, readiness: Readiness | None = None
 ) -> web.Application:
     """The webhook application: ``POST /validate`` plus the probes and metrics of ``service.http``."""
-    app = create_app(registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook")
+    app = create_app(
+        registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook", client_max_size=BODY_LIMIT
+    )
     app[STATE_KEY] = state
     app[_METRICS_KEY] = _Metrics(registry, state)
     app.router.add_post("/validate", validate)
@@ -209,7 +250,8 @@ def _subject(admission: AdmissionRequest) -> Subject:
         raise RequestError(400, f"request.namespace is missing; {gvk.kind} objects are namespaced")
     operation: Operation = "CREATE" if admission.operation == "CREATE" else "UPDATE"
     old = admission.oldObject if operation == "UPDATE" else None
-    return Subject(gvk.kind, operation, namespace, obj, old)
+    user = admission.userInfo
+    return Subject(gvk.kind, operation, namespace, obj, old, user.username, user.groups)
 
 
 def _object_uid(obj: Mapping[str, Any]) -> str | None:

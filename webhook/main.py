@@ -24,6 +24,7 @@ from service.kube import ApiError, Connection, Informer, KubeClient
 from service.server import RunningServer, ServerSettings, run_https
 from service.tls import ReloadingTLSContext
 from webhook.app import PolicySource, WebhookState, create_webhook_app
+from webhook.state import FanOut
 
 __all__ = ["POD_FIELD_SELECTOR", "WebhookSettings", "run_webhook"]
 
@@ -66,15 +67,19 @@ async def run_webhook(
                 raise
 
         state = WebhookState(settings.policy, namespace_lookup=lookup)
+        # The quota's stores and the cluster model (the extender's ledger, for pods created with
+        # spec.nodeName) read the same watches; the model keeps only the bound pods among them.
         informers = [
-            Informer(client, "/api/v1/namespaces", state.namespaces),
-            Informer(client, "/api/v1/nodes", state.nodes),
-            Informer(client, "/api/v1/pods", state.pods, {"fieldSelector": POD_FIELD_SELECTOR}),
+            Informer(client, "/api/v1/namespaces", FanOut(state.namespaces, state.cluster.namespaces)),
+            Informer(client, "/api/v1/nodes", FanOut(state.nodes, state.cluster.nodes)),
+            Informer(
+                client, "/api/v1/pods", FanOut(state.pods, state.cluster.pods), {"fieldSelector": POD_FIELD_SELECTOR}
+            ),
         ]
         readiness = Readiness({"informers-synced": lambda: all(i.synced.is_set() for i in informers)})
         app = create_webhook_app(state, registry=CollectorRegistry(), readiness=readiness)
         tasks = [asyncio.create_task(i.run(), name=f"watch {i.path}") for i in informers]
-        tasks.append(asyncio.create_task(_refresh_policy(settings), name="policy-refresh"))
+        tasks.append(asyncio.create_task(_refresh_policy(settings, state), name="policy-refresh"))
         try:
             await run_https(
                 app,
@@ -94,11 +99,11 @@ async def run_webhook(
                     await task
 
 
-async def _refresh_policy(settings: WebhookSettings) -> None:
+async def _refresh_policy(settings: WebhookSettings, state: WebhookState) -> None:
     while True:
         await asyncio.sleep(settings.policy_refresh_interval)
         try:
-            settings.policy.refresh()
+            state.refresh_policy()
         except Exception:
             # A bug here must not stop later reloads; the last good policy stays in force.
             logger.exception("unexpected error while reloading the policy")

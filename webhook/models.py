@@ -27,6 +27,13 @@ class GroupVersionKind(_Wire):
     kind: str = Field(min_length=1)
 
 
+class UserInfo(_Wire):
+    """``request.userInfo``: who asks (the API server authenticated them)."""
+
+    username: str = ""
+    groups: tuple[str, ...] = ()
+
+
 class AdmissionRequest(_Wire):
     """``request``: what is being admitted."""
 
@@ -39,6 +46,7 @@ class AdmissionRequest(_Wire):
     object: dict[str, Any] | None = None
     oldObject: dict[str, Any] | None = None
     dryRun: bool = False
+    userInfo: UserInfo = UserInfo()
 
 
 class AdmissionReview(_Wire):

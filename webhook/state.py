@@ -30,7 +30,7 @@ from vramguard.demand import DemandOptions, derive_pod_demand
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.ledger import Claim
 
-__all__ = ["PENDING_TTL", "NamespaceStore", "NodeStore", "PodStore"]
+__all__ = ["PENDING_TTL", "FanOut", "NamespaceStore", "NodeStore", "PodStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,30 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
 def _name(obj: Mapping[str, Any]) -> str:
     name = _metadata(obj).get("name")
     return name if isinstance(name, str) else ""
+
+
+class FanOut:
+    """One informer feeding several stores (the quota's and the cluster model's), so the webhook
+    watches each kind once."""
+
+    def __init__(self, *stores: Any) -> None:
+        """Forward every event to each of ``stores`` (objects with replace, upsert and delete)."""
+        self._stores = stores
+
+    def replace(self, objects: list[JSON]) -> None:
+        """The full list after a (re-)list."""
+        for store in self._stores:
+            store.replace(objects)
+
+    def upsert(self, obj: JSON) -> None:
+        """An object was added or changed."""
+        for store in self._stores:
+            store.upsert(obj)
+
+    def delete(self, obj: JSON) -> None:
+        """An object was deleted."""
+        for store in self._stores:
+            store.delete(obj)
 
 
 class NamespaceStore:
@@ -187,12 +211,23 @@ class PodStore:
     """The live GPU pods of every namespace, and those admitted but not yet seen by the watch."""
 
     def __init__(
-        self, options: DemandOptions, nodes: NodeStore, *, clock: Callable[[], float] = time.monotonic
+        self,
+        options: DemandOptions,
+        nodes: NodeStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        trusts_env_only: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
-        """Derive pods' demand with ``options``; size their claims on ``nodes``."""
+        """Derive pods' demand with ``options``; size their claims on ``nodes``.
+
+        ``trusts_env_only`` says whether a pod's class believes engines recognised only from
+        environment variables; where it does not, such a container counts as unknown VRAM (a whole
+        device), as the rules count the pod under review.
+        """
         self._options = options
         self._nodes = nodes
         self._clock = clock
+        self._trusts_env_only = trusts_env_only
         self._pods: dict[str, PodRecord] = {}
         self._by_namespace: dict[str, set[str]] = {}
         self._pending: dict[str, _Pending] = {}
@@ -244,6 +279,8 @@ class PodStore:
         demand = derive_pod_demand(obj, self._options)
         if not demand.wants_gpu:
             return None
+        if self._trusts_env_only is not None and demand.env_only_guesses() and not self._trusts_env_only(obj):
+            demand = demand.distrusting_env_only()
         metadata = _metadata(obj)
         spec = obj.get("spec")
         node = spec.get("nodeName") if isinstance(spec, Mapping) else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from vramguard.quantity import format_bytes
@@ -61,6 +61,8 @@ class EngineClaim:
     errors: tuple[str, ...] = ()
     implicit_default: bool = False
     """The VRAM comes from the engine's built-in default, not from anything the spec says."""
+    env_only: bool = False
+    """The engine was recognised only from environment variables (JAX), which any container can set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,8 @@ class ContainerDemand:
     sm_percent: int | None = None
     implicit_default: bool = False
     """The engine's claim is its built-in default (vLLM's 0.92, TGI's 1.0, JAX's 0.75)."""
+    env_only: bool = False
+    """The engine was recognised only from environment variables (see :attr:`EngineClaim.env_only`)."""
     evidence: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
@@ -144,3 +148,17 @@ class PodDemand:
     def conflicts(self, device_bytes: int | None) -> list[str]:
         """Size-dependent errors of all containers for a device of ``device_bytes``."""
         return [problem for c in self.containers for problem in c.conflicts(device_bytes)]
+
+    def env_only_guesses(self) -> tuple[str, ...]:
+        """Containers whose reservation rests only on an engine recognised from its environment."""
+        return tuple(c.name for c in self.containers if c.env_only and c.declared is None and c.mps_limit is None)
+
+    def distrusting_env_only(self) -> PodDemand:
+        """This demand with :meth:`env_only_guesses` counted as unknown VRAM (the engine not believed)."""
+        guesses = set(self.env_only_guesses())
+        if not guesses:
+            return self
+        containers = tuple(
+            replace(c, claim=None, implicit_default=False) if c.name in guesses else c for c in self.containers
+        )
+        return replace(self, containers=containers)

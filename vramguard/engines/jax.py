@@ -54,7 +54,7 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
         vram = Vram(fraction=Fraction(3, 4))
     implicit = not fractions and not on_demand
     return EngineClaim(
-        NAME, vram, None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+        NAME, vram, None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit, env_only=True
     )
 
 

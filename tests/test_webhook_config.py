@@ -1,0 +1,173 @@
+"""The ValidatingWebhookConfiguration generator, the shipped file, the CLI and the Helm chart."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_manifests import CHART, MANIFESTS, NAMESPACE, helm_command
+from vramguard.cli import main
+from vramguard.policy import ENFORCE_LABEL, Policy, default_policy
+from vramguard.webhook_config import WebhookTarget, render, webhook_configuration
+
+SHIPPED = MANIFESTS / "webhook" / "validating-webhook.yaml"
+JSON = dict[str, Any]
+
+
+def enforce_expression(webhook: JSON) -> JSON | None:
+    found = [e for e in webhook["namespaceSelector"]["matchExpressions"] if e["key"] == ENFORCE_LABEL]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def entries(config: JSON) -> dict[str, tuple[str, tuple[str, ...], tuple[str, tuple[str, ...]] | None]]:
+    """name -> (failurePolicy, operations, (operator, values) of the enforce selector)."""
+    result = {}
+    for webhook in config["webhooks"]:
+        expression = enforce_expression(webhook)
+        operations = {op for rule in webhook["rules"] for op in rule["operations"]}
+        selector = (expression["operator"], tuple(expression["values"])) if expression else None
+        result[webhook["name"]] = (webhook["failurePolicy"], tuple(sorted(operations)), selector)
+    return result
+
+
+WARN_DEFAULT = {
+    "pods.vramguard.io": ("Fail", ("CREATE",), ("In", ("enforce",))),
+    "pods-unenforced.vramguard.io": ("Ignore", ("CREATE",), ("NotIn", ("enforce",))),
+    "pod-updates.vramguard.io": ("Ignore", ("UPDATE",), None),
+    "workloads.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
+    "workloads-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
+    "cronjobs.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
+    "cronjobs-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
+}
+ENFORCE_DEFAULT = {
+    name: (failure, operations, None if selector is None else
+           (("NotIn", ("warn", "audit")) if failure == "Fail" else ("In", ("warn", "audit"))))
+    for name, (failure, operations, selector) in WARN_DEFAULT.items()
+}
+MODES = {"warn": WARN_DEFAULT, "audit": WARN_DEFAULT, "enforce": ENFORCE_DEFAULT}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failure_policy_follows_the_default_enforcement(mode: str) -> None:
+    policy = default_policy().model_copy(update={"enforcement": mode})
+    assert entries(webhook_configuration(policy)) == MODES[mode]
+
+
+@pytest.mark.parametrize(
+    ("label", "mode"),
+    [("enforce", "enforce"), ("warn", "warn"), ("audit", "audit"), (None, "warn"), (None, "enforce"),
+     ("bogus", "warn"), ("bogus", "enforce")],
+)
+def test_every_namespace_meets_exactly_one_create_entry_and_fails_closed_only_where_enforced(
+    label: str | None, mode: str
+) -> None:
+    # Evaluate the selectors as the API server does, and compare with the webhook's own mode.
+    policy = default_policy().model_copy(update={"enforcement": mode})
+    labels = {ENFORCE_LABEL: label} if label is not None else {}
+    effective, _ = policy.enforcement_for(labels)
+    for kind in ("pods", "workloads", "cronjobs"):
+        chosen = [w for w in webhook_configuration(policy)["webhooks"]
+                  if w["name"].startswith(f"{kind}.") or w["name"].startswith(f"{kind}-unenforced.")]
+        matching = [w for w in chosen if selects(enforce_expression(w), labels)]
+        assert len(matching) == 1, kind
+        assert matching[0]["failurePolicy"] == ("Fail" if effective == "enforce" else "Ignore")
+
+
+def selects(expression: JSON | None, labels: dict[str, str]) -> bool:
+    if expression is None:
+        return True
+    present = expression["key"] in labels and labels[expression["key"]] in expression["values"]
+    return present if expression["operator"] == "In" else not present
+
+
+def test_webhook_names_are_unique_and_namespaces_excluded() -> None:
+    config = webhook_configuration(default_policy(), WebhookTarget(excluded_namespaces=("kube-system", "x")))
+    names = [w["name"] for w in config["webhooks"]]
+    assert len(names) == len(set(names))
+    for webhook in config["webhooks"]:
+        first = webhook["namespaceSelector"]["matchExpressions"][0]
+        assert first == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "x"]}
+
+
+def test_match_conditions_follow_the_policy_gpu_resources() -> None:
+    policy = Policy.from_yaml(
+        "default_class: a\nclasses: {a: {sharing: [none]}}\ngpu_resources: [amd.com/gpu]\ngpu_resource_prefixes: []"
+    )
+    expression = webhook_configuration(policy)["webhooks"][0]["matchConditions"][0]["expression"]
+    assert "r == 'amd.com/gpu'" in expression and "nvidia" not in expression
+
+
+def test_shipped_file_is_the_generator_output_for_the_default_policy() -> None:
+    fix = "vramguard webhook-config > manifests/webhook/validating-webhook.yaml (and copy it to the chart)"
+    assert SHIPPED.read_text() == render(webhook_configuration(default_policy())), fix
+
+
+def test_cli_prints_the_configuration_for_a_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["webhook-config"]) == 0
+    assert capsys.readouterr().out == SHIPPED.read_text()
+    text = (MANIFESTS / "base" / "policy.yaml").read_text().replace("enforcement: warn", "enforcement: enforce")
+    (tmp_path / "policy.yaml").write_text(text)
+    assert main(["webhook-config", "--policy", str(tmp_path / "policy.yaml"), "--namespace", "gpu"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert entries(config) == ENFORCE_DEFAULT
+    assert {w["clientConfig"]["service"]["namespace"] for w in config["webhooks"]} == {"gpu"}
+
+
+def test_cli_reports_a_bad_policy_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "policy.yaml").write_text("classes: 3\n")
+    assert main(["webhook-config", "--policy", str(tmp_path / "policy.yaml")]) == 1
+    assert "invalid policy" in capsys.readouterr().err
+
+
+def helm_webhook_configuration(policy: Path | None) -> JSON:
+    helm = helm_command()
+    if helm is None:
+        pytest.skip("helm is not installed")
+    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+    if policy is not None:
+        args += ["--set-file", f"policy={policy}"]
+    output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    found: JSON = next(d for d in yaml.safe_load_all(output) if d and d["kind"] == "ValidatingWebhookConfiguration")
+    return found
+
+
+@pytest.mark.parametrize("mode", ["warn", "enforce"])
+def test_chart_splits_the_failure_policy_by_the_policy_in_its_values(mode: str, tmp_path: Path) -> None:
+    policy = None
+    if mode == "enforce":
+        policy = tmp_path / "policy.yaml"
+        policy.write_text((MANIFESTS / "base" / "policy.yaml").read_text().replace(
+            "enforcement: warn", "enforcement: enforce"))
+    config = helm_webhook_configuration(policy)
+    assert entries(config) == MODES[mode]
+
+
+def test_chart_ships_the_admission_policies_with_the_admin_groups_of_its_values() -> None:
+    helm = helm_command()
+    if helm is None:
+        pytest.skip("helm is not installed")
+
+    def policies(*values: str) -> dict[str, JSON]:
+        args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+        for value in values:
+            args += ["--set", value]
+        output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return {f"{d['metadata']['name']}/{d['kind']}": d for d in yaml.safe_load_all(output)
+                if d and d["kind"].startswith("ValidatingAdmissionPolicy") and "agent" not in d["metadata"]["name"]}
+
+    shipped = {f"{d['metadata']['name']}/{d['kind']}": d
+               for d in yaml.safe_load_all((MANIFESTS / "webhook" / "admission-policies.yaml").read_text())}
+    rendered = policies()
+    assert set(rendered) == set(shipped)
+    for key, obj in rendered.items():
+        assert obj["spec"].get("validations") == shipped[key]["spec"].get("validations"), key
+    custom = policies("webhook.admissionPolicies.namespaceAdminGroups={platform,system:masters}")
+    condition = custom["vramguard-namespace-labels/ValidatingAdmissionPolicy"]["spec"]["matchConditions"][0][
+        "expression"]
+    assert "g in ['platform', 'system:masters']" in condition
+    assert policies("webhook.admissionPolicies.enabled=false") == {}

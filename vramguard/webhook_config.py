@@ -1,0 +1,210 @@
+"""The ValidatingWebhookConfiguration of the vramguard webhook, generated from a policy.
+
+Pure: :func:`webhook_configuration` builds the object, :func:`render` writes it as YAML. The
+shipped ``manifests/webhook/validating-webhook.yaml`` is :func:`render` of the default policy (a
+test checks it), ``vramguard webhook-config`` prints it for any policy, and the Helm chart derives
+its entries from the same file.
+
+**Failure policy.** A webhook that cannot answer (down, slow, a body too large) is passed over by
+the API server under ``Ignore``: the object is admitted unchecked. That is wrong where a
+namespace enforces the policy, and right where it only warns or audits (an outage must not stop
+deployments there). So each kind gets two entries, split on the namespace label
+``vramguard.io/enforce``: ``Fail`` for namespaces that enforce, ``Ignore`` for the others. A
+namespace without the label follows the policy's default mode, hence the selectors depend on it:
+
+==================  ======================================  ======================================
+default mode        ``Fail`` entry selects                  ``Ignore`` entry selects
+==================  ======================================  ======================================
+warn or audit       ``vramguard.io/enforce In [enforce]``    ``vramguard.io/enforce NotIn [enforce]``
+enforce             ``NotIn [warn, audit]``                  ``In [warn, audit]``
+==================  ======================================  ======================================
+
+A label with another value follows the default mode in the webhook too, so the split and the
+webhook always agree. Pod UPDATEs stay ``Ignore`` everywhere: an outage must never block removing
+a finalizer or garbage collection, and an update cannot add a GPU to a pod (its containers'
+resources are immutable).
+
+**matchConditions** send only objects that ask for a GPU resource of the policy (its
+``gpu_resources`` and ``gpu_resource_prefixes``) in a container's or init container's limits or
+requests. Each expression guards every field with ``has()``, so it never errors, and checks
+``object != null`` for operations without an object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from vramguard.policy import ENFORCE_LABEL, Policy
+
+__all__ = [
+    "WebhookTarget",
+    "enforcement_selectors",
+    "render",
+    "webhook_configuration",
+]
+
+CONFIGURATION_NAME = "vramguard"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookTarget:
+    """Where the API server finds the webhook, and which namespaces it never sends."""
+
+    namespace: str = "vramguard-system"
+    service: str = "vramguard-webhook"
+    path: str = "/validate"
+    port: int = 443
+    timeout_seconds: int = 5
+    excluded_namespaces: tuple[str, ...] = ("kube-system", "vramguard-system")
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """One group of resources the webhook validates, and where their pod spec lies."""
+
+    name: str
+    rules: tuple[tuple[str, tuple[str, ...]], ...]
+    """(API group, resources) pairs, all version v1."""
+    spec_path: str
+    """The CEL path of the pod spec in ``object`` (``object.spec`` for a Pod)."""
+
+
+# Workloads' pod templates are validated too, so a bad Deployment is refused at apply time rather
+# than later in its ReplicaSet's events; a CronJob's template lies one level deeper.
+_KINDS = (
+    _Kind("pods", (("", ("pods",)),), "object.spec"),
+    _Kind(
+        "workloads",
+        (("apps", ("deployments", "statefulsets", "daemonsets", "replicasets")), ("batch", ("jobs",))),
+        "object.spec.template.spec",
+    ),
+    _Kind("cronjobs", (("batch", ("cronjobs",)),), "object.spec.jobTemplate.spec.template.spec"),
+)
+
+
+def enforcement_selectors(default_mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``vramguard.io/enforce`` match expressions of the ``Fail`` and the ``Ignore`` entries."""
+    if default_mode == "enforce":
+        others = ["warn", "audit"]
+        return (
+            {"key": ENFORCE_LABEL, "operator": "NotIn", "values": others},
+            {"key": ENFORCE_LABEL, "operator": "In", "values": others},
+        )
+    return (
+        {"key": ENFORCE_LABEL, "operator": "In", "values": ["enforce"]},
+        {"key": ENFORCE_LABEL, "operator": "NotIn", "values": ["enforce"]},
+    )
+
+
+def asks_for_gpu_expression(spec_path: str, resources: Sequence[str], prefixes: Sequence[str]) -> str:
+    """A CEL expression true when the pod spec at ``spec_path`` asks for one of the GPU resources."""
+    tests = [f"r == '{name}'" for name in resources] + [f"r.startsWith('{prefix}')" for prefix in prefixes]
+    is_gpu = " || ".join(tests) or "false"
+    parts = spec_path.split(".")
+    guards = [f"has({'.'.join(parts[: i + 1])})" for i in range(1, len(parts))]
+    per_list = []
+    for field in ("containers", "initContainers"):
+        per_list.append(
+            f"(has({spec_path}.{field}) && {spec_path}.{field}.exists(c, has(c.resources) &&\n"
+            f"  ((has(c.resources.limits) && c.resources.limits.exists(r, {is_gpu})) ||\n"
+            f"   (has(c.resources.requests) && c.resources.requests.exists(r, {is_gpu})))))"
+        )
+    return "object != null && " + " && ".join(guards) + " &&\n(" + " ||\n ".join(per_list) + ")"
+
+
+def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration for ``policy`` (see the module docstring)."""
+    target = target or WebhookTarget()
+    fail_selector, ignore_selector = enforcement_selectors(policy.enforcement)
+    excluded = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(target.excluded_namespaces)}
+    webhooks: list[dict[str, Any]] = []
+    for kind in _KINDS:
+        condition = {
+            "name": "asks-for-a-gpu",
+            "expression": asks_for_gpu_expression(kind.spec_path, policy.gpu_resources, policy.gpu_resource_prefixes),
+        }
+        creates = ["CREATE"] if kind.name == "pods" else ["CREATE", "UPDATE"]
+        entries: list[tuple[str, str, list[str], dict[str, Any] | None]] = [
+            (f"{kind.name}.vramguard.io", "Fail", creates, fail_selector),
+            (f"{kind.name}-unenforced.vramguard.io", "Ignore", creates, ignore_selector),
+        ]
+        if kind.name == "pods":
+            entries.append(("pod-updates.vramguard.io", "Ignore", ["UPDATE"], None))
+        for name, failure, operations, selector in entries:
+            expressions = [excluded, *([selector] if selector is not None else [])]
+            webhooks.append({
+                "name": name,
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "timeoutSeconds": target.timeout_seconds,
+                "failurePolicy": failure,
+                "matchPolicy": "Equivalent",
+                "clientConfig": {"service": {
+                    "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
+                }},
+                "rules": [
+                    {"apiGroups": [group], "apiVersions": ["v1"], "operations": list(operations),
+                     "resources": list(resources), "scope": "Namespaced"}
+                    for group, resources in kind.rules
+                ],
+                "namespaceSelector": {"matchExpressions": [dict(e) for e in expressions]},
+                "matchConditions": [dict(condition)],
+            })
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": CONFIGURATION_NAME,
+            "labels": {"app.kubernetes.io/name": "vramguard", "app.kubernetes.io/component": "webhook"},
+        },
+        "webhooks": webhooks,
+    }
+
+
+HEADER = """\
+# The vramguard validating admission webhook: refuses (or warns about) pods and workloads whose
+# VRAM does not add up, at `kubectl apply` time instead of in a crash loop.
+#
+# GENERATED by `vramguard webhook-config` from the default policy (vramguard/default_policy.yaml);
+# do not edit by hand. With a policy of your own (default enforcement, GPU resources), run
+# `vramguard webhook-config --policy FILE > validating-webhook.yaml`.
+#
+# Each kind has two entries, split on the namespace label vramguard.io/enforce: failurePolicy
+# Fail where the namespace enforces the policy (an outage or an unreadable review is a refusal
+# there), Ignore where it warns or audits (Ignore admits the object unchecked on ANY error: down,
+# timeout, a body too large). Pod UPDATEs are Ignore everywhere, so an outage never blocks
+# finalizer removal or garbage collection. Run two replicas with the PodDisruptionBudget.
+# matchConditions send only objects that ask for a GPU resource of the policy.
+#
+# Install: `vramguard certs --service vramguard-webhook --namespace vramguard-system --out DIR
+# --patch-webhook vramguard` writes the serving certificate and puts its CA into caBundle (or let
+# cert-manager's CA injector do it). The e2e harness points clientConfig at its local webhook and
+# keeps everything else, so the file tested is the file shipped.
+"""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings (the CEL expressions), so the file stays readable."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        """Never write anchors: every entry reads on its own."""
+        return True
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def render(configuration: dict[str, Any], header: str = HEADER) -> str:
+    """The configuration as YAML, after ``header``."""
+    body = yaml.dump(configuration, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
+    return header + body
