@@ -89,7 +89,8 @@ def test_lease_names_and_times() -> None:
 
 def report_node(name: str, uids: dict[str, str]) -> dict[str, Any]:
     """Two H100s with 4 time-slicing replicas each; the agent reports which GPU each pod got."""
-    report = {"version": 1, "gpus": [{"id": "0"}, {"id": "1"}], "pods": {uid: {"vllm": [gpu]} for uid, gpu in uids.items()}}
+    placements = {uid: {"vllm": [gpu]} for uid, gpu in uids.items()}
+    report = {"version": 1, "gpus": [{"id": "0"}, {"id": "1"}], "pods": placements}
     return {
         "metadata": {
             "name": name,
