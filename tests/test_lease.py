@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -179,3 +180,15 @@ def test_a_node_without_a_report_needs_no_lease() -> None:
     state.nodes.replace([node])
     inventory = state.ledger.inventory("n")
     assert inventory is not None and inventory.distrust is None and inventory.notes == ()
+
+
+def test_kubectl_vram_says_which_reports_it_set_aside() -> None:
+    from vramguard.cli.kubectl_vram import ClusterSnapshot, build_state, report_notes  # noqa: PLC0415
+
+    nodes = [report_node("fresh", {}), report_node("stale", {}), report_node("unleased", {})]
+    now = time.time()
+    leases = [lease("fresh", now), lease("stale", now - 3600)]
+    notes = report_notes(build_state(ClusterSnapshot(nodes=nodes, leases=leases), default_policy()))
+    assert [n.split(":")[0] for n in notes] == ["node stale", "node unleased"]
+    assert "agent report stale: lease vramguard-system/vramguard-agent-stale expired at" in notes[0]
+    assert notes[1].endswith("no agent lease vramguard-system/vramguard-agent-unleased; counted as if unreported")

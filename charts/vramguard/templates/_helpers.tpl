@@ -44,6 +44,7 @@ capabilities:
     - --tls-cert=/etc/vramguard/tls/tls.crt
     - --tls-key=/etc/vramguard/tls/tls.key
     - --policy=/etc/vramguard/policy/policy.yaml
+    - --agent-namespace={{ .Release.Namespace }}
   ports:
     - name: https
       containerPort: {{ .Values.extender.port }}
