@@ -21,13 +21,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e import gpu_nodes
+from e2e.kube import api_exception, kubernetes_module
 from e2e.scenario import AGENT_LEASES, ledger_from_api, pin_to_test, private_node, require_extender
+from e2e.test_manifests import FIELD_MANAGER, REAL_KINDS, _as_agent
+from tests.test_manifests import BASE, render_kustomization
 from vramguard.inventory import AGENT_REPORT_ANNOTATION
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE, agent_lease_name, lease_body
 
@@ -325,3 +329,48 @@ def test_an_expired_lease_falls_back_to_the_conservative_rule(
     message = refusal(core_v1, namespace, "p4")
     assert f"agent report stale: lease {DEFAULT_AGENT_NAMESPACE}/{agent_lease_name(node)} expired at" in message
     assert ledger_violations(cluster) == []
+
+
+@pytest.fixture
+def lease_nodes(core_v1: Any, unique: str) -> Iterator[tuple[str, str]]:
+    """Two plain nodes, deleted afterwards."""
+    names = (f"lease-a-{unique}", f"lease-b-{unique}")
+    for name in names:
+        gpu_nodes.create_cpu_node(core_v1, name)
+    yield names
+    gpu_nodes.delete_nodes(core_v1, list(names))
+
+
+def test_an_agent_may_renew_only_its_own_nodes_lease(cluster: Any, lease_nodes: tuple[str, str]) -> None:
+    """RBAC lets every agent write Leases in the vramguard namespace; the admission policy narrows it to
+    the Lease of the node its token is bound to, so no agent can keep another node's report trusted."""
+    dynamic = kubernetes_module().dynamic.DynamicClient(cluster.api_client())
+    for obj in render_kustomization(BASE):
+        if obj["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding") or (
+            obj["kind"] in REAL_KINDS and "agent" in obj["metadata"]["name"]
+        ):
+            dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).server_side_apply(
+                body=obj, namespace=obj["metadata"].get("namespace"), field_manager=FIELD_MANAGER, force_conflicts=True
+            )
+    own, other = lease_nodes
+    leases = kubernetes_module().client.CoordinationV1Api(_as_agent(cluster, own).api_client)
+    denied = api_exception()
+    # The policy reaches the API server's admission within seconds: wait until it denies.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            leases.create_namespaced_lease(DEFAULT_AGENT_NAMESPACE, lease_body(DEFAULT_AGENT_NAMESPACE, other, "x", 40,
+                                                                               time.time()))
+        except denied as error:
+            assert getattr(error, "status", None) in (403, 422), error
+            break
+        cluster.request("DELETE", f"{AGENT_LEASES}/{agent_lease_name(other)}")
+        assert time.monotonic() < deadline, "the agent could write another node's Lease"
+        time.sleep(0.5)
+    created = leases.create_namespaced_lease(
+        DEFAULT_AGENT_NAMESPACE, lease_body(DEFAULT_AGENT_NAMESPACE, own, "agent-pod", 40, time.time())
+    )
+    created.spec.holder_identity = "agent-pod-restarted"
+    leases.replace_namespaced_lease(agent_lease_name(own), DEFAULT_AGENT_NAMESPACE, created)
+    with pytest.raises(denied):
+        leases.create_namespaced_lease("kube-node-lease", lease_body("kube-node-lease", own, "x", 40, time.time()))
