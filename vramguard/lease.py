@@ -10,6 +10,11 @@ ahead. A report whose agent stopped (crashed, node partitioned, DaemonSet remove
 pods that have moved and usage that has changed, so the reader falls back to the labels and the
 ledger's conservative rule, and says why (:func:`distrust_reason`).
 
+``renewTime`` comes from the agent's clock and is compared with the reader's, so clocks are assumed
+synchronised (as for certificates): a skew smaller than the Lease's duration is harmless, a larger one
+makes the report untrusted (an agent behind: stale; ahead: "renewed in the future"), never trusted
+for longer than it should be.
+
 Pure: times are seconds since the epoch, passed in by the caller (no clock is read here).
 """
 
