@@ -5,7 +5,9 @@ One cycle: an NVML snapshot, the kubelet's PodResources ``List``, the node's pod
 the cgroup of every GPU process. Each source may fail on its own; the cycle then reports what the
 others tell (see :mod:`agent.report`). The report is written to the Node's ``vramguard.io/gpus``
 annotation with a JSON merge patch, only when it changed, and at most once per
-``min_write_interval``: a change in between is written when the interval has passed.
+``min_write_interval``: a change in between is written when the interval has passed. Liveness is
+the node's Lease, renewed every cycle (:mod:`agent.liveness`), not the annotation. A pod using more
+than it declares gets one Warning Event (:mod:`agent.events`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry
 
+from agent.events import OveruseEvents
+from agent.liveness import LeaseRenewer
 from agent.metrics import AgentMetrics
 from agent.nvml import Nvml, NvmlUnavailable, Snapshot, take_snapshot
 from agent.podresources import PodDevices, PodResourcesSource, PodResourcesUnavailable
 from agent.processes import owner_of
 from agent.report import AgentView, PodInfo, build_view, owners_for, report_text, snapshot_pids
 from vramguard.inventory import AGENT_REPORT_ANNOTATION
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
 __all__ = ["AgentLoop", "AgentSettings", "NodePods", "NodeWriter", "ReportPublisher", "run"]
 
@@ -155,6 +160,8 @@ class AgentLoop:
     """The host's ``/proc`` when processes can be attributed (``--host-pid``), else ``None``."""
     interval: float = 5.0
     in_thread: Callable[..., Awaitable[Any]] = asyncio.to_thread
+    lease: LeaseRenewer | None = None
+    events: OveruseEvents | None = None
     cycles: int = 0
     last_view: AgentView | None = None
     _nvml_ready: bool = field(default=False, init=False)
@@ -171,6 +178,7 @@ class AgentLoop:
         view = build_view(snapshot, pod_devices, pods, owners)
         self.metrics.update(view, snapshot, pods_listed=pods is not None)
         self._log_changes(view, snapshot)
+        published = True
         if self.publisher is not None:
             try:
                 if await self.publisher.publish(report_text(view.report)):
@@ -179,11 +187,30 @@ class AgentLoop:
                                 len(view.report.placements))
             except Exception as exc:
                 # Any failure (API server down, RBAC, timeout): keep measuring, retry next cycle.
+                published = False
                 self.metrics.write_failures.inc()
                 logger.warning("writing the report failed: %s", exc)
+        await self._renew_lease(published)
+        if self.events is not None and pods is not None:
+            results = await self.events.report(view.overuse, (p.uid for p in pods.values()))
+            for result, count in results.items():
+                if count:
+                    self.metrics.overuse_events.labels(result).inc(count)
         self.cycles += 1
         self.last_view = view
         return view
+
+    async def _renew_lease(self, published: bool) -> None:
+        """Renew the Lease when the annotation holds this cycle's view (or needed no write): an agent
+        that cannot publish lets its Lease lapse, and readers stop trusting the stale report."""
+        if self.lease is None or not published:
+            return
+        try:
+            await self.lease.renew()
+            self.metrics.lease_renewals.inc()
+        except Exception as exc:
+            self.metrics.lease_failures.inc()
+            logger.warning("renewing the lease %s failed: %s", self.lease.name, exc)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Cycle every ``interval`` seconds until ``stop`` is set."""
@@ -259,6 +286,10 @@ class AgentSettings:
     proc_root: Path | None = None
     interval: float = 5.0
     min_write_interval: float = 10.0
+    lease_namespace: str = DEFAULT_AGENT_NAMESPACE
+    holder: str = ""
+    """The agent pod's name (the Lease's holderIdentity); the node's name when empty."""
+    lease_duration: int = 40
 
 
 async def run(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
@@ -273,8 +304,15 @@ async def run(settings: AgentSettings, stop: asyncio.Event | None = None) -> Non
     pods = NodePods()
     client = KubeClient(settings.connection) if settings.connection is not None else None
     publisher = ReportPublisher(KubeNodeWriter(client, settings.node), settings.min_write_interval) if client else None
+    lease = events = None
+    if client is not None:
+        lease = LeaseRenewer(
+            client, settings.lease_namespace, settings.node, settings.holder or settings.node, settings.lease_duration
+        )
+        events = OveruseEvents(client, settings.node)
     loop = AgentLoop(
-        settings.nvml, settings.podresources, pods, publisher, metrics, settings.proc_root, settings.interval
+        settings.nvml, settings.podresources, pods, publisher, metrics, settings.proc_root, settings.interval,
+        lease=lease, events=events,
     )
     # Ready once a cycle has run: from then on the metrics say what is known, failures included.
     readiness = Readiness({"first-cycle": lambda: loop.cycles > 0})

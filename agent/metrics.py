@@ -38,6 +38,17 @@ class AgentMetrics(Collector):
             f"{PREFIX}_report_write_failures", "Node annotation writes that failed (retried next cycle).",
             registry=registry,
         )
+        self.lease_renewals = Counter(
+            f"{PREFIX}_lease_renewals", "Renewals of the node's Lease that succeeded.", registry=registry
+        )
+        self.lease_failures = Counter(
+            f"{PREFIX}_lease_renewal_failures", "Renewals of the node's Lease that failed (retried next cycle).",
+            registry=registry,
+        )
+        self.overuse_events = Counter(
+            f"{PREFIX}_overuse_events", "Over-use Events by result: created, existed (made before), failed.",
+            ["result"], registry=registry,
+        )
         registry.register(self)
 
     def update(self, view: AgentView, snapshot: Snapshot | None, *, pods_listed: bool) -> None:
@@ -123,3 +134,12 @@ class AgentMetrics(Collector):
                 used.add_metric(key, row.used_bytes)
         yield declared
         yield used
+        # Only pods over their declaration appear, at most one series per pod and device of the node.
+        over = GaugeMetricFamily(
+            "vramguard_pod_vram_overuse_bytes",
+            "VRAM a pod uses on a device beyond what it declares there (counted by the ledger).",
+            labels=["namespace", "pod", "device"],
+        )
+        for excess in view.overuse:
+            over.add_metric([excess.namespace, excess.pod, excess.device], excess.excess_bytes)
+        yield over

@@ -29,6 +29,14 @@ out of the report, so the extender keeps the labels' sizes for it.
 **Placements** are reported per pod UID and container, only for containers whose every GPU device
 id maps to a device of this snapshot; an unmapped container is left out (its placement stays
 unknown, which the ledger treats conservatively).
+
+**Used** (needs process attribution): the memory a GPU pod's processes use on a device, reported
+where the ledger must count it: where it exceeds what the pod declares on that device by more than
+:data:`vramguard.ledger.MEASURED_TOLERANCE_BYTES` (*over-use*, also listed in
+:attr:`AgentView.overuse` for the Event and the metric), or where the pod's placement is unknown.
+Pods within their declaration are left out, so their usage moving up and down does not rewrite
+the Node annotation; amounts are rounded up to :data:`USED_STEP_BYTES` for the same reason. A pod
+whose declaration on the device is unknown holds a whole device in the ledger and is left out too.
 """
 
 from __future__ import annotations
@@ -43,11 +51,14 @@ from agent.podresources import PodDevices
 from agent.processes import ProcessOwner
 from vramguard.demand import DemandOptions, derive_pod_demand
 from vramguard.inventory import AGENT_REPORT_VERSION, AgentReport, ReportedGpu
+from vramguard.ledger import over_use
 
 __all__ = [
+    "USED_STEP_BYTES",
     "AgentView",
     "ContainerUsage",
     "DeviceView",
+    "OverUse",
     "PodInfo",
     "build_view",
     "devices_of",
@@ -58,6 +69,8 @@ __all__ = [
 ]
 
 _DEFAULT_DEMAND = DemandOptions()
+USED_STEP_BYTES = 64 << 20
+"""Reported use is rounded up to this step: small fluctuations leave the report unchanged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +136,23 @@ class ContainerUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class OverUse:
+    """A pod using more VRAM on a device than it declares there (beyond the tolerance)."""
+
+    uid: str
+    namespace: str
+    pod: str
+    device: str
+    declared_bytes: int
+    used_bytes: int
+
+    @property
+    def excess_bytes(self) -> int:
+        """What the ledger counts on top of the declaration."""
+        return self.used_bytes - self.declared_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class AgentView:
     """Everything one cycle learned: the report, and the detail behind it for metrics and logs."""
 
@@ -133,6 +163,7 @@ class AgentView:
     usage: tuple[ContainerUsage, ...] = ()
     notes: tuple[str, ...] = ()
     placements_known: bool = False
+    overuse: tuple[OverUse, ...] = ()
 
 
 def devices_of(snapshot: Snapshot) -> list[DeviceView]:
@@ -213,8 +244,56 @@ def build_view(
         reported.append(ReportedGpu(device.id, device.memory.total, amount or 0))
 
     usage = _usage(by_id, placements, pods, owners)
-    report = AgentReport(AGENT_REPORT_VERSION, tuple(reported), placements)
-    return AgentView(report, tuple(devices), foreign, usage, tuple(notes), pod_devices is not None)
+    measured = _measured([by_id[r.id] for r in reported], gpu_pods, owners)
+    used, overuse = _over_use(measured, placements, pods, by_id)
+    report = AgentReport(AGENT_REPORT_VERSION, tuple(reported), placements, used)
+    return AgentView(report, tuple(devices), foreign, usage, tuple(notes), pod_devices is not None, overuse)
+
+
+def _measured(
+    devices: Sequence[DeviceView], gpu_pods: set[str] | None, owners: Mapping[int, ProcessOwner | None] | None
+) -> dict[tuple[str, str], int]:
+    """Bytes used per (GPU pod UID, device id) by the pod's attributed processes."""
+    if owners is None or gpu_pods is None:
+        return {}
+    used: dict[tuple[str, str], int] = {}
+    for device in devices:
+        for process in device.processes or ():
+            owner = owners.get(process.pid)
+            if owner is None or owner.pod_uid not in gpu_pods or process.used_bytes is None:
+                continue
+            key = (owner.pod_uid, device.id)
+            used[key] = used.get(key, 0) + process.used_bytes
+    return used
+
+
+def _over_use(
+    measured: Mapping[tuple[str, str], int],
+    placements: Mapping[str, Mapping[str, tuple[str, ...]]],
+    pods: Mapping[tuple[str, str], PodInfo] | None,
+    devices: Mapping[str, DeviceView],
+) -> tuple[dict[str, dict[str, int]], tuple[OverUse, ...]]:
+    """The report's ``used`` section and the over-use rows (see the module docstring)."""
+    by_uid = {p.uid: p for p in (pods or {}).values()}
+    used: dict[str, dict[str, int]] = {}
+    rows: list[OverUse] = []
+    for (uid, device_id), amount in sorted(measured.items()):
+        info = by_uid.get(uid)
+        placed = placements.get(uid)
+        memory = devices[device_id].memory
+        if info is None or memory is None:
+            continue
+        if placed is not None:
+            # Each replica of the device a container holds is one claim of its declaration.
+            vrams = [info.declared.get(c) for c, ids in placed.items() for i in ids if i == device_id]
+            if any(v is None for v in vrams):
+                continue  # unknown VRAM holds a whole device in the ledger
+            declared = sum(v.on_device(memory.total) for v in vrams if v is not None)
+            if not over_use(declared, amount):
+                continue
+            rows.append(OverUse(uid, info.namespace, info.name, device_id, declared, amount))
+        used.setdefault(uid, {})[device_id] = -(-amount // USED_STEP_BYTES) * USED_STEP_BYTES
+    return used, tuple(rows)
 
 
 def _placements(
@@ -359,7 +438,10 @@ def report_json(report: AgentReport) -> dict[str, Any]:
         entry["foreign_bytes"] = gpu.foreign_bytes
         gpus.append(entry)
     pods = {uid: {c: list(ids) for c, ids in sorted(cs.items())} for uid, cs in sorted(report.placements.items())}
-    return {"version": report.version, "gpus": gpus, "pods": pods}
+    result: dict[str, Any] = {"version": report.version, "gpus": gpus, "pods": pods}
+    if report.used:
+        result["used"] = {uid: dict(sorted(ds.items())) for uid, ds in sorted(report.used.items())}
+    return result
 
 
 def report_text(report: AgentReport) -> str:

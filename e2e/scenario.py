@@ -13,9 +13,11 @@ import pytest
 
 from e2e import gpu_nodes
 from vramguard.cluster import ClusterState
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import default_policy
 
 TEST_LABEL = "e2e.vramguard.io/test"
+AGENT_LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{DEFAULT_AGENT_NAMESPACE}/leases"
 
 
 def require_extender(cluster: Any) -> None:
@@ -46,6 +48,7 @@ def pin_to_test(spec: dict[str, Any], unique: str) -> dict[str, Any]:
 def ledger_from_api(cluster: Any) -> ClusterState:
     """The ledger rebuilt from the API server alone, as a restarted extender would build it."""
     state = ClusterState(default_policy())
+    state.leases.replace(cluster.request("GET", AGENT_LEASES)["items"])
     state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
     state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
     pods = cluster.request("GET", "/api/v1/pods")["items"]

@@ -49,6 +49,8 @@ EXTENDER: list[Check] = [
     ("watch", "pods", "", "", "", True),
     ("list", "nodes", "", "", "", True),
     ("watch", "namespaces", "", "", "", True),
+    ("watch", "leases", "", NAMESPACE, "", True),
+    ("list", "leases", "", "kube-system", "", False),
 ]
 EXPECTED: dict[str, list[Check]] = {
     "vramguard-extender": [
@@ -80,6 +82,11 @@ EXPECTED: dict[str, list[Check]] = {
         ("list", "pods", "", "", "", True),
         ("create", "pods", "binding", "default", "", False),
         ("patch", "pods", "", "default", "", False),
+        ("update", "leases", "", NAMESPACE, "vramguard-agent-gpu-1", True),
+        ("create", "leases", "", NAMESPACE, "", True),
+        ("update", "leases", "", "kube-node-lease", "gpu-1", False),
+        ("delete", "leases", "", NAMESPACE, "vramguard-agent-gpu-1", False),
+        ("create", "events", "", "default", "", True),
     ],
 }
 

@@ -1,4 +1,5 @@
-"""Run the extender: informers for Nodes, Namespaces and bound Pods, the policy watcher, HTTPS.
+"""Run the extender: informers for Nodes, Namespaces, bound Pods and the agents' Leases, the policy
+watcher, HTTPS.
 
 The verbs are served on ``host:port`` (mutual TLS in a cluster: only kube-scheduler, holding a
 client certificate from the client CA, gets an HTTP answer); probes and metrics on the plain-HTTP
@@ -21,6 +22,7 @@ from service.kube import Connection, Informer, KubeClient
 from service.server import Address, ServerSettings, run_https
 from service.tls import ReloadingTLSContext
 from vramguard.cluster import ClusterState, slim_node, slim_pod
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import PolicyFile, default_policy
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 # Bound, non-terminal pods only: a pod leaving this set arrives as a DELETED event.
 BOUND_PODS = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 POLICY_RELOAD_SECONDS = 10.0
+LEASE_CHECK_SECONDS = 2.0
+"""How often expired agent Leases are looked for: a Lease expires without any watch event."""
 
 
 @dataclass(frozen=True)
@@ -41,18 +45,20 @@ class ExtenderSettings:
     connection: Connection
     policy_file: PolicyFile | None
     server: ServerSettings
+    agent_namespace: str = DEFAULT_AGENT_NAMESPACE
 
 
 async def run(settings: ExtenderSettings) -> None:
     """Serve until SIGTERM; readiness waits for the caches and the TLS files."""
     policy_file = settings.policy_file
     policy = policy_file.policy if policy_file is not None else default_policy()
-    state = ClusterState(policy)
+    state = ClusterState(policy, agent_namespace=settings.agent_namespace)
     client = KubeClient(settings.connection)
     informers = [
         Informer(client, "/api/v1/nodes", state.nodes, slim=slim_node),
         Informer(client, "/api/v1/namespaces", state.namespaces),
         Informer(client, "/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
+        Informer(client, f"/apis/coordination.k8s.io/v1/namespaces/{settings.agent_namespace}/leases", state.leases),
     ]
     synced = asyncio.Event()
     registry = CollectorRegistry()
@@ -77,8 +83,17 @@ async def run(settings: ExtenderSettings) -> None:
                 state.set_policy(new)
                 logger.info("policy %s reloaded", policy_file.path)
 
+    async def expire_leases() -> None:
+        while True:
+            await asyncio.sleep(LEASE_CHECK_SECONDS)
+            for node in state.refresh_agent_reports():
+                inventory = state.ledger.inventory(node)
+                reason = inventory.distrust if inventory is not None else None
+                logger.warning("node %s: %s", node, reason or "agent report trusted again")
+
     tasks = [asyncio.create_task(informer.run()) for informer in informers]
     tasks.append(asyncio.create_task(wait_synced()))
+    tasks.append(asyncio.create_task(expire_leases()))
     if policy_file is not None:
         tasks.append(asyncio.create_task(watch_policy()))
     try:

@@ -44,6 +44,7 @@ def test_once_shows_the_kubelets_answer(tmp_path: Path, capsys: pytest.CaptureFi
         (["--interval", "0"], "--interval must be positive"),
         (["--nvml-recording", "missing.json"], "no such file"),
         (["--listen", "nowhere"], "expected HOST:PORT"),
+        (["--interval", "10", "--lease-duration", "19"], "--lease-duration must be at least twice --interval"),
     ],
 )
 def test_usage_errors(

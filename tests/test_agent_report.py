@@ -10,7 +10,7 @@ import pytest
 
 from agent.podresources import ContainerDevices, PodDevices
 from agent.processes import ProcessOwner
-from agent.report import AgentView, PodInfo, build_view, devices_of, report_text
+from agent.report import AgentView, OverUse, PodInfo, build_view, devices_of, report_text
 from tests.agent_support import (
     H100_BYTES,
     H100_TIME_SLICED,
@@ -86,9 +86,15 @@ def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
             UIDS["vllm-b"]: {"server": ["0"]},
             UIDS["trainer"]: {"server": ["1"]},
         },
+        # The trainer declares 0.3 of GPU 1 and uses 40 GiB there: over-use, reported (rounded up to
+        # 64 MiB) for the ledger to count. The vLLM pods use their 0.3 within the tolerance: left out.
+        "used": {UIDS["trainer"]: {"1": 41024 * MiB}},
     }
     parsed, problems = parse_agent_report(report_text(view.report))
     assert problems == [] and parsed == view.report
+    assert view.overuse == (
+        OverUse(UIDS["trainer"], "ml", "trainer", "1", int(Fraction(3, 10) * H100_BYTES), 40962 * MiB),
+    )
 
 
 def test_report_text_is_compact_and_stable() -> None:

@@ -11,13 +11,15 @@ them, so no interleaving of watch events and binds can drop a reservation and ov
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
-from vramguard.inventory import NodeInventory, read_inventory
+from vramguard.inventory import AGENT_REPORT_ANNOTATION, NodeInventory, read_inventory
+from vramguard.lease import AGENT_LEASE_PREFIX, DEFAULT_AGENT_NAMESPACE, MAX_LEASE_NAME, AgentLeases
 from vramguard.ledger import Ledger, PodRef
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
@@ -118,7 +120,14 @@ def asks_for_gpu(pod: Mapping[str, Any], options: DemandOptions) -> bool:
 class ClusterState:
     """Nodes, namespaces and GPU pods, with the ledger that follows them."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        clock: Callable[[], float] = time.time,
+        agent_namespace: str = DEFAULT_AGENT_NAMESPACE,
+    ) -> None:
+        """``clock``: seconds since the epoch, for the agents' Leases; ``agent_namespace``: where they are."""
         self.policy = policy
         self.policy_version = 0
         """Counts policy reloads (cached verdicts are per version)."""
@@ -133,6 +142,10 @@ class ClusterState:
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
         self.pods = _Delegate(self._replace_pods, self._upsert_pod, self._delete_pod)
         self.namespaces = _Delegate(self._replace_namespaces, self._upsert_namespace, self._delete_namespace)
+        self.agent_leases = AgentLeases(agent_namespace, clock)
+        self._reported: dict[str, JSON] = {}
+        """Nodes carrying an agent report, whose inventory changes when their agent's Lease does."""
+        self.leases = _Delegate(self._replace_leases, self._upsert_lease, self._delete_lease)
         # Derived once per pod template, not per pod: replicas of a Deployment share their demand and
         # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
@@ -195,6 +208,7 @@ class ClusterState:
             node,
             gpu_resources=tuple(self.policy.gpu_resources),
             mig_prefixes=tuple(self.policy.gpu_resource_prefixes),
+            distrust=self._report_distrust(node),
         )
         if self._inventories.get(inventory.node) == inventory:
             return  # a status heartbeat: nothing vramguard reads has changed
@@ -204,6 +218,7 @@ class ClusterState:
     def _delete_node(self, node: JSON) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
         self._inventories.pop(name, None)
+        self._reported.pop(name, None)
         self.ledger.remove_node(name)
 
     def _replace_nodes(self, nodes: list[JSON]) -> None:
@@ -213,6 +228,48 @@ class ClusterState:
             seen.add(str((node.get("metadata") or {}).get("name", "")))
         for name in set(self._inventories) - seen:
             self._delete_node({"metadata": {"name": name}})
+
+    # -- agent leases ---------------------------------------------------------------------------
+
+    def _report_distrust(self, node: JSON) -> str | None:
+        """Why the node's agent report is set aside now (``None``: trusted, or no report); remembers
+        reporting nodes so that a Lease change or expiry can re-read them."""
+        metadata = node.get("metadata") or {}
+        name = str(metadata.get("name", ""))
+        annotations = metadata.get("annotations")
+        if not isinstance(annotations, dict) or AGENT_REPORT_ANNOTATION not in annotations:
+            self._reported.pop(name, None)
+            return None
+        self._reported[name] = node
+        return self.agent_leases.distrust(name)
+
+    def refresh_agent_reports(self, nodes: Iterable[str] | None = None) -> list[str]:
+        """Re-read the reporting nodes (or only ``nodes``) whose report's trust changed since it was
+        read (a Lease renewed, deleted or expired); returns their names. Leases expire without any
+        event, so the owner of the state calls this every few seconds."""
+        changed = []
+        for name in list(self._reported if nodes is None else nodes):
+            node = self._reported.get(name)
+            inventory = self._inventories.get(name)
+            if node is None or inventory is None or inventory.distrust == self.agent_leases.distrust(name):
+                continue
+            self._upsert_node(node)
+            changed.append(name)
+        return changed
+
+    def _upsert_lease(self, lease: JSON) -> None:
+        name = self.agent_leases.upsert(lease)
+        if name is not None and name.startswith(AGENT_LEASE_PREFIX):
+            self.refresh_agent_reports(_lease_node(name, self._reported))
+
+    def _delete_lease(self, lease: JSON) -> None:
+        name = self.agent_leases.delete(lease)
+        if name is not None and name.startswith(AGENT_LEASE_PREFIX):
+            self.refresh_agent_reports(_lease_node(name, self._reported))
+
+    def _replace_leases(self, leases: list[JSON]) -> None:
+        self.agent_leases.replace(leases)
+        self.refresh_agent_reports()
 
     # -- namespaces -----------------------------------------------------------------------------
 
@@ -301,6 +358,14 @@ class _Delegate:
         self.replace = replace
         self.upsert = upsert
         self.delete = delete
+
+
+def _lease_node(lease: str, nodes: Mapping[str, Any]) -> list[str]:
+    """The node a Lease name belongs to; every node when the name was shortened with a hash."""
+    node = lease.removeprefix(AGENT_LEASE_PREFIX)
+    if node in nodes:
+        return [node]
+    return list(nodes) if len(lease) == MAX_LEASE_NAME else []
 
 
 def demand_options(policy: Policy) -> DemandOptions:

@@ -26,8 +26,11 @@ under the mixed strategy ``gpu.count`` also counts the MIG-enabled GPUs that ser
 ``nvidia.com/gpu``, and an unhealthy GPU drops out of allocatable but not out of the labels.
 
 The agent's report (annotation ``vramguard.io/gpus``, JSON, versioned) overrides memory sizes, adds
-memory used on each device by processes of no known pod, and says which device each container of
-each pod really got. It is parsed defensively: junk is ignored with a reason, never raised.
+memory used on each device by processes of no known pod, says which device each container of each
+pod really got and how much memory each pod uses on each device. It is parsed defensively: junk is
+ignored with a reason, never raised. A report is only as fresh as the agent's Lease
+(:mod:`vramguard.lease`): the caller that knows the Lease is stale passes ``distrust`` and the
+labels alone decide, which is the conservative reading.
 """
 
 from __future__ import annotations
@@ -101,15 +104,19 @@ class AgentReport:
 
         {"version": 1,
          "gpus": [{"id": "0", "memory_bytes": 85520809984, "foreign_bytes": 0}, ...],
-         "pods": {"<pod uid>": {"<container>": ["0", "1"]}}}
+         "pods": {"<pod uid>": {"<container>": ["0", "1"]}},
+         "used": {"<pod uid>": {"0": 21474836480}}}
 
     Device ids are :attr:`Gpu.id` values. ``pods`` lists the devices each container really holds,
-    as the kubelet's PodResources API reports them.
+    as the kubelet's PodResources API reports them. ``used`` (optional; readers that predate it
+    ignore it) is the memory NVML measured for each GPU pod's processes on each device.
     """
 
     version: int = AGENT_REPORT_VERSION
     gpus: tuple[ReportedGpu, ...] = ()
     placements: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    used: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per pod UID, per device id: bytes its processes use there, as measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,10 @@ class NodeInventory:
     """Per pod UID, per container: the device ids it really holds (from the agent)."""
     notes: tuple[str, ...] = ()
     """What was ignored and why (malformed labels, junk in the agent report)."""
+    measured: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per pod UID, per device id: bytes the agent measured its processes using there."""
+    distrust: str | None = None
+    """Why the node's agent report was not used (a stale or missing Lease), or ``None``."""
 
     def resources(self) -> tuple[str, ...]:
         """The GPU resources the node hands out, in device order."""
@@ -151,11 +162,15 @@ def read_inventory(
     *,
     gpu_resources: tuple[str, ...] = DEFAULT_GPU_RESOURCES,
     mig_prefixes: tuple[str, ...] = DEFAULT_MIG_PREFIXES,
+    distrust: str | None = None,
 ) -> NodeInventory:
     """The devices of a Node (a JSON-decoded object), refined by the agent's report when given.
 
     Pass ``report=None`` to read the report from the node's ``vramguard.io/gpus`` annotation; pass
-    an explicit report to override it. Never raises on malformed input.
+    an explicit report to override it. ``distrust`` (why the agent cannot be trusted now, e.g. its
+    Lease expired) leaves the annotation out: sizes come from the labels and every placement is
+    unknown, so the ledger applies its conservative rule; the reason becomes a note. Never raises on
+    malformed input.
     """
     metadata = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
@@ -169,15 +184,20 @@ def read_inventory(
     devices.extend(_full_gpus(labels, advertised, gpu_resources, notes))
     devices.extend(_mig_instances(labels, advertised, mig_prefixes, notes))
 
+    distrusted: str | None = None
     if report is None:
         annotation = _string_map(metadata.get("annotations")).get(AGENT_REPORT_ANNOTATION)
-        if annotation is not None:
+        if annotation is not None and distrust is not None:
+            distrusted = distrust
+            notes.append(distrust)
+        elif annotation is not None:
             report, problems = parse_agent_report(annotation)
             notes.extend(problems)
     placements: Mapping[str, Mapping[str, tuple[str, ...]]] = {}
+    measured: Mapping[str, Mapping[str, int]] = {}
     if report is not None:
-        devices, placements = _apply_report(devices, report, notes)
-    return NodeInventory(name, tuple(devices), placements, tuple(notes))
+        devices, placements, measured = _apply_report(devices, report, notes)
+    return NodeInventory(name, tuple(devices), placements, tuple(notes), measured, distrusted)
 
 
 def _full_gpus(
@@ -379,7 +399,29 @@ def parse_agent_report(text: str) -> tuple[AgentReport | None, list[str]]:
             else:
                 problems.append(f"agent report: pod {uid} container {container}: not a list of ids; ignored")
         placements[str(uid)] = per_container
-    return AgentReport(AGENT_REPORT_VERSION, tuple(gpus), placements), problems
+    used = _used(data.get("used", {}), problems)
+    return AgentReport(AGENT_REPORT_VERSION, tuple(gpus), placements, used), problems
+
+
+def _used(raw: Any, problems: list[str]) -> dict[str, dict[str, int]]:
+    """The report's ``used`` section: pod UID -> device id -> bytes; junk is skipped with a reason."""
+    if not isinstance(raw, Mapping):
+        problems.append("agent report: 'used' is not an object; ignored")
+        return {}
+    used: dict[str, dict[str, int]] = {}
+    for uid, devices in raw.items():
+        if not isinstance(devices, Mapping):
+            problems.append(f"agent report: used[{uid}]: not an object of devices; ignored")
+            continue
+        per_device: dict[str, int] = {}
+        for device, amount in devices.items():
+            if _byte_count(amount):
+                per_device[str(device)] = amount
+            else:
+                problems.append(f"agent report: used[{uid}][{device}]={amount!r} is not a byte count; ignored")
+        if per_device:
+            used[str(uid)] = per_device
+    return used
 
 
 def _reported_gpu(entry: Any, position: int, problems: list[str]) -> ReportedGpu | None:
@@ -403,7 +445,7 @@ def _byte_count(value: Any) -> bool:
 
 def _apply_report(
     devices: list[Gpu], report: AgentReport, notes: list[str]
-) -> tuple[list[Gpu], Mapping[str, Mapping[str, tuple[str, ...]]]]:
+) -> tuple[list[Gpu], Mapping[str, Mapping[str, tuple[str, ...]]], Mapping[str, Mapping[str, int]]]:
     by_id = {d.id: d for d in devices}
     for reported in report.gpus:
         device = by_id.get(reported.id)
@@ -424,5 +466,15 @@ def _apply_report(
                 notes.append(f"agent report: pod {uid} container {container} names unknown devices; ignored")
                 continue
             placements.setdefault(uid, {})[container] = known
-    return [by_id[d.id] for d in devices], placements
+    measured: dict[str, dict[str, int]] = {}
+    for uid, per_device in report.used.items():
+        for device_id, amount in per_device.items():
+            gpu = by_id.get(device_id)
+            if gpu is None:
+                notes.append(f"agent report: pod {uid} uses unknown device {device_id!r}; ignored")
+                continue
+            # No process uses more than its device has: a larger number is a broken reading, and
+            # capping it keeps one bad report from counting more than the whole device.
+            measured.setdefault(uid, {})[device_id] = min(amount, gpu.memory_bytes) if gpu.memory_bytes else amount
+    return [by_id[d.id] for d in devices], placements, measured
 

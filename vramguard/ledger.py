@@ -26,6 +26,15 @@ rest fit elsewhere). A device that is alone behind its resource, or that the age
 known. Exclusive devices (``R = 1``) fall out of the same rule: one claim each, at most the budget.
 Under MPS the rule also holds, and each claim must fit one replica's share (the plugin caps it).
 
+**Measured use.** The agent reports what each pod's processes use on each device. A pod holds, on
+every device it is measured on, the larger of its claims there and what it uses (use within
+:data:`MEASURED_TOLERANCE_BYTES` of the claims is the CUDA context and allocator slack the headroom
+is for, and is not counted): the part above its claims is *over-use*, counted on that device as known
+bytes. A declaration is a floor, not a ceiling: ``vramguard.io/vram: 1Mi`` on a pod using 20 GiB
+holds 20 GiB once the agent has measured it. A pod measured on a device where none of its claims is
+known to be (no placement reported) holds its use there on top of its claims, wherever the device
+plugin put them: the safe reading.
+
 The ledger is cheap enough for the extender's cluster state (5,000 nodes, 50,000 pods): counters per
 device are kept incrementally, the sorted unknown claims of a resource are cached as prefix sums
 until they change, and the check against an empty node is cached per kind of node and claims.
@@ -48,6 +57,15 @@ from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.quantity import format_bytes
 
 _CACHE_LIMIT = 1 << 16
+MEASURED_TOLERANCE_BYTES = 512 * 1024 * 1024
+"""Use above a pod's claims on a device that is still not over-use: one CUDA context and allocator
+slack, which the budget's headroom covers."""
+
+
+def over_use(claimed: int, used: int) -> int:
+    """The bytes a pod uses beyond what it claims on a device, or 0 within the tolerance."""
+    excess = used - claimed
+    return excess if excess > MEASURED_TOLERANCE_BYTES else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +141,7 @@ class DeviceUsage:
     device: Gpu
     budget: int
     known_bytes: int
-    """Bytes of claims known to be on this device (and foreign usage)."""
+    """Bytes of claims known to be on this device, measured over-use and foreign usage."""
     worst_bytes: int
     """What the device may hold whatever the device plugin picked for unknown claims."""
     expected_bytes: int
@@ -297,6 +315,8 @@ class _Record:
     claims: tuple[Claim, ...]
     # What was accounted: (resource, device id or None for unknown placement, claim).
     held: list[tuple[str, str | None, Claim]] = field(default_factory=list)
+    # Measured over-use accounted: (device id, bytes beyond the pod's claims there).
+    over: list[tuple[str, int]] = field(default_factory=list)
 
 
 class Ledger:
@@ -341,6 +361,7 @@ class Ledger:
             self._touch(name)
             for uid in self._pods_on.get(name, ()):
                 self._records[uid].held.clear()
+                self._records[uid].over.clear()
 
     def inventory(self, name: str) -> NodeInventory | None:
         """The node's inventory, or ``None`` when the ledger does not know the node."""
@@ -387,6 +408,7 @@ class Ledger:
         for uid in self._pods_on.get(inventory.node, ()):
             record = self._records[uid]
             record.held.clear()
+            record.over.clear()
             self._account(node, record)
 
     def _shape(self, devices: list[_Device]) -> int:
@@ -455,11 +477,13 @@ class Ledger:
         if exclude is not None and exclude.node != node:
             exclude = None
         claims = claims if isinstance(claims, tuple) else tuple(claims)
-        if exclude is None:
-            fast = self._fast_fit(state, self._prepare(claims, uid))
-            if fast is not None:
-                return fast
-        return self._fit(state, claims, uid, exclude)
+        fit = self._fast_fit(state, self._prepare(claims, uid)) if exclude is None else None
+        if fit is None:
+            fit = self._fit(state, claims, uid, exclude)
+        if not fit.ok and state.inventory.distrust is not None:
+            # The node's agent report was set aside: say so, it is why the rule is so strict here.
+            return Fit(False, fit.unresolvable, fit.shortfalls, (*fit.problems, state.inventory.distrust))
+        return fit
 
     def _prepare(self, claims: tuple[Claim, ...], uid: str | None) -> _Query:
         """The query for these claims: the last one when a filter asks the same claims again."""
@@ -540,10 +564,31 @@ class Ledger:
                     intended.expected_bytes += intended.claim_bytes(claim)
                     intended.expected_slots += 1
             record.held.append((claim.resource, device_id, claim))
+        self._account_use(node, record)
+
+    def _account_use(self, node: _Node, record: _Record) -> None:
+        """Count what the agent measured the pod using beyond its claims, device by device."""
+        measured = node.inventory.measured.get(record.pod.uid)
+        if not measured:
+            return
+        for device_id, used in measured.items():
+            device = node.devices.get(device_id)
+            if device is None:
+                continue
+            claimed = sum(device.claim_bytes(c) for _, d, c in record.held if d == device_id)
+            excess = over_use(claimed, used)
+            if excess:
+                device.known_bytes += excess
+                device.expected_bytes += excess
+                record.over.append((device_id, excess))
 
     def _unaccount(self, node: _Node, record: _Record) -> None:
         uid = record.pod.uid
         self._touch(node)
+        for over_on, excess in record.over:
+            node.devices[over_on].known_bytes -= excess
+            node.devices[over_on].expected_bytes -= excess
+        record.over.clear()
         for resource, device_id, claim in record.held:
             group = node.groups[resource]
             if device_id is not None:
@@ -716,6 +761,8 @@ class Ledger:
         slots = dict.fromkeys(node.devices, 0)
         unknown = dict.fromkeys(node.groups, 0)
         for uid in self._pods_on.get(name, ()):
+            for over_on, excess in self._records[uid].over:
+                known[over_on] += excess
             for resource, device_id, claim in self._records[uid].held:
                 if device_id is None:
                     unknown[resource] += 1
@@ -862,6 +909,10 @@ def _check_group(group: _Group, new: list[_Placed], exclude: _Record | None, *, 
             if resource == group.resource and device_id is not None:
                 before = own_known.get(device_id, (0, 0))
                 own_known[device_id] = (before[0] + devices[device_id].claim_bytes(claim), before[1] + 1)
+        for device_id, excess in exclude.over:
+            if device_id in devices:
+                before = own_known.get(device_id, (0, 0))
+                own_known[device_id] = (before[0] + excess, before[1])
     if empty:
         others: list[tuple[str, Claim]] = []
         used_slots = 0

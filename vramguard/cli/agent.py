@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.cli.webhook import parse_listen
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
 _PROG = "vramguard agent"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="seconds between readings (default 5)")
     parser.add_argument("--min-write-interval", type=float, default=10.0, metavar="SECONDS",
                         help="least seconds between two writes of the annotation (default 10)")
+    parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or DEFAULT_AGENT_NAMESPACE,
+                        help="namespace of the node's liveness Lease (default $POD_NAMESPACE, else "
+                             f"{DEFAULT_AGENT_NAMESPACE}); the extender reads Leases there")
+    parser.add_argument("--lease-duration", type=int, default=40, metavar="SECONDS",
+                        help="leaseDurationSeconds: how long the report is trusted without a renewal (default 40; "
+                             "at least twice --interval)")
     parser.add_argument("--host-pid", action="store_true",
                         help="the agent runs in the host's PID namespace (hostPID: true): attribute GPU processes "
                              "to pods through /proc/<pid>/cgroup, which measures foreign usage on shared GPUs")
@@ -72,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.interval <= 0 or args.min_write_interval < 0:
         return _fail("--interval must be positive and --min-write-interval not negative", EXIT_USAGE)
+    if args.lease_duration < 2 * args.interval:
+        # One missed renewal must not make the report look stale.
+        return _fail("--lease-duration must be at least twice --interval", EXIT_USAGE)
     if args.nvml_recording is not None and not args.nvml_recording.is_file():
         return _fail(f"--nvml-recording {args.nvml_recording}: no such file", EXIT_USAGE)
     nvml: Nvml = RecordedNvml(args.nvml_recording) if args.nvml_recording else PynvmlBackend()
@@ -96,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
     settings = AgentSettings(
-        args.node_name, host, port, nvml, podresources, connection, proc_root, args.interval, args.min_write_interval
+        args.node_name, host, port, nvml, podresources, connection, proc_root, args.interval, args.min_write_interval,
+        lease_namespace=args.lease_namespace, holder=os.environ.get("POD_NAME", ""),
+        lease_duration=args.lease_duration,
     )
     logging.getLogger("vramguard.agent").info(
         "node %s: reading every %gs, metrics on http://%s:%d, process attribution %s",

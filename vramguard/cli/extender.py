@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from vramguard.cli.webhook import parse_listen
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
 _PROG = "vramguard extender"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -57,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
     parser.add_argument("--policy", type=Path, metavar="FILE",
                         help="policy file, re-read when it changes (default: the built-in policy)")
+    parser.add_argument("--agent-namespace", default=DEFAULT_AGENT_NAMESPACE, metavar="NAMESPACE",
+                        help="where the node agents' Leases are: a report is trusted only while its Lease is fresh "
+                             f"(default {DEFAULT_AGENT_NAMESPACE})")
     parser.add_argument("--drain-delay", type=float, default=0.0, metavar="SECONDS",
                         help="on SIGTERM, report not ready for this long before closing the listener")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
     settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
-                                ServerSettings(drain_delay=args.drain_delay))
+                                ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace)
     log = logging.getLogger("vramguard.extender")
     log.info("serving on %s://%s:%d (%s), probes and metrics on http://%s:%d, policy %s",
              "https" if tls else "http", host, port,

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vramguard.demand import derive_pod_demand
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import Policy, PolicyError, default_policy
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
 
 if TYPE_CHECKING:
     from vramguard.cluster import ClusterState
 
-__all__ = ["ClusterSnapshot", "build_state", "main", "node_rows", "pod_holdings", "read_cluster"]
+__all__ = ["ClusterSnapshot", "build_state", "main", "node_rows", "pod_holdings", "read_cluster", "report_notes"]
 
 _PROG = "kubectl vram"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -57,6 +58,8 @@ class ClusterSnapshot:
     workloads: list[JSON] = field(default_factory=list)
     """Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs (read by the audit)."""
     policy_source: str = "built-in"
+    leases: list[JSON] = field(default_factory=list)
+    """The node agents' Leases: a node's report counts only while its Lease is fresh."""
 
     @property
     def bound_pods(self) -> list[JSON]:
@@ -82,6 +85,7 @@ def read_cluster(
     else:
         client = kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context)
     core = kubernetes.client.CoreV1Api(client)
+    coordination = kubernetes.client.CoordinationV1Api(client)
     apps = kubernetes.client.AppsV1Api(client)
     batch = kubernetes.client.BatchV1Api(client)
     try:
@@ -90,6 +94,7 @@ def read_cluster(
             namespaces=_list(core.list_namespace, "Namespace", "v1"),
             pods=_list(core.list_pod_for_all_namespaces, "Pod", "v1", LIVE_PODS),
         )
+        snapshot.leases = _agent_leases(coordination, kubernetes.client.exceptions.ApiException)
         if workloads:
             for method, kind, api_version in (
                 (apps.list_deployment_for_all_namespaces, "Deployment", "apps/v1"),
@@ -129,6 +134,19 @@ def _list(method: Any, kind: str, api_version: str, field_selector: str | None =
             return items
 
 
+def _agent_leases(coordination: Any, api_exception: type[Exception]) -> list[JSON]:
+    """The agents' Leases; none when they cannot be read (the reports then count as untrusted, and
+    the table says why)."""
+    try:
+        response = coordination.list_namespaced_lease(
+            DEFAULT_AGENT_NAMESPACE, _preload_content=False, _request_timeout=_API_TIMEOUT_S
+        )
+    except api_exception:
+        return []
+    items: list[JSON] = json.loads(response.data).get("items") or []
+    return items
+
+
 def _policy_configmap(core: Any, api_exception: type[Exception]) -> str | None:
     try:
         response = core.read_namespaced_config_map(
@@ -159,6 +177,7 @@ def build_state(snapshot: ClusterSnapshot, policy: Policy) -> ClusterState:
     from vramguard.cluster import ClusterState  # noqa: PLC0415
 
     state = ClusterState(policy)
+    state.leases.replace(snapshot.leases)
     state.nodes.replace(snapshot.nodes)
     state.namespaces.replace(snapshot.namespaces)
     state.pods.replace(snapshot.bound_pods)
@@ -168,6 +187,16 @@ def build_state(snapshot: ClusterSnapshot, policy: Policy) -> ClusterState:
 def node_rows(state: ClusterState) -> list[GpuRow]:
     """Every GPU device of every node, with the ledger's budget and reservations."""
     return gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node))
+
+
+def report_notes(state: ClusterState) -> list[str]:
+    """Nodes whose agent report was set aside, and why (a stale or missing Lease)."""
+    notes = []
+    for node in sorted(state.node_names()):
+        inventory = state.ledger.inventory(node)
+        if inventory is not None and inventory.distrust is not None:
+            notes.append(f"node {node}: {inventory.distrust}; counted as if unreported")
+    return notes
 
 
 def pod_holdings(state: ClusterState, pods: Sequence[JSON], namespace: str | None = None) -> list[PodHolding]:
@@ -224,10 +253,12 @@ def run(args: argparse.Namespace) -> int:
     state = build_state(snapshot, policy)
     if args.command == "nodes":
         rows = node_rows(state)
+        notes = report_notes(state)
         if args.output == "json":
-            print(json.dumps({"policy": source, "gpus": [r.to_json() for r in rows]}, indent=2))
+            print(json.dumps({"policy": source, "gpus": [r.to_json() for r in rows], "notes": notes}, indent=2))
         else:
             sys.stdout.write(gpu_table(rows))
+            sys.stdout.write("".join(f"note: {note}\n" for note in notes))
         return EXIT_OK
     holdings = pod_holdings(state, snapshot.bound_pods, args.namespace)
     if args.output == "json":

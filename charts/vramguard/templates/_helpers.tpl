@@ -51,6 +51,7 @@ capabilities:
     - --client-ca=/etc/vramguard/tls/ca.crt
     - --ops-listen=0.0.0.0:{{ .Values.extender.opsPort }}
     - --policy=/etc/vramguard/policy/policy.yaml
+    - --agent-namespace={{ .Release.Namespace }}
   ports:
     {{- if ne .Values.mode "second-scheduler" }}
     - name: https

@@ -1,0 +1,83 @@
+"""The agent's liveness: its node's Lease (``coordination.k8s.io/v1``), renewed every cycle.
+
+Readers trust the Node's report only while this Lease is fresh (:mod:`vramguard.lease`), so the
+report annotation itself is written only when its content changes. The Lease is renewed only after
+a cycle whose report reached the annotation (or needed no write): a fresh Lease says "the
+annotation is this agent's current view". An agent that cannot write its report stops renewing,
+and after ``leaseDurationSeconds`` the extender falls back to the conservative rule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from vramguard.lease import agent_lease_name, format_micro_time, lease_body
+
+__all__ = ["LeaseRenewer"]
+
+JSON = dict[str, Any]
+
+
+class LeaseRenewer:
+    """Creates the node's Lease, then renews it with an update (``get``, ``create``, ``update`` only)."""
+
+    def __init__(
+        self,
+        client: Any,
+        namespace: str,
+        node: str,
+        holder: str,
+        duration: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``client``: a :class:`service.kube.KubeClient`; ``holder``: this agent pod's name;
+        ``duration``: ``leaseDurationSeconds``; ``clock``: seconds since the epoch."""
+        self._client = client
+        self._namespace = namespace
+        self._node = node
+        self._holder = holder
+        self._duration = duration
+        self._clock = clock
+        self._collection = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+        self._path = f"{self._collection}/{quote(agent_lease_name(node), safe='')}"
+        self._current: JSON | None = None
+
+    @property
+    def name(self) -> str:
+        """The Lease's name."""
+        return agent_lease_name(self._node)
+
+    async def renew(self) -> None:
+        """Set ``renewTime`` to now; raise what the API raises (the caller retries next cycle).
+
+        The update carries the last ``resourceVersion`` seen: a conflict (someone else wrote it)
+        makes the next renewal read it afresh.
+        """
+        from service.kube import ApiError  # noqa: PLC0415 - the service layer loads aiohttp
+
+        now = self._clock()
+        try:
+            if self._current is None:
+                try:
+                    self._current = await self._client.get(self._path)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                    body = lease_body(self._namespace, self._node, self._holder, self._duration, now)
+                    self._current = await self._client.create(self._collection, body)
+                    return
+            lease = dict(self._current)
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self._holder:
+                spec["acquireTime"] = format_micro_time(now)
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec.update(holderIdentity=self._holder, leaseDurationSeconds=self._duration,
+                        renewTime=format_micro_time(now))
+            lease["spec"] = spec
+            self._current = await self._client.request("PUT", self._path, lease)
+        except Exception:
+            self._current = None
+            raise
