@@ -115,7 +115,7 @@ class Verbs:
 
     def _shape(self, claims: PodClaims, choice: ClassChoice) -> Hashable:
         # The policy's version too: a reload may change what a class of the same name allows.
-        return (claims.claims, claims.init, claims.refusal, choice.name, self.state.policy_version)
+        return (claims.claims, claims.init, claims.refusal, choice.name, choice.enforcement, self.state.policy_version)
 
     @staticmethod
     def _cache(store: OrderedDict[Hashable, Any], shape: Hashable) -> Any:

@@ -43,7 +43,7 @@ def test_violations_follow_the_namespace_mode() -> None:
     report = audit_snapshot(snap, default_policy())
     found = {(f.kind, f.name): f for f in report.violating}
     assert set(found) == {("Pod", "bad"), ("Deployment", "tpl")}  # the controlled ReplicaSet-like one is skipped
-    assert found[("Pod", "bad")].outcome == "warned"  # the default policy's mode is warn
+    assert found[("Pod", "bad")].outcome == "audited"  # the default policy's mode is audit
     snap.namespaces = [{"metadata": {"name": "default", "labels": {"vramguard.io/enforce": "enforce"}}}]
     assert audit_snapshot(snap, default_policy()).violating[0].outcome == "denied"
 

@@ -128,6 +128,9 @@ class ClassChoice:
     qos: QosClass
     source: Literal["pod", "namespace", "default"]
     problem: str | None = None
+    enforcement: Enforcement = "enforce"
+    """The pod's namespace's mode: class rules refuse a node only under ``enforce`` (the VRAM budget
+    holds in every mode)."""
 
 
 class Policy(_Strict):
@@ -202,18 +205,19 @@ class Policy(_Strict):
             ("pod", pod_labels),
             ("namespace", namespace_labels),
         )
+        mode = self.enforcement_for(namespace_labels)[0]
         for source, labels in sources:
             name = (labels or {}).get(QOS_CLASS_LABEL)
             if name is None:
                 continue
             if name in self.classes:
-                return ClassChoice(name, self.classes[name], source, "; ".join(problems) or None)
+                return ClassChoice(name, self.classes[name], source, "; ".join(problems) or None, mode)
             problems.append(
                 f"{source} label {QOS_CLASS_LABEL}={name} names no class "
                 f"(classes: {', '.join(self.classes)})"
             )
         return ClassChoice(
-            self.default_class, self.classes[self.default_class], "default", "; ".join(problems) or None
+            self.default_class, self.classes[self.default_class], "default", "; ".join(problems) or None, mode
         )
 
     def headroom_for(self, sharing: Sharing) -> Fraction:
