@@ -20,9 +20,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vramguard.demand.model import PodDemand, Vram
-from vramguard.inventory import Gpu
+from vramguard.inventory import Gpu, Sharing
 from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, ResourceOffer, Shortfall
-from vramguard.inventory import Sharing
 from vramguard.policy import ClassChoice
 from vramguard.quantity import GiB, MiB, format_bytes
 
@@ -204,7 +203,9 @@ def filter_nodes(ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: C
     return verdicts
 
 
-def class_findings(offers: Mapping[str, ResourceOffer], resources: Sequence[str], choice: ClassChoice) -> list[ClassFinding]:
+def class_findings(
+    offers: Mapping[str, ResourceOffer], resources: Sequence[str], choice: ClassChoice
+) -> list[ClassFinding]:
     """The sharing strategies the node offers under ``resources`` that the class does not allow."""
     allowed = frozenset(choice.qos.sharing)
     least_isolation = min(_ISOLATION[s] for s in allowed)
