@@ -8,7 +8,9 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from extender.findings import FindingsReporter
 from extender.metrics import ExtenderMetrics
+from extender.preemption import preempt_handler
 from extender.verbs import Verbs
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, binding_result, filter_result, host_priorities
 from service.http import Readiness, create_app, read_model
@@ -23,6 +25,7 @@ def build_app(
 ) -> web.Application:
     """The aiohttp application of the extender; ``synced`` gates every verb."""
     metrics = ExtenderMetrics(registry, verbs.state)
+    verbs.findings = FindingsReporter(verbs.client, registry)
     readiness.add("caches-synced", synced.is_set)
     app = create_app(registry=registry, readiness=readiness)
 
@@ -56,4 +59,5 @@ def build_app(
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/prioritize", prioritize_handler)
     app.router.add_post("/bind", bind_handler)
+    app.router.add_post("/preempt", preempt_handler(verbs.state, synced))
     return app
