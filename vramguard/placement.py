@@ -107,6 +107,53 @@ class NodeVerdict:
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """A reason to refuse a pod that needs no node to know: its rule, whether the namespace's mode
+    enforces it, and the text for people."""
+
+    rule: Rule
+    message: str
+    enforced: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        """The refusal as data."""
+        return {"rule": str(self.rule), "enforced": self.enforced, "message": self.message}
+
+
+def pod_refusals(
+    demand: PodDemand, choice: ClassChoice, mig_prefixes: Sequence[str], gpu_memory: int | None = None
+) -> list[Refusal]:
+    """What refuses the pod on every node: VRAM unknown in a class that rejects it, a MIG resource
+    in a class without MIG (a class rule: enforced only in ``enforce``), a reservation above the
+    budget of a GPU of ``gpu_memory`` bytes (the VRAM budget, every mode)."""
+    refusals: list[Refusal] = []
+    headroom = choice.qos.headroom_fraction
+    for container in demand.containers:
+        vram = container.reservation
+        if vram is None and choice.qos.unknown_vram == "reject":
+            refusals.append(Refusal(Rule.VRAM_UNKNOWN, (
+                f"container {container.name}: VRAM unknown and class {choice.name} does not place such pods; "
+                f"declare it with the annotation {VRAM_ANNOTATION}.{container.name}"
+            )))
+        if container.resource.startswith(tuple(mig_prefixes)) and "mig" not in choice.qos.sharing:
+            refusals.append(Refusal(
+                Rule.CLASS_RULE,
+                f"container {container.name}: class {choice.name} does not allow MIG GPUs ({container.resource})",
+                choice.enforcement == "enforce",
+            ))
+        if gpu_memory is not None and vram is not None:
+            budget = gpu_memory - -(-gpu_memory * headroom.numerator // headroom.denominator)
+            need = vram.on_device(gpu_memory)
+            if need > budget:
+                refusals.append(Refusal(Rule.VRAM_BUDGET, (
+                    f"container {container.name}: needs {format_bytes(need)} per GPU, more than the "
+                    f"{format_bytes(budget)} VRAM budget of a {format_bytes(gpu_memory)} GPU "
+                    f"(class {choice.name} keeps {float(headroom):.0%} free)"
+                )))
+    return refusals
+
+
+@dataclass(frozen=True, slots=True)
 class PodClaims:
     """A pod's claims under its class, computed once and used for every node."""
 
