@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from extender.findings import FindingsReporter
 from extender.metrics import ExtenderMetrics
-from extender.preemption import preempt_handler
+from extender.preemption import mark_unhelpable, preempt_handler
 from extender.verbs import Verbs
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, binding_result, filter_result, host_priorities
 from service.http import Readiness, create_app, read_model
@@ -34,7 +34,7 @@ def build_app(
         if not synced.is_set():
             # An error fails this scheduling attempt; the scheduler retries the pod later.
             return web.json_response(filter_result(args, [], {}, {}, NOT_SYNCED))
-        outcome = verbs.filter(args.Pod, args.node_names())
+        outcome = mark_unhelpable(verbs.state, args.Pod, verbs.filter(args.Pod, args.node_names()))
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))

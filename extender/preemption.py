@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.verbs import FilterOutcome
 from extender.wire import ExtenderPreemptionArgs, preemption_result
 from service.http import read_model
 from vramguard.cluster import ClusterState, pod_priority
@@ -26,6 +27,45 @@ logger = logging.getLogger(__name__)
 
 MAX_NODES = 5000
 """Candidate nodes one request may name (the scheduler sends at most its node count)."""
+
+
+def _holders(state: ClusterState, node: str, priority: int) -> list[Holder]:
+    """The pods holding GPUs on ``node``; evictable: seen bound by the watch and of lower priority."""
+    ledger = state.ledger
+    holders = []
+    for uid in ledger.pods_on(node):
+        held = ledger.holding(uid)
+        if held is None:
+            continue
+        holder_priority = state.priorities.get(uid, 0)
+        # Only pods the watch saw bound there: the scheduler knows them and can evict them.
+        evictable = state.is_bound(uid) == node and holder_priority < priority
+        holders.append(Holder(held[0], held[2], holder_priority, evictable))
+    return holders
+
+
+def mark_unhelpable(state: ClusterState, pod: Mapping[str, Any], outcome: FilterOutcome) -> FilterOutcome:
+    """Move the VRAM failures no eviction can cure to the unresolvable nodes, so that kube-scheduler
+    does not preempt there for nothing (its own plugins would pick victims blind to VRAM)."""
+    if not outcome.failed:
+        return outcome
+    choice = state.choose_class(pod)
+    claims = state.claims_for(pod, choice)
+    priority = pod_priority(pod)
+    headrooms = state.policy.headrooms()
+    failed = dict(outcome.failed)
+    unresolvable = dict(outcome.unresolvable)
+    for node, message in outcome.failed.items():
+        inventory = state.ledger.inventory(node)
+        if inventory is None:
+            continue  # not known yet: may become known
+        holders = _holders(state, node, priority)
+        # Cheap first: with nobody of lower priority there (a wave of equal pods), nothing helps.
+        if any(h.evictable for h in holders) and choose_victims(inventory, headrooms, holders, claims) is not None:
+            continue
+        del failed[node]
+        unresolvable[node] = f"{message} (no pod of lower priority frees enough)"
+    return FilterOutcome(outcome.passing, failed, unresolvable)
 
 
 def preempt(
@@ -45,15 +85,7 @@ def preempt(
         verdict = filter_node(ledger, node, claims, choice)
         if not verdict.ok and verdict.rule is not Rule.VRAM_BUDGET:
             continue  # refused for a reason no eviction changes
-        holders = []
-        for uid in ledger.pods_on(node):
-            held = ledger.holding(uid)
-            if held is None:
-                continue
-            holder_priority = state.priorities.get(uid, 0)
-            # Only pods the watch saw bound there: the scheduler knows them and can evict them.
-            evictable = state.is_bound(uid) == node and holder_priority < priority
-            holders.append(Holder(held[0], held[2], holder_priority, evictable))
+        holders = _holders(state, node, priority)
         chosen = choose_victims(inventory, headrooms, holders, claims)
         if chosen is None:
             continue

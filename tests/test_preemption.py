@@ -12,7 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
-from extender.preemption import preempt
+from extender.preemption import mark_unhelpable, preempt
+from extender.verbs import Verbs
 from service.http import Readiness
 from tests.test_extender import gpu_node, make, vllm_pod
 from vramguard.cluster import ClusterState
@@ -92,8 +93,6 @@ def test_preempt_drops_a_node_no_eviction_helps() -> None:
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     state = full_gpu()
-    from extender.verbs import Verbs  # noqa: PLC0415
-
     synced = asyncio.Event()
     synced.set()
     app = build_app(Verbs(state, None), synced, Readiness(), CollectorRegistry())
@@ -134,3 +133,24 @@ async def test_preempt_not_synced_is_503() -> None:
     async with TestClient(TestServer(app)) as test_client:
         response = await test_client.post("/preempt", json={"Pod": vllm_pod("p", "0.2"), "NodeNameToMetaVictims": {}})
         assert response.status == 503
+
+
+@pytest.mark.parametrize(("utilization", "priority", "verdict"), [
+    ("0.5", 1, "unresolvable"),
+    ("0.5", 1000, "failed"),
+    ("0.95", 1000, "unresolvable"),
+], ids=["equal-priority-nothing-helps", "lower-priority-victims-help", "bigger-than-the-budget"])
+def test_filter_marks_vram_failures_no_eviction_cures(utilization: str, priority: int, verdict: str) -> None:
+    state = full_gpu()
+    pod = prioritized("new", utilization, priority, node=None)
+    outcome = mark_unhelpable(state, pod, Verbs(state, None).filter(pod, ["ts"]))
+    assert outcome.passing == []
+    assert list(getattr(outcome, verdict)) == ["ts"]
+    if verdict == "unresolvable" and priority == 1:
+        assert outcome.unresolvable["ts"].endswith("(no pod of lower priority frees enough)")
+
+
+async def test_filter_over_http_marks_unhelpable(client: TestClient) -> None:  # type: ignore[type-arg]
+    body = {"Pod": prioritized("equal", "0.5", 1, node=None), "NodeNames": ["ts"]}
+    result = await (await client.post("/filter", json=body)).json()
+    assert list(result["FailedAndUnresolvableNodes"]) == ["ts"] and result["FailedNodes"] == {}
