@@ -154,3 +154,18 @@ async def test_filter_over_http_marks_unhelpable(client: TestClient) -> None:  #
     body = {"Pod": prioritized("equal", "0.5", 1, node=None), "NodeNames": ["ts"]}
     result = await (await client.post("/filter", json=body)).json()
     assert list(result["FailedAndUnresolvableNodes"]) == ["ts"] and result["FailedNodes"] == {}
+
+
+def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the cap a failure stays resolvable (preempt still drops the node): bounded filter work."""
+    pods = []
+    for node in ("a", "b"):
+        pods += [prioritized(f"{node}-high", "0.45", 500, node=node), prioritized(f"{node}-low", "0.45", 1, node=node)]
+    state, verbs, _ = make([gpu_node("a"), gpu_node("b")], pods)
+    pod = prioritized("new", "0.5", 100, node=None)
+    outcome = verbs.filter(pod, ["a", "b"])
+    assert sorted(mark_unhelpable(state, pod, outcome).unresolvable) == ["a", "b"]
+    monkeypatch.setattr("extender.preemption.EVICTION_CHECKS_PER_FILTER", 1)
+    capped = mark_unhelpable(state, pod, outcome)
+    assert (list(capped.unresolvable), list(capped.failed)) == (["a"], ["b"])
+    assert preempt(state, pod, {"b": (["uid-b-low"], 0)}) == {}
