@@ -169,3 +169,15 @@ def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.MonkeyPa
     capped = mark_unhelpable(state, pod, outcome)
     assert (list(capped.unresolvable), list(capped.failed)) == (["a"], ["b"])
     assert preempt(state, pod, {"b": (["uid-b-low"], 0)}) == {}
+
+
+def test_priority_survives_the_slim_watch_objects() -> None:
+    """The informers keep slim pods: the priority must be among the fields kept, or every holder looks evictable."""
+    from vramguard.cluster import slim_pod  # noqa: PLC0415
+
+    state, _, _ = make([gpu_node("ts")])
+    state.pods.upsert(slim_pod(prioritized("vip", "0.8", 2_000_000)))
+    assert state.priorities == {"uid-vip": 2_000_000}
+    assert preempt(state, prioritized("new", "0.5", 1000, node=None), {"ts": (["uid-vip"], 0)}) == {}
+    state.pods.delete(slim_pod(prioritized("vip", "0.8", 2_000_000)))
+    assert state.priorities == {}
