@@ -16,7 +16,7 @@ from extender.preemption import mark_unhelpable, preempt
 from extender.verbs import Verbs
 from service.http import Readiness
 from tests.test_extender import gpu_node, make, vllm_pod
-from vramguard.cluster import ClusterState
+from vramguard.cluster import ClusterState, slim_pod
 from vramguard.demand.model import ContainerDemand, PodDemand, Vram
 from vramguard.inventory import read_inventory
 from vramguard.ledger import PodRef
@@ -173,8 +173,6 @@ def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.MonkeyPa
 
 def test_priority_survives_the_slim_watch_objects() -> None:
     """The informers keep slim pods: the priority must be among the fields kept, or every holder looks evictable."""
-    from vramguard.cluster import slim_pod  # noqa: PLC0415
-
     state, _, _ = make([gpu_node("ts")])
     state.pods.upsert(slim_pod(prioritized("vip", "0.8", 2_000_000)))
     assert state.priorities == {"uid-vip": 2_000_000}
