@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from e2e import gpu_nodes
+from e2e.kube import api_exception
 from e2e.scenario import pin_to_test, private_node, require_extender
 from vramguard.cli.audit import audit_snapshot
 from vramguard.cli.kubectl_vram import read_cluster
@@ -150,11 +151,17 @@ def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: 
     # 4. enforce: the next time the workload is scheduled, the class rule refuses the node.
     label_namespace(core_v1, namespace, {"vramguard.io/enforce": "enforce"})
     assert audit_placements(cluster, namespace)["train"] == ("class-rule", "refused")
-    delete_now(core_v1, namespace, "vllm-whole")
-    core_v1.create_namespaced_pod(namespace, pods["vllm-whole"])
-    message = wait_for("vllm-whole refused", lambda: scheduling_message(core_v1, namespace, "vllm-whole"))
-    assert "class shared does not allow unshared GPUs" in message, message
-    assert bound_to(core_v1, namespace, "vllm-whole") is None
+    for name in ("vllm-whole", "train"):
+        delete_now(core_v1, namespace, name)
+        core_v1.create_namespaced_pod(namespace, pods[name])
+        message = wait_for(f"{name} refused", lambda name=name: scheduling_message(core_v1, namespace, name))
+        assert "class shared does not allow unshared GPUs" in message, message
+        assert bound_to(core_v1, namespace, name) is None
+    # A MIG pod is refused already at admission: the webhook enforces the same class rule.
+    delete_now(core_v1, namespace, "vllm-mig")
+    with pytest.raises(api_exception()) as denied:
+        core_v1.create_namespaced_pod(namespace, pods["vllm-mig"])
+    assert "class shared does not allow MIG" in str(denied.value.body)
 
 
 def class_events(core_v1: Any, namespace: str, pod: str) -> list[Any]:
