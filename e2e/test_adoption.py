@@ -161,7 +161,7 @@ def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: 
     delete_now(core_v1, namespace, "vllm-mig")
     with pytest.raises(api_exception()) as denied:
         core_v1.create_namespaced_pod(namespace, pods["vllm-mig"])
-    assert "class shared does not allow MIG" in str(denied.value.body)
+    assert "class shared does not allow MIG" in str(getattr(denied.value, "body", denied.value))
 
 
 def class_events(core_v1: Any, namespace: str, pod: str) -> list[Any]:
