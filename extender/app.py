@@ -8,7 +8,9 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from extender.findings import FindingsReporter
 from extender.metrics import ExtenderMetrics
+from extender.preemption import mark_unhelpable, preempt_handler
 from extender.verbs import Verbs
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, binding_result, filter_result, host_priorities
 from service.http import Readiness, create_app, read_model
@@ -31,6 +33,7 @@ def build_app(
     ``operational_routes`` False leaves probes and metrics to a listener of their own.
     """
     metrics = ExtenderMetrics(registry, verbs.state)
+    verbs.findings = FindingsReporter(verbs.client, registry)
     readiness.add("caches-synced", synced.is_set)
     app = create_app(registry=registry, readiness=readiness, operational_routes=operational_routes)
 
@@ -39,7 +42,7 @@ def build_app(
         if not synced.is_set():
             # An error fails this scheduling attempt; the scheduler retries the pod later.
             return web.json_response(filter_result(args, [], {}, {}, NOT_SYNCED))
-        outcome = verbs.filter(args.Pod, args.node_names())
+        outcome = mark_unhelpable(verbs.state, args.Pod, verbs.filter(args.Pod, args.node_names()))
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
@@ -64,4 +67,5 @@ def build_app(
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/prioritize", prioritize_handler)
     app.router.add_post("/bind", bind_handler)
+    app.router.add_post("/preempt", preempt_handler(verbs.state, synced))
     return app

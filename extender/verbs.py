@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.findings import FindingsReporter, findings_annotations
 from service.kube import ApiError, KubeClient, object_path
 from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, PodKey, pod_key
 from vramguard.placement import (
@@ -102,6 +103,8 @@ class Verbs:
         self._snapshots: OrderedDict[Hashable, _Snapshot] = OrderedDict()
         # Pods seen by filter, so bind does not need to fetch them (bounded, oldest dropped first).
         self._pending: OrderedDict[str, tuple[PodKey, PodClaims, ClassChoice]] = OrderedDict()
+        self.findings: FindingsReporter | None = None
+        """Reports class rules let through at bind (set by the app, which owns the metrics)."""
 
     def _prepare(self, pod: Mapping[str, Any]) -> tuple[PodKey, PodClaims, ClassChoice]:
         key = pod_key(pod)
@@ -115,7 +118,7 @@ class Verbs:
 
     def _shape(self, claims: PodClaims, choice: ClassChoice) -> Hashable:
         # The policy's version too: a reload may change what a class of the same name allows.
-        return (claims.claims, claims.init, claims.refusal, choice.name, self.state.policy_version)
+        return (claims.claims, claims.init, claims.refusal, choice.name, choice.enforcement, self.state.policy_version)
 
     @staticmethod
     def _cache(store: OrderedDict[Hashable, Any], shape: Hashable) -> Any:
@@ -256,7 +259,9 @@ class Verbs:
                         "name": name,
                         "namespace": namespace,
                         "uid": uid,
-                        "annotations": {PLACEMENT_ANNOTATION: assignment.annotation()},
+                        "annotations": {
+                            PLACEMENT_ANNOTATION: assignment.annotation(), **findings_annotations(verdict.findings)
+                        },
                     },
                     "target": {"apiVersion": "v1", "kind": "Node", "name": node},
                 },
@@ -273,6 +278,8 @@ class Verbs:
             logger.exception("binding %s/%s to %s failed", namespace, name, node)
             return f"binding {namespace}/{name} to {node} failed: {exc}"
         self._pending.pop(uid, None)
+        if verdict.findings and self.findings is not None:
+            await self.findings.report(key, node, choice.enforcement, verdict.findings)
         return ""
 
     def _client(self) -> KubeClient:

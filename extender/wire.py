@@ -86,3 +86,68 @@ def host_priorities(scores: dict[str, int]) -> list[dict[str, Any]]:
 def binding_result(error: str = "") -> dict[str, str]:
     """``ExtenderBindingResult``: an empty ``Error`` means bound."""
     return {"Error": error}
+
+
+class MetaPod(_Wire):
+    """``MetaPod``: a pod named by its UID."""
+
+    UID: str = Field(max_length=128)
+
+
+class MetaVictims(_Wire):
+    """``MetaVictims``: the victims on one node, by UID (``nodeCacheCapable: true``)."""
+
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: int = 0
+
+
+class Victims(_Wire):
+    """``Victims``: the victims on one node as whole pods (``nodeCacheCapable: false``)."""
+
+    Pods: list[dict[str, Any]] | None = None
+    NumPDBViolations: int = 0
+
+    def uids(self) -> list[str]:
+        """The victims' UIDs."""
+        uids = []
+        for pod in self.Pods or ():
+            metadata = pod.get("metadata")
+            uid = metadata.get("uid") if isinstance(metadata, dict) else None
+            if isinstance(uid, str):
+                uids.append(uid)
+        return uids
+
+
+class ExtenderPreemptionArgs(_Wire):
+    """The body of ``preempt``: the pod and the scheduler's victims per candidate node, as UIDs
+    (``NodeNameToMetaVictims``) when the extender is node-cache capable, else as pods."""
+
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+    def proposed(self) -> dict[str, tuple[list[str], int]]:
+        """Node -> (victim UIDs, PodDisruptionBudget violations), whichever form they came in."""
+        if self.NodeNameToMetaVictims is not None:
+            return {
+                node: ([p.UID for p in v.Pods or ()], v.NumPDBViolations) if v is not None else ([], 0)
+                for node, v in self.NodeNameToMetaVictims.items()
+            }
+        return {
+            node: (v.uids(), v.NumPDBViolations) if v is not None else ([], 0)
+            for node, v in (self.NodeNameToVictims or {}).items()
+        }
+
+
+def preemption_result(victims: dict[str, tuple[list[str], int]]) -> dict[str, Any]:
+    """``ExtenderPreemptionResult``: the nodes the extender accepts, each with the victims it requires.
+
+    A node left out is not preempted on; a node listed with no victims is an error to the scheduler,
+    so the caller lists only nodes with victims.
+    """
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
+            for node, (uids, pdb) in victims.items()
+        }
+    }

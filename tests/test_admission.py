@@ -369,8 +369,8 @@ def test_audit_annotation_keys_are_names_the_api_server_accepts() -> None:
 
 
 def test_mode_defaults_to_the_policy_and_invalid_labels_are_reported() -> None:
-    warn_policy = AdmissionRules(default_policy())
-    assert review(BAD, mode=None, rules=warn_policy).mode == "warn"
+    audit_policy = AdmissionRules(default_policy())
+    assert review(BAD, mode=None, rules=audit_policy).mode == "audit"
     assert review(BAD, mode=None).mode == "enforce"
     decision = review(BAD, mode="strict")
     assert decision.mode == "enforce"

@@ -43,7 +43,7 @@ def test_violations_follow_the_namespace_mode() -> None:
     report = audit_snapshot(snap, default_policy())
     found = {(f.kind, f.name): f for f in report.violating}
     assert set(found) == {("Pod", "bad"), ("Deployment", "tpl")}  # the controlled ReplicaSet-like one is skipped
-    assert found[("Pod", "bad")].outcome == "warned"  # the default policy's mode is warn
+    assert found[("Pod", "bad")].outcome == "audited"  # the default policy's mode is audit
     snap.namespaces = [{"metadata": {"name": "default", "labels": {"vramguard.io/enforce": "enforce"}}}]
     assert audit_snapshot(snap, default_policy()).violating[0].outcome == "denied"
 
@@ -65,3 +65,23 @@ def test_cli_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
     assert json.loads(capsys.readouterr().out)["overcommitted_gpus"][0]["node"] == "ts"
     monkeypatch.setattr(kubectl_vram, "read_cluster", lambda *_a, **_k: (bad, "classes: 3"))
     assert main(["audit"]) == audit.EXIT_USAGE
+
+
+@pytest.mark.parametrize(("labels", "outcome"), [
+    ({}, None),
+    ({"vramguard.io/qos-class": "shared"}, "audited"),
+    ({"vramguard.io/qos-class": "shared", "vramguard.io/enforce": "warn"}, "warned"),
+    ({"vramguard.io/qos-class": "shared", "vramguard.io/enforce": "enforce"}, "refused"),
+], ids=["default-class-allows-it", "audit", "warn", "enforce"])
+def test_placements_the_class_rules_would_refuse(labels: dict[str, str], outcome: str | None) -> None:
+    """What switching a namespace to warn, then enforce, would do to the pods already running."""
+    snap = snapshot(vllm_pod("whole", 0.5, "ex"), vllm_pod("shared", 0.3, "ts"))
+    snap.namespaces = [{"metadata": {"name": "default", "labels": labels}}]
+    report = audit_snapshot(snap, default_policy())
+    found = [(f.name, f.node, f.rule, f.outcome) for f in report.placements]
+    assert found == ([("whole", "ex", "class-rule", outcome)] if outcome else [])
+    if outcome:
+        assert not report.clean
+        assert report.to_json()["placements"][0]["message"] == (
+            "class shared does not allow unshared GPUs (node offers whole GPUs)")
+        assert "Placements the class rules would refuse: 1" in report.to_text()

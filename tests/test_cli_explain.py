@@ -61,6 +61,9 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         "kind": "Deployment",
         "name": "chat",
         "namespace": "team-a",
+        "class": "best-effort",
+        "enforcement": "audit",
+        "refusals": [],
         "containers": [
             {
                 "name": "vllm",
@@ -130,3 +133,47 @@ def test_unreadable_input_exits_2_without_traceback(args: list[str], stdin: str,
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+REFUSED = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: dev, labels: {vramguard.io/qos-class: shared, vramguard.io/enforce: enforce}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mig-infer, namespace: dev}
+spec:
+  containers:
+  - name: vllm
+    image: vllm/vllm-openai:v0.21.0
+    args: [--model, m, --gpu-memory-utilization, "0.5"]
+    resources: {limits: {nvidia.com/mig-1g.10gb: 1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: too-big, namespace: prod}
+spec:
+  containers:
+  - name: vllm
+    image: vllm/vllm-openai:v0.21.0
+    args: [--model, m, --gpu-memory-utilization, "0.95"]
+    resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+
+def test_explain_names_the_refusing_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A class rule (change the policy or the class) is told apart from the VRAM budget (change the workload)."""
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(REFUSED)
+    code, out, _ = run(capsys, "explain", "-o", "json", "--gpu-memory", "80Gi", str(manifest))
+    reports = {r["name"]: r for r in json.loads(out)}
+    assert code == 1
+    assert reports["mig-infer"]["refusals"] == [{
+        "rule": "class-rule", "enforced": True,
+        "message": "container vllm: class shared does not allow MIG GPUs (nvidia.com/mig-1g.10gb)",
+    }]
+    assert [(r["rule"], r["enforced"]) for r in reports["too-big"]["refusals"]] == [("vram-budget", True)]
+    code, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(manifest))
+    assert "refusal [class-rule, refused]: container vllm: class shared does not allow MIG GPUs" in out
+    assert "refusal [vram-budget, refused]: container vllm: needs 76.0 GiB per GPU, more than the 72.0 GiB" in out

@@ -56,6 +56,7 @@ def test_seed_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str], utili
         assert pending["pod"] == "team-a/vllm-3"
         assert pending["reasons"]["h100-1"] == {
             "unresolvable": False,
+            "rule": "vram-budget",
             "message": "GPU 0 (NVIDIA H100 80GB HBM3): 0.0 GiB of 71.7 GiB VRAM budget free, "
             "pod needs 23.9 GiB per GPU",
         }
@@ -71,7 +72,8 @@ def test_text_output_and_class_from_namespace(tmp_path: Path, capsys: pytest.Cap
     assert main(["plan", path]) == 1
     out = capsys.readouterr().out
     assert "pending  secure/svc-0 (guaranteed)" in out
-    assert "h100-1 (never): class guaranteed does not allow time-slicing GPUs (node offers time-slicing)" in out
+    assert ("h100-1 (never, class-guarantee): class guaranteed does not allow time-slicing GPUs "
+            "(node offers time-slicing)") in out
     assert "NODE    GPU" in out
 
 
@@ -114,3 +116,70 @@ def test_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], co
         args += ["--policy", str(tmp_path / "policy.yaml")]
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def gpu_node(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"cpu": "96", **allocatable}}}
+
+
+A100_8X = gpu_node("a100-8x", {
+    "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
+    "nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.sharing-strategy": "none",
+}, {"nvidia.com/gpu": "8"})
+A100_WHOLE = gpu_node("a100-1x", {
+    "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
+    "nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.sharing-strategy": "none",
+}, {"nvidia.com/gpu": "1"})
+A100_MIG = gpu_node("a100-mig", {
+    "nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
+    "nvidia.com/gpu.replicas": "0", "nvidia.com/mig.strategy": "mixed",
+    "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/mig-1g.10gb.memory": "9728",
+}, {"nvidia.com/mig-1g.10gb": "7"})
+
+
+def pod(name: str, resource: str, count: int, args: list[str], namespace: str = "ml") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [{"name": "main", "image": "vllm/vllm-openai:v0.9.0", "args": args,
+                                     "resources": {"limits": {resource: count}}}]}}
+
+
+WORKLOADS = [
+    pod("train", "nvidia.com/gpu", 8, ["--model", "m", "-tp", "8"]),
+    pod("vllm-whole", "nvidia.com/gpu", 1, ["--model", "m", "--gpu-memory-utilization", "0.85"]),
+    pod("vllm-mig", "nvidia.com/mig-1g.10gb", 1, ["--model", "m", "--gpu-memory-utilization", "0.85"]),
+]
+
+
+def test_shipped_policy_places_whole_gpu_and_mig_workloads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Installing vramguard must not stop a workload that ran before: nothing that fits is refused."""
+    path = write(tmp_path, A100_8X, A100_WHOLE, A100_MIG, *WORKLOADS)
+    assert main(["plan", path, "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {p["pod"]: p["node"] for p in plan["placed"]} == {
+        "ml/train": "a100-8x", "ml/vllm-whole": "a100-1x", "ml/vllm-mig": "a100-mig"}
+    assert all(p["findings"] == [] for p in plan["placed"])
+
+
+@pytest.mark.parametrize(("mode", "code"), [("audit", 0), ("warn", 0), ("enforce", 1)])
+def test_class_rules_follow_the_namespace_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str,
+                                               code: int) -> None:
+    labels = {"vramguard.io/qos-class": "shared", "vramguard.io/enforce": mode}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml", "labels": labels}}
+    path = write(tmp_path, A100_8X, A100_WHOLE, A100_MIG, namespace, *WORKLOADS)
+    assert main(["plan", path]) == code
+    out = capsys.readouterr().out
+    if mode == "enforce":
+        assert "pending  ml/train (shared)" in out
+        assert "a100-8x (never, class-rule): class shared does not allow unshared GPUs" in out
+        assert "a100-mig (never, class-rule): class shared does not allow MIG GPUs" in out
+    else:
+        assert "placed   ml/vllm-mig (shared) -> a100-mig" in out
+        assert f"[class-rule, not enforced in {mode} mode] class shared does not allow MIG GPUs" in out
+
+
+def test_over_budget_is_refused_by_the_shipped_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    greedy = pod("greedy", "nvidia.com/mig-1g.10gb", 1, ["--model", "m", "--gpu-memory-utilization", "0.95"])
+    path = write(tmp_path, A100_MIG, greedy)
+    assert main(["plan", path]) == 1
+    assert "a100-mig (never, vram-budget): MIG 1g.10gb #0" in capsys.readouterr().out

@@ -32,10 +32,11 @@ def test_shipped_scheduler_configs_declare_the_extender(path: Path) -> None:
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     (extender,) = config["extenders"]
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"], extender["preemptVerb"]) == (
         "filter",
         "prioritize",
         "bind",
+        "preempt",
     )
     assert extender["enableHTTPS"] is True
     assert extender["nodeCacheCapable"] is True

@@ -13,6 +13,7 @@ from vramguard.inventory import Gpu, NodeInventory, read_inventory
 from vramguard.ledger import Claim, Ledger, PodRef
 from vramguard.placement import (
     PodClaims,
+    Rule,
     Verdict,
     apply_intended,
     choose_gpus,
@@ -20,13 +21,16 @@ from vramguard.placement import (
     pod_claims,
     score_node,
 )
-from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Policy, default_policy
+from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, ClassChoice, Policy, default_policy
 from vramguard.quantity import GiB
 
 POLICY = default_policy()
 BEST_EFFORT = POLICY.choose_class({}, {})
 GUARANTEED = POLICY.choose_class({QOS_CLASS_LABEL: "guaranteed"}, {})
 BURSTABLE = POLICY.choose_class({QOS_CLASS_LABEL: "burstable"}, {})
+SHARED = {mode: POLICY.choose_class({}, {QOS_CLASS_LABEL: "shared", ENFORCE_LABEL: mode})
+          for mode in ("enforce", "warn", "audit")}
+GUARANTEED_AUDIT = POLICY.choose_class({QOS_CLASS_LABEL: "guaranteed"}, {ENFORCE_LABEL: "audit"})
 REJECTING = Policy.from_yaml(
     "default_class: strict\nclasses: {strict: {sharing: [time-slicing], unknown_vram: reject}}"
 ).choose_class({}, {})
@@ -121,9 +125,13 @@ FILTER_CASES = [
     pytest.param(gfd_node("n"), demand(container(gib(10))), GUARANTEED, Verdict.UNRESOLVABLE,
                  "class guaranteed does not allow time-slicing GPUs (node offers time-slicing)",
                  id="class-forbids-time-slicing"),
+    pytest.param(gfd_node("n", replicas=1, sharing="none"), demand(container(gib(10))), SHARED["enforce"],
+                 Verdict.UNRESOLVABLE, "class shared does not allow unshared GPUs (node offers whole GPUs)",
+                 id="shared-not-on-whole-gpus-in-enforce"),
     pytest.param(gfd_node("n", replicas=1, sharing="none"), demand(container(gib(10))), BEST_EFFORT,
-                 Verdict.UNRESOLVABLE, "class best-effort does not allow unshared GPUs (node offers whole GPUs)",
-                 id="best-effort-not-on-whole-gpus"),
+                 Verdict.PASS, "", id="default-class-takes-a-whole-gpu"),
+    pytest.param(mig_node("n"), demand(container(gib(10), resource="nvidia.com/mig-3g.40gb")), BEST_EFFORT,
+                 Verdict.PASS, "", id="default-class-takes-a-mig-instance"),
     pytest.param(gfd_node("n"), demand(container(gib(10), resource="nvidia.com/mig-3g.40gb")), GUARANTEED,
                  Verdict.UNRESOLVABLE, "node offers no nvidia.com/mig-3g.40gb (it has nvidia.com/gpu)",
                  id="resource-missing"),
@@ -159,6 +167,57 @@ def test_filter_on_an_empty_node(node: dict[str, Any], pod: PodDemand, choice: C
     ledger = ledger_of(node)
     result = filter_node(ledger, "n", pod_claims(pod, choice, "uid"), choice)
     assert (result.verdict, result.message) == (verdict, message)
+
+
+RULE_CASES = [
+    pytest.param(gfd_node("n", replicas=1, sharing="none"), container(gib(10)), SHARED["enforce"],
+                 Verdict.UNRESOLVABLE, Rule.CLASS_RULE, (), id="class-rule-enforced"),
+    pytest.param(gfd_node("n", replicas=1, sharing="none"), container(gib(10)), SHARED["warn"],
+                 Verdict.PASS, None, (Rule.CLASS_RULE,), id="class-rule-warned"),
+    pytest.param(mig_node("n"), container(gib(10), resource="nvidia.com/mig-3g.40gb"), SHARED["audit"],
+                 Verdict.PASS, None, (Rule.CLASS_RULE,), id="class-rule-audited"),
+    pytest.param(gfd_node("n"), container(gib(10)), GUARANTEED_AUDIT, Verdict.UNRESOLVABLE, Rule.CLASS_GUARANTEE,
+                 (), id="guarantee-holds-in-audit"),
+    pytest.param(gfd_node("n"), container(gib(10)), BURSTABLE, Verdict.UNRESOLVABLE, Rule.CLASS_GUARANTEE,
+                 (), id="mps-class-never-on-time-slicing"),
+    pytest.param(gfd_node("n", replicas=1, sharing="none"), container(gib(100)), SHARED["audit"],
+                 Verdict.UNRESOLVABLE, Rule.VRAM_BUDGET, (Rule.CLASS_RULE,), id="budget-holds-in-audit"),
+    pytest.param(gfd_node("n"), container(gib(10), resource="nvidia.com/mig-3g.40gb"), BEST_EFFORT,
+                 Verdict.UNRESOLVABLE, Rule.RESOURCE_MISSING, (), id="resource-missing"),
+    pytest.param(gfd_node("n"), container(None), REJECTING, Verdict.UNRESOLVABLE, Rule.VRAM_UNKNOWN, (),
+                 id="vram-unknown"),
+]
+
+
+@pytest.mark.parametrize(("node", "one", "choice", "verdict", "rule", "findings"), RULE_CASES)
+def test_verdict_names_the_rule(node: dict[str, Any], one: ContainerDemand, choice: ClassChoice, verdict: Verdict,
+                                rule: Rule | None, findings: tuple[Rule, ...]) -> None:
+    """Class rules refuse only in enforce; the VRAM budget and a class's isolation guarantee in every mode."""
+    result = filter_node(ledger_of(node), "n", pod_claims(demand(one), choice, "uid"), choice)
+    assert (result.verdict, result.rule, tuple(f.rule for f in result.findings)) == (verdict, rule, findings)
+
+
+def test_class_finding_is_data_rendered_at_the_edge() -> None:
+    result = filter_node(ledger_of(mig_node("n")), "n",
+                         pod_claims(demand(container(gib(10), resource="nvidia.com/mig-3g.40gb")), SHARED["warn"]),
+                         SHARED["warn"])
+    assert [f.to_json() for f in result.findings] == [{
+        "rule": "class-rule", "class": "shared", "resource": "nvidia.com/mig-3g.40gb", "sharing": ["mig"],
+        "message": "class shared does not allow MIG GPUs (node offers MIG instances)",
+    }]
+
+
+def test_class_preference_shows_in_scores() -> None:
+    """Time-slicing first for the default class; a node the class allows only outside enforce scores lowest."""
+    ledger = ledger_of(gfd_node("ts"), gfd_node("whole", replicas=1, sharing="none"),
+                       gfd_node("mps", replicas=2, sharing="mps"))
+    claims = pod_claims(demand(container(gib(10))), BEST_EFFORT, "p")
+    scores = {node: score_node(ledger, node, claims, BEST_EFFORT) for node in ("ts", "mps", "whole")}
+    assert scores["ts"] > scores["mps"] > scores["whole"] > 0
+    shared = SHARED["audit"]
+    claims = pod_claims(demand(container(gib(70))), shared, "q")
+    # The unshared node is fuller for this pod (binpack) and still ranks below any allowed node.
+    assert score_node(ledger, "whole", claims, shared) < score_node(ledger, "ts", claims, shared)
 
 
 def test_unknown_node_fails_resolvably() -> None:

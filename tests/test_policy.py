@@ -34,8 +34,10 @@ def test_default_policy_follows_the_decision_tree() -> None:
     assert {name: c.sharing for name, c in policy.classes.items()} == {
         "guaranteed": ("none", "mig"),
         "burstable": ("mps",),
-        "best-effort": ("time-slicing",),
+        "best-effort": ("time-slicing", "mps", "none", "mig"),
+        "shared": ("time-slicing", "mps"),
     }
+    assert policy.enforcement == "audit"  # installing vramguard refuses nothing for a class rule
     assert all(c.headroom_fraction == Fraction(1, 10) for c in policy.classes.values())
     assert policy.classes["burstable"].require_mps_limit
     assert policy.gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
@@ -121,7 +123,7 @@ def test_max_vram_is_a_quantity_or_a_fraction(text: str, vram: Vram) -> None:
     assert policy.classes["a"].max_vram == vram
 
 
-QOS = {"guaranteed", "burstable", "best-effort"}
+QOS = {"guaranteed", "burstable", "best-effort", "shared"}
 CHOICES = [
     pytest.param({}, {}, ("best-effort", "default", None), id="default"),
     pytest.param({QOS_CLASS_LABEL: "guaranteed"}, {}, ("guaranteed", "pod", None), id="pod-label"),
@@ -230,10 +232,10 @@ classes:
 @pytest.mark.parametrize(
     ("labels", "expected"),
     [
-        ({}, ("warn", None)),
+        ({}, ("audit", None)),
         ({ENFORCE_LABEL: "enforce"}, ("enforce", None)),
         ({ENFORCE_LABEL: "audit"}, ("audit", None)),
-        ({ENFORCE_LABEL: "deny"}, ("warn", "vramguard.io/enforce=deny is not enforce, warn or audit; using warn")),
+        ({ENFORCE_LABEL: "deny"}, ("audit", "vramguard.io/enforce=deny is not enforce, warn or audit; using audit")),
     ],
     ids=["default", "enforce", "audit", "invalid"],
 )

@@ -60,7 +60,7 @@ def slim_pod(pod: Mapping[str, Any]) -> JSON:
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = metadata.get("annotations") or {}
-    slim_spec: JSON = {"nodeName": spec.get("nodeName")}
+    slim_spec: JSON = {"nodeName": spec.get("nodeName"), "priority": spec.get("priority")}
     for field_name in ("containers", "initContainers"):
         containers = spec.get(field_name)
         if isinstance(containers, list):
@@ -139,6 +139,8 @@ class ClusterState:
         """Bound pod UID -> node, for the pods the ledger holds because the API says so."""
         self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
         """Pod UID -> (node, pod, claims) reserved by bind and not yet seen bound by the watch."""
+        self.priorities: dict[str, int] = {}
+        """Bound pod UID -> its priority, for preemption."""
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
         self.pods = _Delegate(self._replace_pods, self._upsert_pod, self._delete_pod)
         self.namespaces = _Delegate(self._replace_namespaces, self._upsert_namespace, self._delete_namespace)
@@ -310,17 +312,20 @@ class ClusterState:
         claims = self.bound_claims(pod)
         self.ledger.hold(node, key.ref(), claims.claims)
         self._bound[key.uid] = node
+        self.priorities[key.uid] = pod_priority(pod)
 
     def _delete_pod(self, pod: JSON) -> None:
         self._forget(pod_key(pod).uid)
 
     def _forget(self, uid: str) -> None:
+        self.priorities.pop(uid, None)
         node = self._bound.pop(uid, None)
         if node is None and uid in self.in_flight:
             return  # being bound right now; the bind itself releases it if it fails
         self.ledger.release(uid)
 
     def _replace_pods(self, pods: list[JSON]) -> None:
+        self.priorities.clear()
         for uid in list(self._bound):
             del self._bound[uid]
             self.ledger.release(uid)
@@ -366,6 +371,13 @@ def _lease_node(lease: str, nodes: Mapping[str, Any]) -> list[str]:
     if node in nodes:
         return [node]
     return list(nodes) if len(lease) == MAX_LEASE_NAME else []
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """``spec.priority`` (set by the API server from the PriorityClass), 0 when absent or not an int."""
+    spec = pod.get("spec")
+    value = spec.get("priority") if isinstance(spec, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def demand_options(policy: Policy) -> DemandOptions:

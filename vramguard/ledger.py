@@ -461,6 +461,10 @@ class Ledger:
         record = self._records.get(uid)
         return (record.pod, record.node, record.claims) if record is not None else None
 
+    def pods_on(self, node: str) -> tuple[str, ...]:
+        """UIDs of the pods holding reservations on ``node`` (sorted)."""
+        return tuple(sorted(self._pods_on.get(node, ())))
+
     def pod_count(self) -> int:
         """How many pods hold reservations."""
         return len(self._records)

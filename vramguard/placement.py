@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vramguard.demand.model import PodDemand, Vram
-from vramguard.inventory import Gpu
+from vramguard.inventory import Gpu, Sharing
 from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, ResourceOffer, Shortfall
 from vramguard.policy import ClassChoice
 from vramguard.quantity import GiB, MiB, format_bytes
@@ -29,6 +29,54 @@ VRAM_ANNOTATION = "vramguard.io/vram"
 MAX_SCORE = 10
 _SHARING_ADJECTIVE = {"none": "unshared", "time-slicing": "time-slicing", "mps": "MPS", "mig": "MIG"}
 _SHARING_OFFER = {"none": "whole GPUs", "time-slicing": "time-slicing", "mps": "MPS", "mig": "MIG instances"}
+# How well a sharing strategy isolates a pod's memory from its neighbours: a GPU less isolated than
+# anything a class allows breaks a guarantee the pod relies on; a more isolated one only costs more.
+_ISOLATION: dict[str, int] = {"time-slicing": 1, "mps": 2, "none": 3, "mig": 3}
+
+
+class Rule(StrEnum):
+    """Which rule refused a node: says whether to change the workload or the policy."""
+
+    VRAM_BUDGET = "vram-budget"
+    """The arithmetic: the pod's VRAM does not fit a GPU's budget (every enforcement mode)."""
+    CLASS_RULE = "class-rule"
+    """The class does not allow the node's sharing strategy; refuses only in ``enforce`` namespaces."""
+    CLASS_GUARANTEE = "class-guarantee"
+    """The node's GPUs are less isolated than anything the class allows (every mode)."""
+    RESOURCE_MISSING = "resource-missing"
+    """The node offers no GPU, or not the resource the pod asks for."""
+    NODE_UNKNOWN = "node-unknown"
+    """vramguard does not know the node, or the memory size of its GPUs, yet."""
+    VRAM_UNKNOWN = "vram-unknown"
+    """The pod's VRAM is unknown and its class does not place such pods."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFinding:
+    """A node's sharing strategy that the pod's class does not allow, for one resource."""
+
+    class_name: str
+    resource: str
+    forbidden: tuple[Sharing, ...]
+    guarantee: bool
+    """The node is less isolated than the class allows: a refusal in every mode."""
+
+    @property
+    def rule(self) -> Rule:
+        """:attr:`Rule.CLASS_GUARANTEE` or :attr:`Rule.CLASS_RULE`."""
+        return Rule.CLASS_GUARANTEE if self.guarantee else Rule.CLASS_RULE
+
+    @property
+    def message(self) -> str:
+        """``class best-effort does not allow unshared GPUs (node offers whole GPUs)``."""
+        kinds = ", ".join(_SHARING_ADJECTIVE[s] for s in self.forbidden)
+        offered = ", ".join(_SHARING_OFFER[s] for s in self.forbidden)
+        return f"class {self.class_name} does not allow {kinds} GPUs (node offers {offered})"
+
+    def to_json(self) -> dict[str, object]:
+        """The finding as data (annotations, ``-o json``)."""
+        return {"rule": str(self.rule), "class": self.class_name, "resource": self.resource,
+                "sharing": list(self.forbidden), "message": self.message}
 
 
 class Verdict(StrEnum):
@@ -47,11 +95,62 @@ class NodeVerdict:
 
     verdict: Verdict
     message: str = ""
+    rule: Rule | None = None
+    """The rule that refused the node (``None`` when it passes)."""
+    findings: tuple[ClassFinding, ...] = ()
+    """Class rules the node breaks that the namespace's mode does not enforce (it passes anyway)."""
 
     @property
     def ok(self) -> bool:
         """Whether the node passes."""
         return self.verdict is Verdict.PASS
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A reason to refuse a pod that needs no node to know: its rule, whether the namespace's mode
+    enforces it, and the text for people."""
+
+    rule: Rule
+    message: str
+    enforced: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        """The refusal as data."""
+        return {"rule": str(self.rule), "enforced": self.enforced, "message": self.message}
+
+
+def pod_refusals(
+    demand: PodDemand, choice: ClassChoice, mig_prefixes: Sequence[str], gpu_memory: int | None = None
+) -> list[Refusal]:
+    """What refuses the pod on every node: VRAM unknown in a class that rejects it, a MIG resource
+    in a class without MIG (a class rule: enforced only in ``enforce``), a reservation above the
+    budget of a GPU of ``gpu_memory`` bytes (the VRAM budget, every mode)."""
+    refusals: list[Refusal] = []
+    headroom = choice.qos.headroom_fraction
+    for container in demand.containers:
+        vram = container.reservation
+        if vram is None and choice.qos.unknown_vram == "reject":
+            refusals.append(Refusal(Rule.VRAM_UNKNOWN, (
+                f"container {container.name}: VRAM unknown and class {choice.name} does not place such pods; "
+                f"declare it with the annotation {VRAM_ANNOTATION}.{container.name}"
+            )))
+        if container.resource.startswith(tuple(mig_prefixes)) and "mig" not in choice.qos.sharing:
+            refusals.append(Refusal(
+                Rule.CLASS_RULE,
+                f"container {container.name}: class {choice.name} does not allow MIG GPUs ({container.resource})",
+                choice.enforcement == "enforce",
+            ))
+        if gpu_memory is not None and vram is not None:
+            budget = gpu_memory - -(-gpu_memory * headroom.numerator // headroom.denominator)
+            need = vram.on_device(gpu_memory)
+            if need > budget:
+                refusals.append(Refusal(Rule.VRAM_BUDGET, (
+                    f"container {container.name}: needs {format_bytes(need)} per GPU, more than the "
+                    f"{format_bytes(budget)} VRAM budget of a {format_bytes(gpu_memory)} GPU "
+                    f"(class {choice.name} keeps {float(headroom):.0%} free)"
+                )))
+    return refusals
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,54 +224,80 @@ def filter_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) 
 def filter_nodes(ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: ClassChoice) -> list[NodeVerdict]:
     """:func:`filter_node` for each of ``nodes``, with the pod's part of the work done once."""
     if pod.refusal is not None:
-        return [NodeVerdict(Verdict.UNRESOLVABLE, pod.refusal)] * len(nodes)
+        return [NodeVerdict(Verdict.UNRESOLVABLE, pod.refusal, Rule.VRAM_UNKNOWN)] * len(nodes)
     if not pod.claims:
         return [_PASS] * len(nodes)  # no GPU asked for: nothing of vramguard's to check
     resources = pod.resources
-    allowed = frozenset(choice.qos.sharing)
     uid = pod.uid or None
     verdicts = []
     for node in nodes:
         offers = ledger.offers(node)
         if offers is None:
-            verdicts.append(NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet"))
+            verdicts.append(NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN))
             continue
-        verdict = _static_verdict(offers, resources, allowed, choice.name)
+        verdict, findings = _static_verdict(offers, resources, choice)
         if verdict is None:
+            # The VRAM budget holds in every enforcement mode: that is the product.
             fit = ledger.fits(node, pod.claims, uid)
             if fit.ok:
-                verdict = _PASS
+                verdict = NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS
             else:
                 verdict = NodeVerdict(
-                    Verdict.UNRESOLVABLE if fit.unresolvable else Verdict.FAIL, describe_fit(fit, pod.claims)
+                    Verdict.UNRESOLVABLE if fit.unresolvable else Verdict.FAIL,
+                    describe_fit(fit, pod.claims),
+                    Rule.VRAM_BUDGET,
+                    findings,
                 )
         verdicts.append(verdict)
     return verdicts
 
 
-def _static_verdict(
-    offers: Mapping[str, ResourceOffer], resources: Sequence[str], allowed: frozenset[str], name: str
-) -> NodeVerdict | None:
-    """What the node's devices alone decide: no GPU, no such resource, forbidden sharing, unknown size."""
-    if not offers:
-        return NodeVerdict(Verdict.UNRESOLVABLE, "node has no GPUs (no GPU Feature Discovery labels)")
+def class_findings(
+    offers: Mapping[str, ResourceOffer], resources: Sequence[str], choice: ClassChoice
+) -> list[ClassFinding]:
+    """The sharing strategies the node offers under ``resources`` that the class does not allow."""
+    allowed = frozenset(choice.qos.sharing)
+    least_isolation = min(_ISOLATION[s] for s in allowed)
+    findings = []
     for resource in resources:
         offer = offers.get(resource)
-        if offer is None:
-            return NodeVerdict(Verdict.UNRESOLVABLE, f"node offers no {resource} (it has {', '.join(offers)})")
-        forbidden = offer.sharing - allowed
+        forbidden = tuple(sorted(offer.sharing - allowed)) if offer is not None else ()
         if forbidden:
-            kinds = ", ".join(_SHARING_ADJECTIVE[s] for s in sorted(forbidden))
-            offered = ", ".join(_SHARING_OFFER[s] for s in sorted(forbidden))
+            guarantee = any(_ISOLATION[s] < least_isolation for s in forbidden)
+            findings.append(ClassFinding(choice.name, resource, forbidden, guarantee))
+    return findings
+
+
+def _static_verdict(
+    offers: Mapping[str, ResourceOffer], resources: Sequence[str], choice: ClassChoice
+) -> tuple[NodeVerdict | None, tuple[ClassFinding, ...]]:
+    """What the node's devices alone decide: no GPU, no such resource, forbidden sharing, unknown size.
+
+    A class rule refuses only in an ``enforce`` namespace, or where it protects the pod (a GPU less
+    isolated than its class allows); otherwise it is returned as a finding and the node stays in.
+    """
+    if not offers:
+        return NodeVerdict(
+            Verdict.UNRESOLVABLE, "node has no GPUs (no GPU Feature Discovery labels)", Rule.RESOURCE_MISSING
+        ), ()
+    for resource in resources:
+        if resource not in offers:
             return NodeVerdict(
-                Verdict.UNRESOLVABLE, f"class {name} does not allow {kinds} GPUs (node offers {offered})"
-            )
-        if offer.sizeless is not None:
+                Verdict.UNRESOLVABLE, f"node offers no {resource} (it has {', '.join(offers)})", Rule.RESOURCE_MISSING
+            ), ()
+    findings = class_findings(offers, resources, choice)
+    for finding in findings:
+        if finding.guarantee or choice.enforcement == "enforce":
+            return NodeVerdict(Verdict.UNRESOLVABLE, finding.message, finding.rule), ()
+    for resource in resources:
+        sizeless = offers[resource].sizeless
+        if sizeless is not None:
             return NodeVerdict(
                 Verdict.UNRESOLVABLE,
-                f"{offer.sizeless.label}: memory size unknown (no nvidia.com/gpu.memory label or agent report)",
-            )
-    return None
+                f"{sizeless.label}: memory size unknown (no nvidia.com/gpu.memory label or agent report)",
+                Rule.NODE_UNKNOWN,
+            ), ()
+    return None, tuple(findings)
 
 
 _PASS = NodeVerdict(Verdict.PASS)
@@ -262,7 +387,26 @@ def score_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice, *
     mean_full = sum(fullness) / len(fullness)
     mean_crowd = sum(crowding) / len(crowding)
     score = mean_full if choice.qos.scoring == "binpack" else 1 - (mean_full + mean_crowd) / 2
-    return max(0, min(MAX_SCORE, round(score * MAX_SCORE)))
+    # The class's order of sharing strategies is its preference: each rank gets its own band of
+    # scores, so a less preferred node (or one the class allows only outside enforce) ranks below
+    # every node of a preferred kind, and binpack or spread orders the nodes within a band.
+    bands = len(choice.qos.sharing) + 1
+    band = bands - 1 - _preference_rank(ledger, node, pod, choice)
+    return max(0, min(MAX_SCORE, round((band + score) / bands * MAX_SCORE)))
+
+
+def _preference_rank(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) -> int:
+    """0 for the class's first sharing strategy, 1 for the next, ...; ``len(sharing)`` if not allowed."""
+    offers = ledger.offers(node) or {}
+    order = choice.qos.sharing
+    rank = 0
+    for resource in pod.resources:
+        offer = offers.get(resource)
+        if offer is None:
+            continue
+        ranks = [order.index(s) if s in order else len(order) for s in offer.sharing]
+        rank = max(rank, min(ranks, default=0))
+    return rank
 
 
 def _whole(row: DeviceUsage) -> int:

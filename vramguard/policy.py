@@ -153,6 +153,9 @@ class ClassChoice:
     qos: QosClass
     source: Literal["pod", "namespace", "default"]
     problem: str | None = None
+    enforcement: Enforcement = "enforce"
+    """The pod's namespace's mode: class rules refuse a node only under ``enforce`` (the VRAM budget
+    holds in every mode)."""
 
 
 class Policy(_Strict):
@@ -241,6 +244,7 @@ class Policy(_Strict):
         problems: list[str] = []
         namespace_name = (namespace_labels or {}).get(QOS_CLASS_LABEL)
         source: Literal["pod", "namespace", "default"] = "namespace"
+        mode = self.enforcement_for(namespace_labels)[0]
         if namespace_name is not None and namespace_name not in self.classes:
             problems.append(
                 f"namespace label {QOS_CLASS_LABEL}={namespace_name} names no class "
@@ -263,8 +267,10 @@ class Policy(_Strict):
                     f"{namespace_name} (allowed: {', '.join(allowed)})",
                 )
             else:
-                return ClassChoice(asked, self.classes[asked], "pod", "; ".join(problems) or None)
-        return ClassChoice(namespace_name, self.classes[namespace_name], source, "; ".join(problems) or None)
+                return ClassChoice(asked, self.classes[asked], "pod", "; ".join(problems) or None, mode)
+        return ClassChoice(
+            namespace_name, self.classes[namespace_name], source, "; ".join(problems) or None, mode
+        )
 
     def headroom_for(self, sharing: Sharing) -> Fraction:
         """The headroom of GPUs shared by ``sharing``: the largest among classes allowed on them.

@@ -6,6 +6,10 @@ DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
 - **GPUs committed beyond their budget**: the ledger the extender builds from the bound pods
   (``vramguard.cluster.ClusterState``), device by device. Only pods placed without vramguard can put a
   GPU there; the extender refuses every pod that would.
+- **Placements the class rules would refuse**: each bound GPU pod on a node whose sharing strategy
+  its class does not allow, as the extender sees it (``vramguard.placement.class_findings``), with
+  its rule and what the namespace's mode does with it: refused at the next scheduling (enforce),
+  warned or audited. This is what to look at before switching a namespace to warn, then enforce.
 - **Objects the webhook would deny or warn about**: each live GPU pod and each workload not made by
   a controller, reviewed with the webhook's rules (``vramguard.admission.AdmissionRules``) and the
   webhook's view of the cluster (``webhook.state``: offers, namespace usage for quotas). A pod is
@@ -28,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Operation, Subject
+from vramguard.cluster import ClusterState
+from vramguard.placement import class_findings
 from vramguard.policy import Policy, PolicyError
 from vramguard.report import GpuRow, gpu_table, render_table
 
-__all__ = ["AuditReport", "ObjectFinding", "audit_snapshot", "register", "run"]
+__all__ = ["AuditReport", "ObjectFinding", "PlacementFinding", "audit_snapshot", "register", "run"]
 
 _PROG = "vramguard audit"
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -69,6 +75,33 @@ class ObjectFinding:
         }
 
 
+_PLACEMENT_OUTCOME = {"enforce": "refused", "warn": "warned", "audit": "audited"}
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementFinding:
+    """A bound pod on a node its class's rules do not allow, as the extender would judge it."""
+
+    namespace: str
+    name: str
+    node: str
+    mode: str
+    rule: str
+    message: str
+
+    @property
+    def outcome(self) -> str:
+        """What the extender does with such a placement now: ``refused``, ``warned``, ``audited``.
+
+        A class guarantee refuses in every mode."""
+        return "refused" if self.rule == "class-guarantee" else _PLACEMENT_OUTCOME[self.mode]
+
+    def to_json(self) -> JSON:
+        """The finding as a JSON object."""
+        return {"namespace": self.namespace, "name": self.name, "node": self.node, "mode": self.mode,
+                "outcome": self.outcome, "rule": self.rule, "message": self.message}
+
+
 @dataclass(slots=True)
 class AuditReport:
     """Everything the audit found."""
@@ -80,6 +113,8 @@ class AuditReport:
     """The ledger's invariant violations: over budget, replicas over-used, claims above an MPS share."""
     objects: list[ObjectFinding] = field(default_factory=list)
     """Objects with violations or notes."""
+    placements: list[PlacementFinding] = field(default_factory=list)
+    """Bound pods on nodes their class's rules do not allow."""
 
     @property
     def overcommitted(self) -> list[GpuRow]:
@@ -94,7 +129,7 @@ class AuditReport:
     @property
     def clean(self) -> bool:
         """Whether nothing would be refused and no GPU is overcommitted."""
-        return not self.overcommitted and not self.ledger_problems and not self.violating
+        return not self.overcommitted and not self.ledger_problems and not self.violating and not self.placements
 
     def to_json(self) -> JSON:
         """The report as one JSON object."""
@@ -104,6 +139,7 @@ class AuditReport:
             "gpus_checked": len(self.gpus),
             "overcommitted_gpus": [row.to_json() for row in self.overcommitted],
             "ledger_problems": list(self.ledger_problems),
+            "placements": [finding.to_json() for finding in self.placements],
             "objects": [finding.to_json() for finding in self.objects],
         }
 
@@ -117,6 +153,12 @@ class AuditReport:
         if self.ledger_problems:
             parts.append("\nLedger problems:\n")
             parts.extend(f"- {problem}\n" for problem in self.ledger_problems)
+        parts.append(f"\nPlacements the class rules would refuse: {len(self.placements)}\n")
+        if self.placements:
+            parts.append(render_table(
+                ("OUTCOME", "RULE", "NAMESPACE", "POD", "NODE", "FINDING"),
+                ((f.outcome, f.rule, f.namespace, f.name, f.node, f.message) for f in self.placements),
+            ))
         violating = self.violating
         parts.append(f"\nObjects admission would deny, warn about or audit: {len(violating)}\n")
         if violating:
@@ -148,6 +190,8 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
     report = AuditReport(policy_source, gpus=node_rows(state))
     report.ledger_problems = [p for p in state.ledger.check_invariants() if "counters say" not in p]
 
+    report.placements = placement_findings(state, snapshot.bound_pods)
+
     rules = AdmissionRules(policy)
     namespaces = NamespaceStore()
     namespaces.replace(snapshot.namespaces)
@@ -175,6 +219,26 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
             ))
     report.objects.sort(key=lambda f: (not f.violations, f.namespace, f.kind, f.name))
     return report
+
+
+def placement_findings(state: ClusterState, pods: Iterable[Mapping[str, Any]]) -> list[PlacementFinding]:
+    """The class rules each bound GPU pod breaks on its node, as the extender would find them."""
+    findings: list[PlacementFinding] = []
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        offers = state.ledger.offers(node) if node else None
+        metadata = pod.get("metadata") or {}
+        if not offers or state.ledger.holding(str(metadata.get("uid", ""))) is None:
+            continue
+        choice = state.choose_class(pod)
+        resources = state.claims_for(pod, choice).resources
+        for finding in class_findings(offers, resources, choice):
+            findings.append(PlacementFinding(
+                str(metadata.get("namespace", "")), str(metadata.get("name", "")), node, choice.enforcement,
+                str(finding.rule), finding.message,
+            ))
+    findings.sort(key=lambda f: (f.namespace, f.name))
+    return findings
 
 
 def _subjects(pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

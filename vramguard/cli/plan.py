@@ -115,7 +115,11 @@ def _place(plan: Plan, ledger: Ledger, pod: _Pod, claims: PodClaims, choice: Cla
     fitting = [node for node, verdict in verdicts.items() if verdict.ok]
     if not fitting:
         reasons = {
-            node: {"unresolvable": verdict.verdict is Verdict.UNRESOLVABLE, "message": verdict.message}
+            node: {
+                "unresolvable": verdict.verdict is Verdict.UNRESOLVABLE,
+                "rule": str(verdict.rule) if verdict.rule is not None else None,
+                "message": verdict.message,
+            }
             for node, verdict in verdicts.items()
         }
         plan.pending.append({**entry, "reasons": reasons})
@@ -125,7 +129,10 @@ def _place(plan: Plan, ledger: Ledger, pod: _Pod, claims: PodClaims, choice: Cla
     assignment = choose_gpus(ledger, best, claims, choice)
     assert assignment is not None
     ledger.reserve(best, pod.ref, assignment.claims)
-    plan.placed.append({**entry, "node": best, "containers": dict(assignment.containers), "bound": False})
+    plan.placed.append({
+        **entry, "node": best, "containers": dict(assignment.containers), "bound": False,
+        "findings": [{**f.to_json(), "mode": choice.enforcement} for f in verdicts[best].findings],
+    })
 
 
 def render_text(plan: Plan) -> str:
@@ -136,11 +143,13 @@ def render_text(plan: Plan) -> str:
         devices = ", ".join(f"{c}: GPU {'+'.join(ids)}" for c, ids in entry["containers"].items())
         suffix = f"  [{devices}]" if devices else ""
         lines.append(f"placed   {entry['pod']} ({entry['class']}) {how} {entry['node']}{suffix}")
+        for finding in entry.get("findings", ()):
+            lines.append(f"           [{finding['rule']}, not enforced in {finding['mode']} mode] {finding['message']}")
     for entry in plan.pending:
         lines.append(f"pending  {entry['pod']} ({entry['class']})")
         for node, reason in entry["reasons"].items():
             kind = "never" if reason["unresolvable"] else "now"
-            lines.append(f"           {node} ({kind}): {reason['message']}")
+            lines.append(f"           {node} ({kind}, {reason['rule']}): {reason['message']}")
         if not entry["reasons"]:
             lines.append("           no nodes in the input")
     if plan.gpus:

@@ -1,0 +1,215 @@
+"""Adopting vramguard without breakage, and preemption by VRAM, on the real control plane.
+
+The rollout the README describes, played with the shipped policy: whole-GPU and MIG workloads keep
+being placed after installation (only over-budget placements are refused), ``vramguard audit``
+shows what the class rules would refuse, then one namespace moves to warn and to enforce.
+The preemption test checks that a high-priority pod on a full GPU evicts the pods whose VRAM it
+needs, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import gpu_nodes
+from e2e.kube import api_exception
+from e2e.scenario import pin_to_test, private_node, require_extender
+from vramguard.cli.audit import audit_snapshot
+from vramguard.cli.kubectl_vram import read_cluster
+from vramguard.policy import default_policy
+
+pytestmark = pytest.mark.timeout(240)
+
+FINDINGS_ANNOTATION = "vramguard.io/class-findings"
+
+
+def add_node(core_v1: Any, unique: str, spec: gpu_nodes.GPUNodeSpec) -> str:
+    spec = private_node(spec, unique)
+    gpu_nodes.create_gpu_node(core_v1, spec)
+    return spec.name
+
+
+def gpu_pod(name: str, unique: str, resource: str, count: int, *, args: list[str] | None = None,
+            image: str = "vllm/vllm-openai:v0.21.0", node: str | None = None, priority_class: str | None = None,
+            ) -> dict[str, Any]:
+    """A GPU pod pinned to this test's nodes (and to ``node`` when given)."""
+    spec: dict[str, Any] = {"containers": [{
+        "name": "main", "image": image, "args": args or [],
+        "resources": {"limits": {resource: str(count)}},
+    }]}
+    if node is not None:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": pin_to_test(spec, unique)}
+
+
+def vllm(utilization: str) -> list[str]:
+    return ["--model", "m", "--gpu-memory-utilization", utilization]
+
+
+def wait_for(what: str, probe: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.25)
+
+
+def scheduling_message(core_v1: Any, namespace: str, name: str) -> str:
+    pod = core_v1.read_namespaced_pod(name, namespace)
+    for condition in pod.status.conditions or ():
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return str(condition.message or "")
+    return ""
+
+
+def bound_to(core_v1: Any, namespace: str, name: str) -> str | None:
+    return core_v1.read_namespaced_pod(name, namespace).spec.node_name  # type: ignore[no-any-return]
+
+
+def delete_now(core_v1: Any, namespace: str, name: str) -> None:
+    """Delete with grace period 0 and wait until it is gone, as a kubelet would finish a deletion."""
+    core_v1.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_for(f"{name} gone",
+             lambda: name not in {p.metadata.name for p in core_v1.list_namespaced_pod(namespace).items})
+
+
+def label_namespace(core_v1: Any, namespace: str, labels: dict[str, str | None]) -> None:
+    core_v1.patch_namespace(namespace, {"metadata": {"labels": labels}})
+    time.sleep(2.0)  # the extender and the webhook follow namespaces by watch
+
+
+def audit_placements(cluster: Any, namespace: str) -> dict[str, tuple[str, str]]:
+    """``vramguard audit``'s placements in ``namespace``: pod -> (rule, outcome)."""
+    snapshot, _ = read_cluster(str(cluster.kubeconfig), None, workloads=True)
+    report = audit_snapshot(snapshot, default_policy())
+    return {f.name: (f.rule, f.outcome) for f in report.placements if f.namespace == namespace}
+
+
+def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: str, unique: str) -> None:
+    """Install: nothing that fits is refused; audit; then warn; then enforce refuses what the class forbids."""
+    require_extender(cluster)
+    eight = add_node(core_v1, unique, gpu_nodes.exclusive("a100-8x", "A100-80GB", gpus=8))
+    single = add_node(core_v1, unique, gpu_nodes.exclusive("a100-1x", "A100-80GB", gpus=1))
+    mig = add_node(core_v1, unique, gpu_nodes.mig_mixed("a100-mig", "A100-80GB", ["1g.10gb"] * 7))
+    shared = add_node(core_v1, unique, gpu_nodes.time_sliced("h100-ts", "H100-80GB", replicas=4))
+
+    # 1. Installed with the shipped policy: the workloads that ran before are placed again (the
+    # training pod first, so that the pods preferring time-sliced GPUs meet a full 8-GPU node).
+    pods = {
+        "train": gpu_pod("train", unique, "nvidia.com/gpu", 8, image="trainer:1"),
+        "vllm-whole": gpu_pod("vllm-whole", unique, "nvidia.com/gpu", 1, args=vllm("0.85"), node=single),
+        "vllm-mig": gpu_pod("vllm-mig", unique, "nvidia.com/mig-1g.10gb", 1, args=vllm("0.85")),
+        "chat": gpu_pod("chat", unique, "nvidia.com/gpu", 1, args=vllm("0.3")),
+    }
+    expected = {"train": eight, "vllm-whole": single, "vllm-mig": mig, "chat": shared}
+    for name, node in expected.items():
+        core_v1.create_namespaced_pod(namespace, pods[name])
+        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
+        annotations = core_v1.read_namespaced_pod(name, namespace).metadata.annotations or {}
+        assert FINDINGS_ANNOTATION not in annotations
+    # ...and an over-budget placement is refused: the VRAM arithmetic holds in every mode.
+    core_v1.create_namespaced_pod(namespace, gpu_pod("greedy", unique, "nvidia.com/mig-1g.10gb", 1,
+                                                     args=vllm("0.95")))
+    message = wait_for("greedy refused", lambda: scheduling_message(core_v1, namespace, "greedy"))
+    assert "VRAM budget" in message, message
+    assert audit_placements(cluster, namespace) == {}
+
+    # 2. The platform team picks a class for the namespace: audit shows what it would refuse.
+    label_namespace(core_v1, namespace, {"vramguard.io/qos-class": "shared"})
+    assert audit_placements(cluster, namespace) == {
+        "train": ("class-rule", "audited"), "vllm-whole": ("class-rule", "audited"),
+        "vllm-mig": ("class-rule", "audited"),
+    }
+    # A workload rescheduled in audit mode still lands; the finding rides on the Binding.
+    delete_now(core_v1, namespace, "vllm-whole")
+    core_v1.create_namespaced_pod(namespace, pods["vllm-whole"])
+    assert wait_for("vllm-whole bound", lambda: bound_to(core_v1, namespace, "vllm-whole")) == single
+    annotations = core_v1.read_namespaced_pod("vllm-whole", namespace).metadata.annotations
+    assert json.loads(annotations[FINDINGS_ANNOTATION])[0]["rule"] == "class-rule"
+    assert not class_events(core_v1, namespace, "vllm-whole")
+
+    # 3. warn: placed, with one Warning Event on the pod.
+    label_namespace(core_v1, namespace, {"vramguard.io/enforce": "warn"})
+    delete_now(core_v1, namespace, "vllm-whole")
+    core_v1.create_namespaced_pod(namespace, pods["vllm-whole"])
+    assert wait_for("vllm-whole bound", lambda: bound_to(core_v1, namespace, "vllm-whole")) == single
+    events = wait_for("the warning event", lambda: class_events(core_v1, namespace, "vllm-whole"))
+    assert len(events) == 1 and "class shared does not allow unshared GPUs" in events[0].message
+    assert audit_placements(cluster, namespace)["vllm-whole"] == ("class-rule", "warned")
+
+    # 4. enforce: the next time the workload is scheduled, the class rule refuses the node.
+    label_namespace(core_v1, namespace, {"vramguard.io/enforce": "enforce"})
+    assert audit_placements(cluster, namespace)["train"] == ("class-rule", "refused")
+    for name in ("vllm-whole", "train"):
+        delete_now(core_v1, namespace, name)
+        core_v1.create_namespaced_pod(namespace, pods[name])
+        message = wait_for(f"{name} refused", lambda name=name: scheduling_message(core_v1, namespace, name))
+        assert "class shared does not allow unshared GPUs" in message, message
+        assert bound_to(core_v1, namespace, name) is None
+    # A MIG pod is refused already at admission: the webhook enforces the same class rule.
+    delete_now(core_v1, namespace, "vllm-mig")
+    with pytest.raises(api_exception()) as denied:
+        core_v1.create_namespaced_pod(namespace, pods["vllm-mig"])
+    assert "class shared does not allow MIG" in str(getattr(denied.value, "body", denied.value))
+
+
+def class_events(core_v1: Any, namespace: str, pod: str) -> list[Any]:
+    events = core_v1.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod}").items
+    return [e for e in events if e.reason == "ClassRuleNotEnforced"]
+
+
+@pytest.fixture
+def priority_classes(cluster: Any, unique: str) -> Iterator[tuple[str, str]]:
+    """A low and a high PriorityClass of this test's own."""
+    names = (f"e2e-low-{unique}", f"e2e-high-{unique}")
+    for name, value in zip(names, (100, 1_000_000), strict=True):
+        cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+                        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                         "metadata": {"name": name}, "value": value})
+    yield names
+    for name in names:
+        cluster.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+def test_preemption_evicts_the_pods_that_free_the_vram(
+    cluster: Any, core_v1: Any, namespace: str, unique: str, priority_classes: tuple[str, str]
+) -> None:
+    """A 0.5 pod of high priority on a full GPU evicts the two 0.35 pods, not the 0.1 ones."""
+    require_extender(cluster)
+    low, high = priority_classes
+    node = add_node(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=4))
+    sizes = {"small-1": "0.1", "small-2": "0.1", "big-1": "0.35", "big-2": "0.35"}
+    for name, size in sizes.items():
+        core_v1.create_namespaced_pod(namespace, gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size),
+                                                         priority_class=low))
+    for name in sizes:
+        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
+    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.5"),
+                                                     priority_class=high))
+    evicted: set[str] = set()
+
+    def urgent_bound() -> str | None:
+        # No kubelet runs here: finish the deletions the scheduler started, as a kubelet would.
+        for pod in core_v1.list_namespaced_pod(namespace).items:
+            if pod.metadata.deletion_timestamp is not None and pod.metadata.name not in evicted:
+                evicted.add(pod.metadata.name)
+                core_v1.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        return bound_to(core_v1, namespace, "urgent")
+
+    assert wait_for("urgent bound", urgent_bound, timeout=120) == node
+    assert evicted == {"big-1", "big-2"}
+    survivors = {p.metadata.name: p for p in core_v1.list_namespaced_pod(namespace).items}
+    assert set(survivors) == {"small-1", "small-2", "urgent"}
+    assert all(p.metadata.deletion_timestamp is None for p in survivors.values())
+

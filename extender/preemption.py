@@ -1,0 +1,126 @@
+"""The ``preempt`` verb: victims chosen by the VRAM they free on the GPUs the pod needs.
+
+kube-scheduler proposes victims per candidate node with its own plugins (blind to VRAM) and asks
+the extender which nodes and victims it accepts. The extender may drop nodes and name other pods
+of the node (the scheduler resolves UIDs against its own cache of the node's pods). vramguard keeps
+the scheduler's victims that hold no GPU on the node (its plugins needed them for CPU, memory,
+ports...), and replaces its GPU victims by :func:`vramguard.preemption.choose_victims`. A node where
+no set of lower-priority pods frees enough VRAM is dropped: evicting there would help nobody.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from extender.verbs import FilterOutcome
+from extender.wire import ExtenderPreemptionArgs, preemption_result
+from service.http import read_model
+from vramguard.cluster import ClusterState, pod_priority
+from vramguard.placement import Rule, filter_node
+from vramguard.preemption import Holder, choose_victims
+
+logger = logging.getLogger(__name__)
+
+MAX_NODES = 5000
+"""Candidate nodes one request may name (the scheduler sends at most its node count)."""
+EVICTION_CHECKS_PER_FILTER = 256
+"""Nodes per filter request on which a pod of higher priority gets the full eviction check (about
+0.3 ms each). Past that, failures stay resolvable: ``preempt`` still drops nodes where eviction
+does not help, so the cap costs a preemption attempt, never a wrong eviction."""
+
+
+def _holders(state: ClusterState, node: str, priority: int) -> list[Holder]:
+    """The pods holding GPUs on ``node``; evictable: seen bound by the watch and of lower priority."""
+    ledger = state.ledger
+    holders = []
+    for uid in ledger.pods_on(node):
+        held = ledger.holding(uid)
+        if held is None:
+            continue
+        holder_priority = state.priorities.get(uid, 0)
+        # Only pods the watch saw bound there: the scheduler knows them and can evict them.
+        evictable = state.is_bound(uid) == node and holder_priority < priority
+        holders.append(Holder(held[0], held[2], holder_priority, evictable))
+    return holders
+
+
+def mark_unhelpable(state: ClusterState, pod: Mapping[str, Any], outcome: FilterOutcome) -> FilterOutcome:
+    """Move the VRAM failures no eviction can cure to the unresolvable nodes, so that kube-scheduler
+    does not preempt there for nothing (its own plugins would pick victims blind to VRAM)."""
+    if not outcome.failed:
+        return outcome
+    choice = state.choose_class(pod)
+    claims = state.claims_for(pod, choice)
+    priority = pod_priority(pod)
+    headrooms = state.policy.headrooms()
+    failed = dict(outcome.failed)
+    unresolvable = dict(outcome.unresolvable)
+    checks = EVICTION_CHECKS_PER_FILTER
+    for node, message in outcome.failed.items():
+        inventory = state.ledger.inventory(node)
+        if inventory is None:
+            continue  # not known yet: may become known
+        holders = _holders(state, node, priority)
+        # Cheap first: with nobody of lower priority there (a wave of equal pods), nothing helps.
+        if any(h.evictable for h in holders):
+            if checks <= 0:
+                continue
+            checks -= 1
+            if choose_victims(inventory, headrooms, holders, claims) is not None:
+                continue
+        del failed[node]
+        unresolvable[node] = f"{message} (no pod of lower priority frees enough)"
+    return FilterOutcome(outcome.passing, failed, unresolvable)
+
+
+def preempt(
+    state: ClusterState, pod: Mapping[str, Any], proposed: Mapping[str, tuple[list[str], int]]
+) -> dict[str, tuple[list[str], int]]:
+    """Node -> (victim UIDs, PodDisruptionBudget violations) for the nodes where eviction helps."""
+    choice = state.choose_class(pod)
+    claims = state.claims_for(pod, choice)
+    priority = pod_priority(pod)
+    ledger = state.ledger
+    headrooms = state.policy.headrooms()
+    accepted: dict[str, tuple[list[str], int]] = {}
+    for node, (uids, violations) in proposed.items():
+        inventory = ledger.inventory(node)
+        if inventory is None or not claims.claims:
+            continue
+        verdict = filter_node(ledger, node, claims, choice)
+        if not verdict.ok and verdict.rule is not Rule.VRAM_BUDGET:
+            continue  # refused for a reason no eviction changes
+        holders = _holders(state, node, priority)
+        chosen = choose_victims(inventory, headrooms, holders, claims)
+        if chosen is None:
+            continue
+        if not chosen:
+            victims = list(uids)  # VRAM is not what is short: the scheduler's choice stands
+        else:
+            gpu_holders = {h.pod.uid for h in holders}
+            victims = [u for u in uids if u not in gpu_holders] + [v.uid for v in chosen]
+        if victims:
+            accepted[node] = (victims, violations)
+    return accepted
+
+
+def preempt_handler(state: ClusterState, synced: Any) -> Any:
+    """The aiohttp handler of ``POST /preempt``; 503 until the cluster state is synced."""
+
+    async def handler(request: web.Request) -> web.Response:
+        args = await read_model(request, ExtenderPreemptionArgs)
+        proposed = args.proposed()
+        if len(proposed) > MAX_NODES:
+            return web.json_response({"Error": f"more than {MAX_NODES} candidate nodes"}, status=400)
+        if not synced.is_set():
+            # The result has no error field: a non-200 answer fails this preemption attempt.
+            return web.json_response({"Error": "vramguard: cluster state not synced yet"}, status=503)
+        accepted = preempt(state, args.Pod, proposed)
+        logger.info("preempt: %d of %d candidate nodes accepted", len(accepted), len(proposed))
+        return web.json_response(preemption_result(accepted))
+
+    return handler

@@ -1,0 +1,181 @@
+"""Preemption by VRAM (vramguard.preemption) and the extender's preempt verb over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from fractions import Fraction
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from extender.app import build_app
+from extender.preemption import mark_unhelpable, preempt
+from extender.verbs import Verbs
+from service.http import Readiness
+from tests.test_extender import gpu_node, make, vllm_pod
+from vramguard.cluster import ClusterState, slim_pod
+from vramguard.demand.model import ContainerDemand, PodDemand, Vram
+from vramguard.inventory import read_inventory
+from vramguard.ledger import PodRef
+from vramguard.placement import pod_claims
+from vramguard.policy import default_policy
+from vramguard.preemption import Holder, choose_victims
+
+POLICY = default_policy()
+CHOICE = POLICY.choose_class({}, {})
+
+
+def claims_of(fraction: str, uid: str = "new") -> Any:
+    vram = Vram(fraction=Fraction(fraction))
+    return pod_claims(PodDemand((ContainerDemand(name="c", resource="nvidia.com/gpu", gpus=1, declared=vram),)),
+                      CHOICE, uid)
+
+
+def holder(name: str, fraction: str, priority: int = 0, *, evictable: bool = True) -> Holder:
+    return Holder(PodRef(f"uid-{name}", "default", name), claims_of(fraction, f"uid-{name}").claims, priority,
+                  evictable)
+
+
+INVENTORY = read_inventory(gpu_node("ts"))
+
+VICTIM_CASES = [
+    pytest.param([holder("a", "0.2")], ("0.5", 10), (), id="fits-without-eviction"),
+    pytest.param([holder("a", "0.1"), holder("b", "0.1"), holder("c", "0.35"), holder("d", "0.35")],
+                 ("0.5", 10), ("c", "d"), id="evicts-the-pods-that-free-the-memory"),
+    pytest.param([holder("hi", "0.4", 5), holder("lo", "0.4", 1)], ("0.5", 10), ("lo",),
+                 id="most-important-reprieved-first"),
+    pytest.param([holder("a", "0.45", 20), holder("b", "0.45", 1)], ("0.5", 10), None,
+                 id="higher-priority-pods-stay-so-nothing-helps"),
+    pytest.param([holder("a", "0.3", evictable=False), holder("b", "0.45")], ("0.5", 10), ("b",),
+                 id="a-bind-in-flight-is-not-a-victim"),
+    pytest.param([holder("a", "0.1")], ("0.95", 10), None, id="bigger-than-the-budget"),
+]
+
+
+@pytest.mark.parametrize(("holders", "pod", "victims"), VICTIM_CASES)
+def test_choose_victims(holders: list[Holder], pod: tuple[str, int], victims: tuple[str, ...] | None) -> None:
+    evictable = [h if h.priority < pod[1] else Holder(h.pod, h.claims, h.priority, False) for h in holders]
+    chosen = choose_victims(INVENTORY, POLICY.headrooms(), evictable, claims_of(pod[0]))
+    assert (tuple(v.name for v in chosen) if chosen is not None else None) == victims
+
+
+def prioritized(name: str, utilization: str, priority: int, node: str | None = "ts") -> dict[str, Any]:
+    pod = vllm_pod(name, utilization, node)
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+def full_gpu() -> ClusterState:
+    """One H100 time-sliced 4 ways, all four replicas held: 0.1 + 0.1 + 0.35 + 0.35 of its memory."""
+    pods = [prioritized("small-1", "0.1", 1), prioritized("small-2", "0.1", 1),
+            prioritized("big-1", "0.35", 1), prioritized("big-2", "0.35", 1)]
+    state, _, _ = make([gpu_node("ts"), gpu_node("other")], pods)
+    return state
+
+
+def test_preempt_replaces_victims_blind_to_vram() -> None:
+    state = full_gpu()
+    pod = prioritized("urgent", "0.5", 1000, node=None)
+    # kube-scheduler counted replicas: one small pod frees a replica but not the memory.
+    accepted = preempt(state, pod, {"ts": (["uid-small-1", "uid-cpu-hog"], 0)})
+    assert accepted == {"ts": (["uid-cpu-hog", "uid-big-1", "uid-big-2"], 0)}
+
+
+def test_preempt_drops_a_node_no_eviction_helps() -> None:
+    state = full_gpu()
+    pod = prioritized("equal", "0.5", 1, node=None)  # the same priority: nobody may be evicted
+    assert preempt(state, pod, {"ts": (["uid-small-1"], 0)}) == {}
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
+    state = full_gpu()
+    synced = asyncio.Event()
+    synced.set()
+    app = build_app(Verbs(state, None), synced, Readiness(), CollectorRegistry())
+    async with TestClient(TestServer(app)) as test_client:
+        yield test_client
+
+
+async def test_preempt_wire_format_meta_victims(client: TestClient) -> None:  # type: ignore[type-arg]
+    body = {"Pod": prioritized("urgent", "0.5", 1000, node=None),
+            "NodeNameToMetaVictims": {"ts": {"Pods": [{"UID": "uid-small-1"}], "NumPDBViolations": 1}}}
+    response = await client.post("/preempt", json=body)
+    assert response.status == 200
+    assert await response.json() == {"NodeNameToMetaVictims": {"ts": {
+        "Pods": [{"UID": "uid-big-1"}, {"UID": "uid-big-2"}], "NumPDBViolations": 1}}}
+
+
+async def test_preempt_wire_format_full_victims(client: TestClient) -> None:  # type: ignore[type-arg]
+    body = {"Pod": prioritized("urgent", "0.5", 1000, node=None),
+            "NodeNameToVictims": {"ts": {"Pods": [prioritized("small-1", "0.1", 1)], "NumPDBViolations": 0}}}
+    result = await (await client.post("/preempt", json=body)).json()
+    assert [p["UID"] for p in result["NodeNameToMetaVictims"]["ts"]["Pods"]] == ["uid-big-1", "uid-big-2"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"Pod": {}, "NodeNameToMetaVictims": 3}', b'{"NodeNameToMetaVictims": {}}',
+     b'{"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": 7}]}}}'],
+    ids=["victims-not-a-map", "no-pod", "uid-not-a-string"],
+)
+async def test_preempt_bad_input_is_400(client: TestClient, body: bytes) -> None:  # type: ignore[type-arg]
+    response = await client.post("/preempt", data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 400
+
+
+async def test_preempt_not_synced_is_503() -> None:
+    _, verbs, _ = make([gpu_node("ts")])
+    app = build_app(verbs, asyncio.Event(), Readiness(), CollectorRegistry())
+    async with TestClient(TestServer(app)) as test_client:
+        response = await test_client.post("/preempt", json={"Pod": vllm_pod("p", "0.2"), "NodeNameToMetaVictims": {}})
+        assert response.status == 503
+
+
+@pytest.mark.parametrize(("utilization", "priority", "verdict"), [
+    ("0.5", 1, "unresolvable"),
+    ("0.5", 1000, "failed"),
+    ("0.95", 1000, "unresolvable"),
+], ids=["equal-priority-nothing-helps", "lower-priority-victims-help", "bigger-than-the-budget"])
+def test_filter_marks_vram_failures_no_eviction_cures(utilization: str, priority: int, verdict: str) -> None:
+    state = full_gpu()
+    pod = prioritized("new", utilization, priority, node=None)
+    outcome = mark_unhelpable(state, pod, Verbs(state, None).filter(pod, ["ts"]))
+    assert outcome.passing == []
+    assert list(getattr(outcome, verdict)) == ["ts"]
+    if verdict == "unresolvable" and priority == 1:
+        assert outcome.unresolvable["ts"].endswith("(no pod of lower priority frees enough)")
+
+
+async def test_filter_over_http_marks_unhelpable(client: TestClient) -> None:  # type: ignore[type-arg]
+    body = {"Pod": prioritized("equal", "0.5", 1, node=None), "NodeNames": ["ts"]}
+    result = await (await client.post("/filter", json=body)).json()
+    assert list(result["FailedAndUnresolvableNodes"]) == ["ts"] and result["FailedNodes"] == {}
+
+
+def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the cap a failure stays resolvable (preempt still drops the node): bounded filter work."""
+    pods = []
+    for node in ("a", "b"):
+        pods += [prioritized(f"{node}-high", "0.45", 500, node=node), prioritized(f"{node}-low", "0.45", 1, node=node)]
+    state, verbs, _ = make([gpu_node("a"), gpu_node("b")], pods)
+    pod = prioritized("new", "0.5", 100, node=None)
+    outcome = verbs.filter(pod, ["a", "b"])
+    assert sorted(mark_unhelpable(state, pod, outcome).unresolvable) == ["a", "b"]
+    monkeypatch.setattr("extender.preemption.EVICTION_CHECKS_PER_FILTER", 1)
+    capped = mark_unhelpable(state, pod, outcome)
+    assert (list(capped.unresolvable), list(capped.failed)) == (["a"], ["b"])
+    assert preempt(state, pod, {"b": (["uid-b-low"], 0)}) == {}
+
+
+def test_priority_survives_the_slim_watch_objects() -> None:
+    """The informers keep slim pods: the priority must be among the fields kept, or every holder looks evictable."""
+    state, _, _ = make([gpu_node("ts")])
+    state.pods.upsert(slim_pod(prioritized("vip", "0.8", 2_000_000)))
+    assert state.priorities == {"uid-vip": 2_000_000}
+    assert preempt(state, prioritized("new", "0.5", 1000, node=None), {"ts": (["uid-vip"], 0)}) == {}
+    state.pods.delete(slim_pod(prioritized("vip", "0.8", 2_000_000)))
+    assert state.priorities == {}
