@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from vramguard.cli.watch_limit import add_max_watch_event_bytes
 from vramguard.cli.webhook import parse_listen
 
 _PROG = "vramguard extender"
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="policy file, re-read when it changes (default: the built-in policy)")
     parser.add_argument("--drain-delay", type=float, default=0.0, metavar="SECONDS",
                         help="on SIGTERM, report not ready for this long before closing the listener")
+    add_max_watch_event_bytes(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run)
 
@@ -53,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from extender.main import ExtenderSettings  # noqa: PLC0415
     from extender.main import run as run_extender  # noqa: PLC0415
-    from service.kube import load_connection  # noqa: PLC0415
+    from service.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
     from service.server import ServerSettings  # noqa: PLC0415
+    from service.supervise import TaskDied  # noqa: PLC0415
     from service.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
     from vramguard.policy import PolicyError, PolicyFile  # noqa: PLC0415
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_FAILED)
     except Exception as exc:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
-    settings = ExtenderSettings(host, port, tls, connection, policy_file, ServerSettings(drain_delay=args.drain_delay))
+    settings = ExtenderSettings(host, port, tls, connection, policy_file, ServerSettings(drain_delay=args.drain_delay),
+                                max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES)
     logging.getLogger("vramguard.extender").info(
         "serving on %s://%s:%d, policy %s", "https" if tls else "http", host, port, args.policy or "(built-in)"
     )
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_extender(settings))
     except OSError as exc:
         return _fail(f"cannot serve on {args.listen}: {exc}", EXIT_FAILED)
+    except TaskDied as exc:
+        return _fail(str(exc), EXIT_FAILED)
     return EXIT_OK
 
 
