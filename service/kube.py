@@ -415,6 +415,8 @@ class Informer:
     MAX_BACKOFF = 30.0
     RESET_BACKOFF_AFTER = 60.0
     """An attempt that ran this long before failing starts the backoff again from the beginning."""
+    STALE_AFTER = STALE_AFTER_SECONDS
+    """The default of ``stale_after``."""
 
     def __init__(
         self,
@@ -425,7 +427,7 @@ class Informer:
         slim: Callable[[JSON], JSON] | None = None,
         *,
         metrics: WatchMetrics | None = None,
-        stale_after: float = STALE_AFTER_SECONDS,
+        stale_after: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -438,7 +440,8 @@ class Informer:
         self.resource_version = ""
         self.resource = path.rstrip("/").rpartition("/")[2]
         """The resource's plural name (``pods``), the metrics' label."""
-        self.stale_after = stale_after
+        self.stale_after = self.STALE_AFTER if stale_after is None else stale_after
+        """Seconds without a successful list or watch progress after which :meth:`healthy` is False."""
         self._metrics = metrics
         self._clock = clock
         self._running = False
