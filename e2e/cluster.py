@@ -83,6 +83,8 @@ class ClusterConfig:
     """Policy file passed to the vramguard services as ``--policy``."""
     vramguard_command: Sequence[str] | None = None
     """The command that provides ``extender`` and ``webhook`` (default: ``vramguard``)."""
+    service_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Extra command-line arguments per vramguard service, e.g. ``{"extender": ["--max-watch-event-bytes", "1Mi"]}``."""
     manifests: Path = services.MANIFESTS
     detach: bool = False
     """Let the processes outlive this Python process (the command line does this)."""
@@ -154,6 +156,7 @@ class Cluster:
         vramguard: VramguardMode = "auto",
         policy: Path | None = None,
         vramguard_command: Sequence[str] | None = None,
+        service_args: Mapping[str, Sequence[str]] | None = None,
         detach: bool = False,
         timeout: float = 120.0,
     ) -> Cluster:
@@ -166,6 +169,7 @@ class Cluster:
                 vramguard=vramguard,
                 policy=policy,
                 vramguard_command=vramguard_command,
+                service_args=dict(service_args or {}),
                 detach=detach,
                 timeout=timeout,
             )
@@ -537,6 +541,7 @@ class Cluster:
             kubeconfig=kubeconfig,
             policy=self.config.policy,
         )
+        argv += self.config.service_args.get(name, ())
         proc = self._spawn(f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
         waited = self._wait_ready(name, url, proc)

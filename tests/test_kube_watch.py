@@ -19,6 +19,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
+from extender.metrics import ExtenderMetrics
 from extender.verbs import Verbs
 from service.http import Readiness
 from service.kube import (
@@ -168,6 +169,7 @@ async def test_an_oversized_event_forces_a_relist_and_holds_its_node_back_until_
     state, registry = cluster_state(), CollectorRegistry()
     informer = Informer(env.client(max_event_bytes=64 << 10), "/api/v1/pods", state.pods, slim=slim_pod,
                         metrics=WatchMetrics(registry))
+    ExtenderMetrics(registry, state)
     async with running(informer) as task:
         await informer.synced.wait()
         watch = await env.api["pods"].watches.get()
@@ -187,10 +189,12 @@ async def test_an_oversized_event_forces_a_relist_and_holds_its_node_back_until_
         assert await verbs.bind("new", "default", "uid-new", "n1") == SUSPECT
         assert state.ledger.holding("uid-big") is not None
         assert sample(registry, "vramguard_watch_oversized_events_total", resource="pods") == 1
+        assert sample(registry, "vramguard_nodes_held_back") == 1
         assert sample(registry, "vramguard_watch_restarts_total", resource="pods", reason="oversized") == 1
         relist.set()
         await eventually(lambda: not state.suspects)
         assert state.ledger.holding("uid-big") is None, "the re-list released the deleted pod's VRAM"
+        assert sample(registry, "vramguard_nodes_held_back") == 0
         assert verbs.filter(newcomer, ["n1", "n2"]).passing == ["n1", "n2"]
         assert env.api["pods"].list_calls == 2
         assert not task.done()
