@@ -133,7 +133,8 @@ class Verbs:
         return self._hold_back_suspects(self._filter(pod, nodes))
 
     def _hold_back_suspects(self, outcome: FilterOutcome) -> FilterOutcome:
-        """Fail (resolvably: the scheduler retries) the passing nodes whose pods are being re-read.
+        """Fail (resolvably: the scheduler retries) the passing nodes whose pods are being re-read,
+        whatever the pod asks for: conservative, and only for the moments a re-list takes.
 
         Applied to the outcome, not cached with the verdicts: the mark comes and goes without the
         ledger changing, so cached verdicts and snapshots stay valid underneath it.

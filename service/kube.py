@@ -16,7 +16,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import aiohttp
@@ -307,7 +307,7 @@ async def event_lines(content: aiohttp.StreamReader, limit: int) -> AsyncIterato
 
 async def _drain_line(
     content: aiohttp.StreamReader, chunk: bytes, start: int, scanner: _NodeNameScanner, limit: int
-) -> None:
+) -> NoReturn:
     """Read an oversized line to its end, scanning it; always raises :class:`OversizedEvent`."""
     while True:
         end = chunk.find(b"\n", start)
