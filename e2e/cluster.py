@@ -83,6 +83,8 @@ class ClusterConfig:
     """Policy file passed to the vramguard services as ``--policy``."""
     vramguard_command: Sequence[str] | None = None
     """The command that provides ``extender`` and ``webhook`` (default: ``vramguard``)."""
+    service_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Extra command-line arguments per vramguard service, e.g. ``{"extender": ["--max-watch-event-bytes", "1Mi"]}``."""
     manifests: Path = services.MANIFESTS
     detach: bool = False
     """Let the processes outlive this Python process (the command line does this)."""
@@ -156,6 +158,7 @@ class Cluster:
         vramguard: VramguardMode = "auto",
         policy: Path | None = None,
         vramguard_command: Sequence[str] | None = None,
+        service_args: Mapping[str, Sequence[str]] | None = None,
         detach: bool = False,
         timeout: float = 120.0,
     ) -> Cluster:
@@ -168,6 +171,7 @@ class Cluster:
                 vramguard=vramguard,
                 policy=policy,
                 vramguard_command=vramguard_command,
+                service_args=dict(service_args or {}),
                 detach=detach,
                 timeout=timeout,
             )
@@ -574,6 +578,7 @@ class Cluster:
             client_ca=self.pki / "ca.crt" if name == "extender" else None,
             ops_port=ops_port,
         )
+        argv += self.config.service_args.get(name, ())
         proc = self._spawn(f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
         ready_url = url

@@ -9,7 +9,6 @@ client certificate from the client CA, gets an HTTP answer); probes and metrics 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -18,8 +17,9 @@ from prometheus_client import CollectorRegistry
 from extender.app import build_app
 from extender.verbs import Verbs
 from service.http import Readiness
-from service.kube import Connection, Informer, KubeClient
+from service.kube import MAX_EVENT_BYTES, Connection, Informer, KubeClient, WatchMetrics
 from service.server import Address, ServerSettings, run_https
+from service.supervise import supervise
 from service.tls import ReloadingTLSContext
 from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
@@ -46,23 +46,32 @@ class ExtenderSettings:
     policy_file: PolicyFile | None
     server: ServerSettings
     agent_namespace: str = DEFAULT_AGENT_NAMESPACE
+    max_event_bytes: int = MAX_EVENT_BYTES
 
 
 async def run(settings: ExtenderSettings) -> None:
-    """Serve until SIGTERM; readiness waits for the caches and the TLS files."""
+    """Serve until SIGTERM; readiness waits for the caches and the TLS files, and fails while a
+    watch is unhealthy. A background task that dies ends the process with an error (see
+    :func:`service.supervise.supervise`)."""
     policy_file = settings.policy_file
     policy = policy_file.policy if policy_file is not None else default_policy()
     state = ClusterState(policy, agent_namespace=settings.agent_namespace)
-    client = KubeClient(settings.connection)
+    client = KubeClient(settings.connection, max_event_bytes=settings.max_event_bytes)
+    registry = CollectorRegistry()
+    watch_metrics = WatchMetrics(registry)
     informers = [
-        Informer(client, "/api/v1/nodes", state.nodes, slim=slim_node),
-        Informer(client, "/api/v1/namespaces", state.namespaces),
-        Informer(client, "/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
-        Informer(client, f"/apis/coordination.k8s.io/v1/namespaces/{settings.agent_namespace}/leases", state.leases),
+        Informer(client, "/api/v1/nodes", state.nodes, slim=slim_node, metrics=watch_metrics),
+        Informer(client, "/api/v1/namespaces", state.namespaces, metrics=watch_metrics),
+        Informer(client, "/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod, metrics=watch_metrics),
+        Informer(
+            client,
+            f"/apis/coordination.k8s.io/v1/namespaces/{settings.agent_namespace}/leases",
+            state.leases,
+            metrics=watch_metrics,
+        ),
     ]
     synced = asyncio.Event()
-    registry = CollectorRegistry()
-    readiness = Readiness()
+    readiness = Readiness({f"watch-{informer.resource}": informer.healthy for informer in informers})
     app = build_app(Verbs(state, client), synced, readiness, registry, operational_routes=False)
 
     async def wait_synced() -> None:
@@ -91,19 +100,23 @@ async def run(settings: ExtenderSettings) -> None:
                 reason = inventory.distrust if inventory is not None else None
                 logger.warning("node %s: %s", node, reason or "agent report trusted again")
 
-    tasks = [asyncio.create_task(informer.run()) for informer in informers]
-    tasks.append(asyncio.create_task(wait_synced()))
-    tasks.append(asyncio.create_task(expire_leases()))
+    background = {f"watch {informer.path}": informer.run() for informer in informers}
+    background["wait-synced"] = wait_synced()
+    background["lease-expiry"] = expire_leases()
     if policy_file is not None:
-        tasks.append(asyncio.create_task(watch_policy()))
+        background["policy-reload"] = watch_policy()
     try:
-        await run_https(
-            app, settings.host, settings.port, settings.tls, settings=settings.server, operational=settings.operational
+        await supervise(
+            run_https(
+                app,
+                settings.host,
+                settings.port,
+                settings.tls,
+                settings=settings.server,
+                operational=settings.operational,
+            ),
+            background,
+            may_finish={"wait-synced"},
         )
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         await client.close()

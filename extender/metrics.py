@@ -43,6 +43,20 @@ class LedgerCollector(Collector):
         yield from (budget, reserved, free, pods, namespaces)
 
 
+class HeldBackCollector(Collector):
+    """``vramguard_nodes_held_back``: nodes placed on by no one while their pods are re-read."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Read the state now; non-zero for longer than a re-list takes means re-lists are failing."""
+        held = GaugeMetricFamily("vramguard_nodes_held_back",
+                                 "Nodes that fail filter while their pods are re-read after an oversized watch event.")
+        held.add_metric([], len(self.state.suspects))
+        yield held
+
+
 class ExtenderMetrics:
     """Counters of the extender's decisions."""
 
@@ -54,3 +68,4 @@ class ExtenderMetrics:
             registry=registry,
         )
         registry.register(LedgerCollector(state))
+        registry.register(HeldBackCollector(state))

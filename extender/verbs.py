@@ -133,6 +133,24 @@ class Verbs:
 
     def filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
         """Which nodes can take the pod without overcommitting a GPU, and why the others cannot."""
+        return self._hold_back_suspects(self._filter(pod, nodes))
+
+    def _hold_back_suspects(self, outcome: FilterOutcome) -> FilterOutcome:
+        """Fail (resolvably: the scheduler retries) the passing nodes whose pods are being re-read,
+        whatever the pod asks for: conservative, and only for the moments a re-list takes.
+
+        Applied to the outcome, not cached with the verdicts: the mark comes and goes without the
+        ledger changing, so cached verdicts and snapshots stay valid underneath it.
+        """
+        if not self.state.suspects:
+            return outcome
+        held = {node: message for node in outcome.passing if (message := self.state.suspect_message(node))}
+        if not held:
+            return outcome
+        passing = [node for node in outcome.passing if node not in held]
+        return FilterOutcome(passing, {**outcome.failed, **held}, outcome.unresolvable)
+
+    def _filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
         key, claims, choice = self._prepare(pod)
         shape = self._shape(claims, choice)
         cache: dict[str, tuple[int | None, NodeVerdict]] = self._cache(self._verdicts, shape)
@@ -236,6 +254,9 @@ class Verbs:
             prepared = self._prepare(pod)
         key, claims, choice = prepared
         # From here to the reservation nothing awaits: the check and the hold are one step.
+        held_back = self.state.suspect_message(node)
+        if held_back:
+            return held_back
         verdict = filter_node(self.state.ledger, node, claims, choice)
         if not verdict.ok:
             return f"{node}: {verdict.message}"

@@ -11,15 +11,20 @@ import asyncio
 import json
 import logging
 import random
+import re
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import aiohttp
 from kubernetes import config as _kube_config
 from kubernetes.client import Configuration
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # The official client is used only for its loaders (kubeconfig files, exec plugins, in-cluster
 # tokens that rotate); it ships no type information.
@@ -33,7 +38,17 @@ WATCH_TIMEOUT_SECONDS = 290
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=5)
 # A watch streams for minutes; only the gap between two events is bounded (bookmarks keep it alive).
 WATCH_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=WATCH_TIMEOUT_SECONDS + 30)
-MAX_EVENT_BYTES = 4 << 20
+MAX_EVENT_BYTES = 16 << 20
+"""Default limit of one watch event (one JSON line). etcd takes objects up to 1.5 MiB by default,
+and JSON escaping can grow one about six-fold (``<`` becomes ``\\u003c``): 16 MiB holds any such
+object. Larger events are not decoded; they force a re-list (see :class:`OversizedEvent`)."""
+READ_BUFFER_BYTES = 1 << 20
+"""aiohttp's read buffer: flow control only (it pauses the socket at twice this much unread). Watch
+lines are framed by :func:`event_lines`, never by aiohttp's ``readline``, whose own limit is that
+high-water mark: so the event limit is :data:`MAX_EVENT_BYTES` (or the one configured), not aiohttp's."""
+STALE_AFTER_SECONDS = 2.0 * WATCH_TIMEOUT_SECONDS
+"""An informer with no successful list or watch progress for this long is unhealthy: a healthy
+watch ends (and counts as progress) every :data:`WATCH_TIMEOUT_SECONDS` at the latest."""
 
 
 class ApiError(Exception):
@@ -84,9 +99,13 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
 class KubeClient:
     """A minimal async client for the few calls vramguard makes."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        if max_event_bytes < 1:
+            raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes}")
         self._connection = connection
         self._session: aiohttp.ClientSession | None = None
+        self.max_event_bytes = max_event_bytes
+        """Longest watch event decoded; a longer one raises :class:`OversizedEvent`."""
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -103,7 +122,7 @@ class KubeClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._connection.ssl_context, limit=32)
-            self._session = aiohttp.ClientSession(connector=connector, read_bufsize=1 << 20)
+            self._session = aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFFER_BYTES)
         return self._session
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
@@ -183,7 +202,11 @@ class KubeClient:
     async def watch(
         self, path: str, resource_version: str, params: Mapping[str, str] | None = None
     ) -> AsyncIterator[tuple[str, JSON]]:
-        """Stream ``(type, object)`` watch events from ``resource_version`` until the server closes."""
+        """Stream ``(type, object)`` watch events from ``resource_version`` until the server closes.
+
+        An event longer than :attr:`max_event_bytes` is read to its end without being kept, and
+        raises :class:`OversizedEvent` naming the nodes it mentions: the caller must re-list.
+        """
         query = {
             "watch": "1",
             "resourceVersion": resource_version,
@@ -196,16 +219,104 @@ class KubeClient:
         ) as response:
             if response.status >= 400:
                 raise _api_error(response.status, await response.read())
-            while True:
-                line = await response.content.readline()
-                if not line:
-                    return
-                if len(line) > MAX_EVENT_BYTES:
-                    raise ApiError(500, "EventTooLarge", f"watch event of {len(line)} bytes")
+            async for line in event_lines(response.content, self.max_event_bytes):
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                yield str(event.get("type", "")), event.get("object") or {}
+                if not isinstance(event, dict):
+                    raise ValueError(f"watch event is not a JSON object: {line[:80]!r}")
+                obj = event.get("object")
+                yield str(event.get("type", "")), obj if isinstance(obj, dict) else {}
+
+
+class OversizedEvent(Exception):
+    """A watch event longer than the limit: it was not decoded, so the watch must re-list.
+
+    ``nodes`` are the node names found in it as ``"nodeName":"<name>"`` (any such pair, whatever
+    object it belongs to: every one is suspect), so the pods of those nodes can be held back.
+    """
+
+    def __init__(self, size: int, limit: int, nodes: frozenset[str], complete: bool) -> None:
+        ending = "" if complete else " (the stream ended inside it)"
+        super().__init__(f"watch event of {size} bytes or more exceeds the limit of {limit} bytes{ending}")
+        self.size = size
+        self.limit = limit
+        self.nodes = nodes
+        self.complete = complete
+
+
+_NODE_NAME = re.compile(rb'"nodeName":"([^"\\]{1,253})"')
+# A match spans at most this many bytes; keeping that much of each chunk finds matches cut in two.
+_NODE_NAME_SPAN = len(b'"nodeName":""') + 253
+
+
+class _NodeNameScanner:
+    """Finds ``"nodeName":"<name>"`` in a byte stream fed in pieces, keeping only a short tail.
+
+    Inside a JSON string a ``"`` is always escaped, so the pattern matches only a key and its value:
+    ``spec.nodeName``, or a label/annotation key of that name (suspect too: conservative).
+    """
+
+    def __init__(self) -> None:
+        self.nodes: set[str] = set()
+        self.size = 0
+        self._tail = b""
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self.size += len(data)
+        window = self._tail + bytes(data)
+        self.nodes.update(m.group(1).decode("ascii", "replace") for m in _NODE_NAME.finditer(window))
+        self._tail = window[-_NODE_NAME_SPAN:]
+
+
+async def event_lines(content: aiohttp.StreamReader, limit: int) -> AsyncIterator[bytes]:
+    """Newline-separated lines of ``content``, each at most ``limit`` bytes.
+
+    A longer line is not buffered: it is scanned for node names as it streams past, read to its
+    end, and reported by raising :class:`OversizedEvent` (so it is never silently skipped).
+    """
+    pending = bytearray()
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            if pending:
+                # The server closed in the middle of an event: nothing of it is applied.
+                raise aiohttp.ClientPayloadError(f"watch stream ended inside an event of {len(pending)} bytes")
+            return
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            stop = len(chunk) if end == -1 else end
+            if len(pending) + stop - start > limit:
+                scanner = _NodeNameScanner()
+                scanner.feed(pending)
+                del pending[:]
+                await _drain_line(content, chunk, start, scanner, limit)
+            if end == -1:
+                pending += chunk[start:]
+                break
+            if pending:
+                pending += chunk[start:end]
+                line = bytes(pending)
+                del pending[:]
+            else:
+                line = chunk[start:end]
+            start = end + 1
+            yield line
+
+
+async def _drain_line(
+    content: aiohttp.StreamReader, chunk: bytes, start: int, scanner: _NodeNameScanner, limit: int
+) -> NoReturn:
+    """Read an oversized line to its end, scanning it; always raises :class:`OversizedEvent`."""
+    while True:
+        end = chunk.find(b"\n", start)
+        scanner.feed(memoryview(chunk)[start : len(chunk) if end == -1 else end])
+        if end != -1:
+            raise OversizedEvent(scanner.size, limit, frozenset(scanner.nodes), complete=True)
+        chunk, start = await content.readany(), 0
+        if not chunk:
+            raise OversizedEvent(scanner.size, limit, frozenset(scanner.nodes), complete=False)
 
 
 def _api_error(status: int, payload: bytes) -> ApiError:
@@ -236,12 +347,76 @@ class Store(Protocol):
         """An object was deleted."""
 
 
+@runtime_checkable
+class SuspectingStore(Protocol):
+    """A store that can hold nodes back while it re-reads them (optional, beside :class:`Store`)."""
+
+    def suspect(self, nodes: frozenset[str]) -> None:
+        """An event about these nodes could not be read: treat them conservatively until the next
+        :meth:`Store.replace`, which clears the mark."""
+
+
+class WatchMetrics:
+    """``vramguard_watch_healthy{resource}``, ``vramguard_watch_restarts_total{resource,reason}`` and
+    ``vramguard_watch_oversized_events_total{resource}`` for the informers given to it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restarts = Counter(
+            "vramguard_watch_restarts",
+            "Watches restarted, by resource and reason (expired, oversized, api, connection, decode, store, "
+            "unexpected).",
+            labelnames=("resource", "reason"),
+            registry=registry,
+        )
+        self.oversized = Counter(
+            "vramguard_watch_oversized_events",
+            "Watch events over the size limit; each forces a re-list.",
+            labelnames=("resource",),
+            registry=registry,
+        )
+        self._informers: list[Informer] = []
+        registry.register(_HealthCollector(self._informers))
+
+    def track(self, informer: Informer) -> None:
+        """Report ``informer`` in ``vramguard_watch_healthy``."""
+        self._informers.append(informer)
+
+
+class _HealthCollector(Collector):
+    def __init__(self, informers: list[Informer]) -> None:
+        self._informers = informers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        healthy = GaugeMetricFamily(
+            "vramguard_watch_healthy",
+            "1 while a watch is synced and has listed or made progress recently, else 0.",
+            labels=["resource"],
+        )
+        for informer in self._informers:
+            healthy.add_metric([informer.resource], 1.0 if informer.healthy() else 0.0)
+        yield healthy
+
+
+class _StoreError(Exception):
+    """The store raised while applying what the API server sent (a bug): re-list to recover."""
+
+
 class Informer:
-    """List, then watch from the list's resourceVersion; re-list when the version expires (410).
+    """List, then watch from the list's resourceVersion, forever: every failure is logged, counted
+    and followed by a watch from the last version seen (connection errors) or a re-list (anything
+    else), with backoff. Only cancellation ends :meth:`run`.
 
     ``synced`` is set after the first complete list, and stays set across re-lists: the store is
-    replaced atomically, so it never shows a half-listed state.
+    replaced atomically, so it never shows a half-listed state. :meth:`healthy` says whether the
+    store can be trusted now (synced and recently in step with the API server).
     """
+
+    INITIAL_BACKOFF = 0.2
+    MAX_BACKOFF = 30.0
+    RESET_BACKOFF_AFTER = 60.0
+    """An attempt that ran this long before failing starts the backoff again from the beginning."""
+    STALE_AFTER = STALE_AFTER_SECONDS
+    """The default of ``stale_after``."""
 
     def __init__(
         self,
@@ -250,6 +425,10 @@ class Informer:
         store: Store,
         params: Mapping[str, str] | None = None,
         slim: Callable[[JSON], JSON] | None = None,
+        *,
+        metrics: WatchMetrics | None = None,
+        stale_after: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.path = path
@@ -259,40 +438,120 @@ class Informer:
         """Keeps only the fields the store reads, for listed and watched objects alike."""
         self.synced = asyncio.Event()
         self.resource_version = ""
+        self.resource = path.rstrip("/").rpartition("/")[2]
+        """The resource's plural name (``pods``), the metrics' label."""
+        self.stale_after = self.STALE_AFTER if stale_after is None else stale_after
+        """Seconds without a successful list or watch progress after which :meth:`healthy` is False."""
+        self._metrics = metrics
+        self._clock = clock
+        self._running = False
+        self._last_progress = clock()
+        if metrics is not None:
+            metrics.track(self)
+
+    def healthy(self) -> bool:
+        """Synced, running, and listed or made watch progress within :attr:`stale_after` seconds."""
+        return self._running and self.synced.is_set() and self._clock() - self._last_progress <= self.stale_after
 
     async def run(self) -> None:
         """Keep the store in step with the API server until cancelled."""
-        backoff = 0.2
+        self._running = True
+        try:
+            await self._run()
+        finally:
+            self._running = False
+
+    async def _run(self) -> None:
+        backoff = self.INITIAL_BACKOFF
         while True:
+            started = self._clock()
             try:
                 if not self.resource_version:
-                    objects, self.resource_version = await self.client.list_all(self.path, self.params, self.slim)
-                    self.store.replace(objects)
-                    self.synced.set()
+                    await self._list()
                 await self._watch()
-                backoff = 0.2
+                self._progress()  # the server ended the watch at its timeout
+                backoff = self.INITIAL_BACKOFF
+                continue
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
                 if exc.status == 410:
                     logger.info("watch of %s expired (%s); re-listing", self.path, exc.message)
-                    self.resource_version = ""
+                    self._restart("expired")
                     continue
                 logger.warning("watch of %s failed: %s", self.path, exc)
-            except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
-                logger.warning("watch of %s interrupted: %s", self.path, exc)
+                self._restart("api")
+            except OversizedEvent as exc:
+                self._oversized(exc)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                # The connection broke: the store is intact, so watch again from the last version.
+                logger.warning("watch of %s interrupted: %s", self.path, exc or type(exc).__name__)
+                self._count("connection")
+            except ValueError as exc:
+                # Undecodable JSON from the API server: what was applied before it may be incomplete.
+                logger.warning("watch of %s sent an undecodable event (%s); re-listing", self.path, exc)
+                self._restart("decode")
+            except _StoreError as exc:
+                logger.error("store of %s failed on a watch event; re-listing", self.path, exc_info=exc.__cause__)
+                self._restart("store")
+            except Exception:
+                # Whatever else: never end silently; start again from a fresh list.
+                logger.exception("watch of %s failed unexpectedly; re-listing", self.path)
+                self._restart("unexpected")
+            if self._clock() - started >= self.RESET_BACKOFF_AFTER:
+                backoff = self.INITIAL_BACKOFF
             await asyncio.sleep(backoff * (1 + random.random()))
-            backoff = min(backoff * 2, 10.0)
+            backoff = min(backoff * 2, self.MAX_BACKOFF)
+
+    async def _list(self) -> None:
+        objects, version = await self.client.list_all(self.path, self.params, self.slim)
+        try:
+            self.store.replace(objects)
+        except Exception as exc:
+            raise _StoreError(f"replace of {self.path}") from exc
+        self.resource_version = version
+        self.synced.set()
+        self._progress()
 
     async def _watch(self) -> None:
         async for kind, raw in self.client.watch(self.path, self.resource_version, self.params):
             if kind == "ERROR":
                 raise ApiError(int(raw.get("code", 500)), str(raw.get("reason", "")), str(raw.get("message", "")))
             version = (raw.get("metadata") or {}).get("resourceVersion")
-            obj = self.slim(raw) if self.slim is not None and kind != "BOOKMARK" else raw
-            if kind in ("ADDED", "MODIFIED"):
-                self.store.upsert(obj)
-            elif kind == "DELETED":
-                self.store.delete(obj)
+            try:
+                obj = self.slim(raw) if self.slim is not None and kind != "BOOKMARK" else raw
+                if kind in ("ADDED", "MODIFIED"):
+                    self.store.upsert(obj)
+                elif kind == "DELETED":
+                    self.store.delete(obj)
+            except Exception as exc:
+                raise _StoreError(f"{kind} of {self.path}") from exc
             if version:
                 self.resource_version = str(version)
+            self._progress()
+
+    def _progress(self) -> None:
+        self._last_progress = self._clock()
+
+    def _oversized(self, exc: OversizedEvent) -> None:
+        if self._metrics is not None:
+            self._metrics.oversized.labels(self.resource).inc()
+        if exc.nodes and isinstance(self.store, SuspectingStore):
+            try:
+                self.store.suspect(exc.nodes)
+            except Exception:
+                logger.exception("store of %s failed to hold back nodes %s", self.path, sorted(exc.nodes))
+        logger.warning(
+            "watch of %s: %s; re-listing%s", self.path, exc,
+            f" (nodes held back until then: {', '.join(sorted(exc.nodes))})" if exc.nodes else "",
+        )
+        self._restart("oversized")
+
+    def _restart(self, reason: str) -> None:
+        """Count a restart and forget the version, so the next attempt re-lists."""
+        self.resource_version = ""
+        self._count(reason)
+
+    def _count(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.restarts.labels(self.resource, reason).inc()

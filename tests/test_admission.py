@@ -738,6 +738,17 @@ def test_direct_placement_must_fit_the_node_ledger(operation: str, user: str, gr
     assert decision.violations == violations
 
 
+def test_direct_placement_on_a_node_being_re_read_is_refused() -> None:
+    obj = direct("0.1", "new")
+    subject = Subject("Pod", "CREATE", "default", obj, None, "bob")
+    view = ClusterView({ENFORCE_LABEL: "enforce"}, TIME_SLICED, TIME_SLICED, None, ledger_with(),
+                       "node n1: vramguard is re-reading its pods after an oversized watch event")
+    assert PLACING.review(subject, view).violations == (
+        "spec.nodeName n1 places the pod past the scheduler: node n1: vramguard is re-reading its pods after an "
+        "oversized watch event",
+    )
+
+
 def test_direct_placement_of_unknown_vram_counts_a_whole_gpu_even_where_the_class_rejects_it() -> None:
     # guaranteed rejects unknown VRAM: the pod is refused for that, and its fit is judged as a whole GPU.
     obj = labelled(pod(container("app", gpus=1), nodeName="n1"), "guaranteed")

@@ -217,6 +217,9 @@ class ClusterView:
     ledger: Ledger | None = None
     """The cluster's GPU ledger (the extender's model, fed by the same watches), to check pods
     created with ``spec.nodeName``; ``None``: not checked."""
+    held_back: str | None = None
+    """Why the pod's node cannot be judged right now (its pods are being re-read after a watch
+    event that could not be read), or ``None``: a direct placement there is not admitted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,6 +514,9 @@ class AdmissionRules:
             qos = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
             whole_gpu = ClassChoice(choice.name, qos, choice.source)
         uid = _mapping(subject.obj.get("metadata")).get("uid")
+        if cluster.held_back is not None:
+            found.violate(f"spec.nodeName {node} places the pod past the scheduler: {cluster.held_back}")
+            return
         claims = pod_claims(demand, whole_gpu, uid if isinstance(uid, str) else "")
         verdict = filter_node(cluster.ledger, node, claims, whole_gpu)
         if not verdict.ok:

@@ -142,7 +142,9 @@ class ClusterState:
         self.priorities: dict[str, int] = {}
         """Bound pod UID -> its priority, for preemption."""
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
-        self.pods = _Delegate(self._replace_pods, self._upsert_pod, self._delete_pod)
+        self.pods = _SuspectingDelegate(self._relist_pods, self._upsert_pod, self._delete_pod, self._suspect)
+        self.suspects: set[str] = set()
+        """Nodes whose pods are being re-read after a watch event that could not be read."""
         self.namespaces = _Delegate(self._replace_namespaces, self._upsert_namespace, self._delete_namespace)
         self.agent_leases = AgentLeases(agent_namespace, clock)
         self._reported: dict[str, JSON] = {}
@@ -335,6 +337,24 @@ class ClusterState:
             if uid not in self._bound:
                 self.ledger.hold(node, ref, claims.claims)
 
+    # -- nodes held back after an unreadable watch event ---------------------------------------
+
+    def _suspect(self, nodes: frozenset[str]) -> None:
+        """A pod event about these nodes could not be read (over the size limit): until the pods
+        are re-listed, their ledger may miss a bind or keep a deleted pod, so place nothing there."""
+        self.suspects |= nodes
+
+    def _relist_pods(self, pods: list[JSON]) -> None:
+        """A full list of the bound pods: the ledger is exact again, every node is trusted."""
+        self._replace_pods(pods)
+        self.suspects.clear()
+
+    def suspect_message(self, node: str) -> str | None:
+        """Why nothing may be placed on ``node`` right now, or None (the usual case)."""
+        if node in self.suspects:
+            return f"node {node}: vramguard is re-reading its pods after an oversized watch event"
+        return None
+
     # -- bind bookkeeping -----------------------------------------------------------------------
 
     def begin_bind(self, node: str, pod: PodKey, claims: PodClaims) -> None:
@@ -378,6 +398,14 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
     spec = pod.get("spec")
     value = spec.get("priority") if isinstance(spec, Mapping) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class _SuspectingDelegate(_Delegate):
+    """A :class:`_Delegate` that can also hold nodes back (``suspect``), for the pods."""
+
+    def __init__(self, replace: Any, upsert: Any, delete: Any, suspect: Any) -> None:
+        super().__init__(replace, upsert, delete)
+        self.suspect = suspect
 
 
 def demand_options(policy: Policy) -> DemandOptions:

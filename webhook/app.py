@@ -142,7 +142,8 @@ class WebhookState:
         if self.policy.rules.quota_bytes(subject.namespace) is not None:
             usage = self.pods.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
         ledger = self.cluster.ledger if node else None
-        return ClusterView(labels, self.nodes.offers(), node_offers, usage, ledger)
+        held_back = self.cluster.suspect_message(node) if node else None
+        return ClusterView(labels, self.nodes.offers(), node_offers, usage, ledger, held_back)
 
 
 STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)

@@ -9,9 +9,8 @@ that would judge quotas on an empty cache.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ from urllib.parse import quote
 from prometheus_client import CollectorRegistry
 
 from service.http import Readiness
-from service.kube import ApiError, Connection, Informer, KubeClient
+from service.kube import MAX_EVENT_BYTES, ApiError, Connection, Informer, KubeClient, WatchMetrics
 from service.server import RunningServer, ServerSettings, run_https
+from service.supervise import supervise
 from service.tls import ReloadingTLSContext
 from webhook.app import PolicySource, WebhookState, create_webhook_app
 from webhook.state import FanOut
@@ -46,6 +46,7 @@ class WebhookSettings:
     policy: PolicySource
     server: ServerSettings
     policy_refresh_interval: float = POLICY_REFRESH_INTERVAL
+    max_event_bytes: int = MAX_EVENT_BYTES
 
 
 async def run_webhook(
@@ -55,8 +56,12 @@ async def run_webhook(
     on_started: Callable[[RunningServer], None] | None = None,
     handle_signals: bool = True,
 ) -> None:
-    """Watch the cluster and serve ``/validate`` until SIGTERM (or ``stop``), then shut down gracefully."""
-    async with KubeClient(settings.connection) as client:
+    """Watch the cluster and serve ``/validate`` until SIGTERM (or ``stop``), then shut down gracefully.
+
+    Readiness fails while a watch is unhealthy; a background task that dies ends the server and
+    raises :class:`service.supervise.TaskDied`.
+    """
+    async with KubeClient(settings.connection, max_event_bytes=settings.max_event_bytes) as client:
 
         async def lookup(namespace: str) -> Mapping[str, Any] | None:
             try:
@@ -67,21 +72,30 @@ async def run_webhook(
                 raise
 
         state = WebhookState(settings.policy, namespace_lookup=lookup)
+        registry = CollectorRegistry()
+        watch_metrics = WatchMetrics(registry)
         # The quota's stores and the cluster model (the extender's ledger, for pods created with
         # spec.nodeName) read the same watches; the model keeps only the bound pods among them.
         informers = [
-            Informer(client, "/api/v1/namespaces", FanOut(state.namespaces, state.cluster.namespaces)),
-            Informer(client, "/api/v1/nodes", FanOut(state.nodes, state.cluster.nodes)),
+            Informer(client, "/api/v1/namespaces", FanOut(state.namespaces, state.cluster.namespaces),
+                     metrics=watch_metrics),
+            Informer(client, "/api/v1/nodes", FanOut(state.nodes, state.cluster.nodes), metrics=watch_metrics),
             Informer(
-                client, "/api/v1/pods", FanOut(state.pods, state.cluster.pods), {"fieldSelector": POD_FIELD_SELECTOR}
+                client,
+                "/api/v1/pods",
+                FanOut(state.pods, state.cluster.pods),
+                {"fieldSelector": POD_FIELD_SELECTOR},
+                metrics=watch_metrics,
             ),
         ]
         readiness = Readiness({"informers-synced": lambda: all(i.synced.is_set() for i in informers)})
-        app = create_webhook_app(state, registry=CollectorRegistry(), readiness=readiness)
-        tasks = [asyncio.create_task(i.run(), name=f"watch {i.path}") for i in informers]
-        tasks.append(asyncio.create_task(_refresh_policy(settings, state), name="policy-refresh"))
-        try:
-            await run_https(
+        for informer in informers:
+            readiness.add(f"watch-{informer.resource}", informer.healthy)
+        app = create_webhook_app(state, registry=registry, readiness=readiness)
+        background: dict[str, Coroutine[Any, Any, object]] = {f"watch {i.path}": i.run() for i in informers}
+        background["policy-refresh"] = _refresh_policy(settings, state)
+        await supervise(
+            run_https(
                 app,
                 settings.host,
                 settings.port,
@@ -90,13 +104,9 @@ async def run_webhook(
                 stop=stop,
                 on_started=on_started,
                 handle_signals=handle_signals,
-            )
-        finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            ),
+            background,
+        )
 
 
 async def _refresh_policy(settings: WebhookSettings, state: WebhookState) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from service.kube import SuspectingStore
 from vramguard.admission import (
     NamespaceUsage,
     ResourceOffer,
@@ -80,6 +81,12 @@ class FanOut:
         """An object was deleted."""
         for store in self._stores:
             store.delete(obj)
+
+    def suspect(self, nodes: frozenset[str]) -> None:
+        """A watch event about ``nodes`` could not be read: the stores that can hold nodes back do."""
+        for store in self._stores:
+            if isinstance(store, SuspectingStore):
+                store.suspect(nodes)
 
 
 class NamespaceStore:

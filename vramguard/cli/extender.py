@@ -16,6 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
+from vramguard.cli.watch_limit import add_max_watch_event_bytes
 from vramguard.cli.webhook import parse_listen
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              f"(default {DEFAULT_AGENT_NAMESPACE})")
     parser.add_argument("--drain-delay", type=float, default=0.0, metavar="SECONDS",
                         help="on SIGTERM, report not ready for this long before closing the listener")
+    add_max_watch_event_bytes(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run)
 
@@ -73,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from extender.main import ExtenderSettings  # noqa: PLC0415
     from extender.main import run as run_extender  # noqa: PLC0415
-    from service.kube import load_connection  # noqa: PLC0415
+    from service.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
     from service.server import ServerSettings  # noqa: PLC0415
+    from service.supervise import TaskDied  # noqa: PLC0415
     from service.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
     from vramguard.policy import PolicyError, PolicyFile  # noqa: PLC0415
 
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
     settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
-                                ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace)
+                                ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace,
+                                max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES)
     log = logging.getLogger("vramguard.extender")
     log.info("serving on %s://%s:%d (%s), probes and metrics on http://%s:%d, policy %s",
              "https" if tls else "http", host, port,
@@ -110,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_extender(settings))
     except OSError as exc:
         return _fail(f"cannot serve on {args.listen}: {exc}", EXIT_FAILED)
+    except TaskDied as exc:
+        return _fail(str(exc), EXIT_FAILED)
     return EXIT_OK
 
 

@@ -13,6 +13,8 @@ import logging
 import sys
 from pathlib import Path
 
+from vramguard.cli.watch_limit import add_max_watch_event_bytes
+
 __all__ = ["parse_listen", "register", "run"]
 
 _PROG = "vramguard webhook"
@@ -59,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="on SIGTERM, report not ready for this long before closing the listener (e.g. 5 in a cluster)",
     )
+    add_max_watch_event_bytes(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run)
 
@@ -88,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     # Service dependencies, imported here only: the core must not load them.
-    from service.kube import load_connection  # noqa: PLC0415
+    from service.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
     from service.server import ServerSettings  # noqa: PLC0415
+    from service.supervise import TaskDied  # noqa: PLC0415
     from service.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
     from vramguard.policy import PolicyError, PolicyFile, default_policy  # noqa: PLC0415
     from webhook.app import PolicySource  # noqa: PLC0415
@@ -120,12 +124,15 @@ def run(args: argparse.Namespace) -> int:
         connection=connection,
         policy=policy,
         server=ServerSettings(drain_delay=args.drain_delay),
+        max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES,
     )
     logging.getLogger("vramguard.webhook").info("%s", describe_start(settings, args.policy))
     try:
         asyncio.run(run_webhook(settings))
     except OSError as exc:
         return _failed(f"cannot serve on {args.listen}: {exc}")
+    except TaskDied as exc:
+        return _failed(str(exc))
     return EXIT_OK
 
 
