@@ -46,7 +46,8 @@ def vllm_pod(name: str, utilization: str, node: str | None = None, namespace: st
     if gpus > 1:
         args += ["-tp", str(gpus)]
     spec: dict[str, Any] = {"containers": [container(name="vllm", image="vllm/vllm-openai:v0.21.0",
-                                                     args=args, gpus=gpus)]}
+                                                     args=args, gpus=gpus)],
+                            "schedulerName": "vramguard"}
     if node:
         spec["nodeName"] = node
     return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels or {},
@@ -98,7 +99,7 @@ def make(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] = ()) -> tuple[
 async def schedule(verbs: Verbs, fake: FakeKube, pod: dict[str, Any], nodes: list[str]) -> str:
     """What kube-scheduler does with the extender: filter, then bind to the first passing node."""
     fake.pods[pod["metadata"]["name"]] = pod
-    outcome = verbs.filter(pod, nodes)
+    outcome = await verbs.filter(pod, nodes)
     if not outcome.passing:
         return "pending: " + json.dumps(outcome.failed | outcome.unresolvable)
     node = outcome.passing[0]
@@ -131,10 +132,11 @@ async def test_bind_records_the_placement_and_creates_the_binding() -> None:
     _, verbs, fake = make([gpu_node("h100")])
     assert await schedule(verbs, fake, vllm_pod("p", "0.2"), ["h100"]) == "h100"
     methods = [(m, path) for m, path, _ in fake.calls]
-    assert methods == [("POST", "/api/v1/namespaces/default/pods/p/binding")]
+    # bind trusts only the API server: it reads the pod first, whatever filter saw.
+    assert methods == [("GET", "/api/v1/namespaces/default/pods/p"), ("POST", "/api/v1/namespaces/default/pods/p/binding")]
     placement = json.loads(fake.pods["p"]["metadata"]["annotations"][PLACEMENT_ANNOTATION])
     assert placement == {"node": "h100", "containers": {"vllm": ["0"]}}
-    binding = fake.calls[0][2]
+    binding = fake.calls[1][2]
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "h100"}
     assert binding["metadata"]["uid"] == "uid-p"
 
@@ -144,7 +146,7 @@ async def test_bind_rechecks_and_refuses_when_filter_was_stale() -> None:
     pods = [vllm_pod(f"p{i}", "0.45") for i in range(3)]
     for pod in pods:  # the scheduler may filter many pods before it binds any
         fake.pods[pod["metadata"]["name"]] = pod
-        assert verbs.filter(pod, ["h100"]).passing == ["h100"]
+        assert (await verbs.filter(pod, ["h100"])).passing == ["h100"]
     errors = [await verbs.bind(p["metadata"]["name"], "default", p["metadata"]["uid"], "h100") for p in pods]
     assert errors[:2] == ["", ""]
     assert "VRAM budget free" in errors[2]
@@ -159,7 +161,7 @@ async def test_failed_binding_releases_the_reservation() -> None:
     error = await verbs.bind("p", "default", "uid-p", "h100")
     assert "already assigned" in error
     assert state.ledger.pod_count() == 0
-    assert verbs.filter(vllm_pod("q", "0.6"), ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(vllm_pod("q", "0.6"), ["h100"])).passing == ["h100"]
 
 
 async def test_bind_without_filter_reads_the_pod() -> None:
@@ -181,7 +183,7 @@ async def test_relist_keeps_in_flight_reservations() -> None:
     state, verbs, fake = make([gpu_node("h100")])
     pod = vllm_pod("p", "0.8")
     fake.pods["p"] = pod
-    verbs.filter(pod, ["h100"])
+    await verbs.filter(pod, ["h100"])
     gate = asyncio.Event()
     original = fake.create
 
@@ -193,7 +195,7 @@ async def test_relist_keeps_in_flight_reservations() -> None:
     task = asyncio.create_task(verbs.bind("p", "default", "uid-p", "h100"))
     await asyncio.sleep(0.01)
     state.pods.replace([])  # a re-list that does not show the pod bound yet
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).failed, "the in-flight 0.8 still counts"
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).failed, "the in-flight 0.8 still counts"
     gate.set()
     assert await task == ""
 
@@ -201,14 +203,14 @@ async def test_relist_keeps_in_flight_reservations() -> None:
 async def test_terminal_and_deleted_pods_release() -> None:
     bound = vllm_pod("p", "0.8", node="h100")
     state, verbs, _ = make([gpu_node("h100")], [bound])
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).failed
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).failed
     finished = json.loads(json.dumps(bound))
     finished["status"]["phase"] = "Succeeded"
     state.pods.upsert(finished)
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).passing == ["h100"]
     state.pods.upsert(bound)
     state.pods.delete(bound)
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).passing == ["h100"]
 
 
 async def test_pods_bound_by_others_count_and_unknown_takes_a_whole_gpu() -> None:
@@ -216,7 +218,7 @@ async def test_pods_bound_by_others_count_and_unknown_takes_a_whole_gpu() -> Non
                "spec": {"nodeName": "h100", "containers": [container(name="x", command=["python", "x.py"])]},
                "status": {"phase": "Running"}}
     _, verbs, _ = make([gpu_node("h100")], [foreign])
-    outcome = verbs.filter(vllm_pod("q", "0.05"), ["h100"])
+    outcome = await verbs.filter(vllm_pod("q", "0.05"), ["h100"])
     assert outcome.failed and "0.0 GiB of 71.7 GiB" in outcome.failed["h100"]
 
 
@@ -233,7 +235,7 @@ async def test_multi_gpu_node_is_accounted_whatever_the_plugin_picks() -> None:
 async def test_class_steering_is_unresolvable_on_forbidden_sharing() -> None:
     _, verbs, _ = make([gpu_node("ts"), gpu_node("whole", replicas=1, sharing="none")])
     guaranteed = vllm_pod("g", "0.5", labels={"vramguard.io/qos-class": "guaranteed"})
-    outcome = verbs.filter(guaranteed, ["ts", "whole"])
+    outcome = await verbs.filter(guaranteed, ["ts", "whole"])
     assert outcome.passing == ["whole"]
     assert "class guaranteed does not allow time-slicing" in outcome.unresolvable["ts"]
 
@@ -249,7 +251,7 @@ async def test_heterogeneous_gpus() -> None:
 async def test_node_heartbeats_keep_cached_verdicts() -> None:
     node = gpu_node("h100")
     state, verbs, _ = make([node])
-    verbs.filter(vllm_pod("q", "0.2"), ["h100"])
+    await verbs.filter(vllm_pod("q", "0.2"), ["h100"])
     generation = state.ledger.generation("h100")
     heartbeat = json.loads(json.dumps(node))
     heartbeat["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
