@@ -535,13 +535,23 @@ class Cluster:
             tls_cert=cert,
             tls_key=key,
             kubeconfig=kubeconfig,
-            policy=self.config.policy,
+            policy=self.config.policy or self._wired_policy(),
         )
         proc = self._spawn(f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
         waited = self._wait_ready(name, url, proc)
         _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
         return url
+
+    def _wired_policy(self) -> Path:
+        """The shipped policy naming the scheduler profile this cluster wires the extender into
+        (bind refuses the pods of any other scheduler)."""
+        policy = yaml.safe_load((Path(__file__).parent.parent / "vramguard" / "default_policy.yaml").read_text())
+        policy["schedulers"] = [services.SECOND_SCHEDULER_NAME if self.config.second_scheduler else "default-scheduler"]
+        path = self.directory / "config" / "policy.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(policy, sort_keys=False))
+        return path
 
     def _wait_ready(self, service: str, url: str, proc: ManagedProcess) -> float:
         """Wait until a vramguard service answers ``/readyz`` with 200; return the seconds waited."""

@@ -152,14 +152,16 @@ class Verbs:
         self._binding: set[str] = set()
 
     def _prepare(self, pod: Mapping[str, Any]) -> tuple[PodKey, PodClaims, ClassChoice]:
-        """The pod's key, class and claims; a pod asking for more devices than any node has gets a
-        refusal instead of claims (the cap admission applies), before any claim is built."""
+        """The pod's key, class and claims. A pod asking for more devices than any node has (or than
+        admission's cap) gets a refusal instead, before a claim is built: one claim per device, and
+        a pod of 200 containers x 1,000 GPUs would otherwise build 200,000 and test each node."""
         key = pod_key(pod)
         choice = self.state.choose_class(pod)
         devices = self.state.devices_asked(pod)
-        if devices > MAX_DEVICES_PER_POD:
+        largest = min(self.state.largest_node_devices(), MAX_DEVICES_PER_POD)
+        if devices > largest:
             return key, PodClaims(key.uid, refusal=(
-                f"the pod asks for {devices} GPU devices in all; no node offers more than {MAX_DEVICES_PER_POD}"
+                f"the pod asks for {devices} GPU devices at once; no node offers more than {largest}"
             )), choice
         return key, self.state.claims_for(pod, choice), choice
 

@@ -137,6 +137,7 @@ class ClusterState:
         self.ledger = Ledger(policy.headrooms())
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self._inventories: dict[str, NodeInventory] = {}
+        self._largest_node: int | None = None
         self._selection: dict[str, NodeSelection] = {}
         """Per node: what bind checks the pod's node selection and tolerations against."""
         self._bound: dict[str, str] = {}
@@ -174,8 +175,23 @@ class ClusterState:
         return self._pod_claims(pod, choice, pod_key(pod).uid)
 
     def devices_asked(self, pod: Mapping[str, Any]) -> int:
-        """How many GPU devices the pod's containers ask for in all (from the cached demand)."""
-        return sum(c.gpus for c in self._demand(pod, _template_key(pod)).containers)
+        """How many GPU devices the pod holds at once (from the cached demand): per resource, its
+        app containers' sum or its largest init container's, whichever is more."""
+        per_resource: dict[str, tuple[int, int]] = {}
+        for container in self._demand(pod, _template_key(pod)).containers:
+            apps, init = per_resource.get(container.resource, (0, 0))
+            per_resource[container.resource] = (
+                (apps, max(init, container.gpus)) if container.init else (apps + container.gpus, init)
+            )
+        return sum(max(apps, init) for apps, init in per_resource.values())
+
+    def largest_node_devices(self) -> int:
+        """The most GPU devices (replicas and MIG instances included) any one node hands out."""
+        if self._largest_node is None:
+            self._largest_node = max(
+                (sum(gpu.replicas for gpu in inventory.devices) for inventory in self._inventories.values()), default=0
+            )
+        return self._largest_node
 
     def _pod_claims(
         self,
@@ -217,11 +233,13 @@ class ClusterState:
         if self._inventories.get(inventory.node) == inventory:
             return  # a status heartbeat: nothing vramguard reads has changed
         self._inventories[inventory.node] = inventory
+        self._largest_node = None
         self.ledger.upsert_node(inventory)
 
     def _delete_node(self, node: JSON) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
         self._inventories.pop(name, None)
+        self._largest_node = None
         self._selection.pop(name, None)
         self.ledger.remove_node(name)
 
