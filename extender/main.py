@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
-from extender.verbs import Verbs
+from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from service.http import Readiness
 from service.kube import Connection, Informer, KubeClient
 from service.server import ServerSettings, run_https
@@ -51,7 +51,8 @@ async def run(settings: ExtenderSettings) -> None:
     synced = asyncio.Event()
     registry = CollectorRegistry()
     readiness = Readiness()
-    app = build_app(Verbs(state, client), synced, readiness, registry)
+    verbs = Verbs(state, client)
+    app = build_app(verbs, synced, readiness, registry)
 
     async def wait_synced() -> None:
         # Nodes and namespaces first, so that the pods' claims see their classes and devices.
@@ -71,8 +72,19 @@ async def run(settings: ExtenderSettings) -> None:
                 state.set_policy(new)
                 logger.info("policy %s reloaded", policy_file.path)
 
+    async def confirm_in_flight() -> None:
+        # Reservations whose watch event never came (a lost Binding, a pod deleted meanwhile) are
+        # checked against the API, so a GPU is not held forever by a pod that is not there.
+        while True:
+            await asyncio.sleep(IN_FLIGHT_TIMEOUT_SECONDS / 2)
+            try:
+                await verbs.confirm_in_flight()
+            except Exception:
+                logger.exception("checking the reservations in flight failed; retrying later")
+
     tasks = [asyncio.create_task(informer.run()) for informer in informers]
     tasks.append(asyncio.create_task(wait_synced()))
+    tasks.append(asyncio.create_task(confirm_in_flight()))
     if policy_file is not None:
         tasks.append(asyncio.create_task(watch_policy()))
     try:
