@@ -604,13 +604,17 @@ async def test_long_filters_and_prioritizes_yield_to_the_event_loop(slice_second
 
 async def test_concurrent_filters_of_one_shape_answer_only_their_own_candidates() -> None:
     _, verbs, _ = make([gpu_node(f"n{i}") for i in range(200)])
-    verbs.slice_seconds = 0.0
+    verbs.slice_seconds = 0.0  # yield after every slice, so the two filters interleave
     names = [f"n{i}" for i in range(200)]
-    await verbs.filter(vllm_pod("warm", "0.2"), names)
+    await verbs.filter(vllm_pod("warm", "0.2"), names[:50])
+    # The first adds 100 nodes to the shape's last outcome, the second (done first) 50 others.
+    wide, other = names[:150], names[:50] + names[150:]
     first, second = await asyncio.gather(
-        verbs.filter(vllm_pod("a", "0.2"), names[:150]), verbs.filter(vllm_pod("b", "0.2"), names[100:])
+        verbs.filter(vllm_pod("a", "0.2"), wide), verbs.filter(vllm_pod("b", "0.2"), other)
     )
-    assert first.passing == names[:150] and sorted(second.passing) == sorted(names[100:])
+    assert sorted(first.passing) == sorted(wide)
+    assert sorted(second.passing) == sorted(other)
+    assert sorted((await verbs.filter(vllm_pod("c", "0.2"), other)).passing) == sorted(other)
 
 
 # -- wrong types in the bodies ---------------------------------------------------------------------
