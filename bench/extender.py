@@ -362,6 +362,7 @@ async def bench_lag(model: ClusterModel, requests: int, rounds: int) -> list[JSO
     over every node: sliced (as served) against unsliced (the work in one piece), interleaved
     round by round so that both see the same machine load. Then the pathological pods."""
     state, names, _ = loaded_state(model)
+    gc.freeze()  # as the extender does once its caches are synced
     await Verbs(state, None).filter(new_pod(Shape("warm", "0.05"), 0), names)  # node summaries
     pods = lag_pods(requests)
     lags: dict[str, list[float]] = {"sliced": [], "unsliced": []}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -59,6 +60,9 @@ async def run(settings: ExtenderSettings) -> None:
         for informer in informers:
             await informer.synced.wait()
         synced.set()
+        # The synced state is long-lived: moved out of the collector's reach, a full collection no
+        # longer walks 50,000 pods' objects (a 300 ms stall of every request on the loop).
+        gc.freeze()
         logger.info("caches synced: %d nodes, %d GPU pods", len(list(state.node_names())), state.ledger.pod_count())
 
     async def watch_policy() -> None:

@@ -43,9 +43,9 @@ from vramguard.policy import ClassChoice
 logger = logging.getLogger(__name__)
 
 CACHED_POD_SHAPES = 256
-SLICE_NODES = 64
+SLICE_NODES = 16
 """Nodes decided between two looks at the clock."""
-SLICE_SECONDS = 0.002
+SLICE_SECONDS = 0.001
 """The longest stretch of filter or prioritize work before the event loop gets a turn."""
 IN_FLIGHT_TIMEOUT_SECONDS = 60.0
 """A reservation the watch has not confirmed this long after its Binding is checked with a GET."""
