@@ -53,6 +53,23 @@ DEFAULT_SCHEDULER = "default-scheduler"
 """What the API server puts in ``spec.schedulerName`` when the pod names none."""
 
 
+_CachedVerdict = tuple[int | None, str, str]
+"""A node's verdict for a pod shape: (node generation, verdict, message). Plain strings rather than
+a :class:`NodeVerdict`, so the tuple holds no object the garbage collector must track: a full
+collection then skips the hundreds of thousands of cached verdicts (a stall of the event loop)."""
+
+
+def _cached(generation: int | None, verdict: NodeVerdict) -> _CachedVerdict:
+    return (generation, verdict.verdict.value, verdict.message)
+
+
+def _uncached(entry: _CachedVerdict) -> NodeVerdict:
+    return _PASSED if entry[1] == Verdict.PASS.value else NodeVerdict(Verdict(entry[1]), entry[2])
+
+
+_PASSED = NodeVerdict(Verdict.PASS)
+
+
 class Slicer:
     """Yields to the event loop once ``budget`` seconds of work have run; ``None`` never yields."""
 
@@ -141,7 +158,7 @@ class Verbs:
         self.slice_seconds = slice_seconds
         # Verdicts per pod shape (claims + class) and node, valid while the node's generation holds:
         # replicas of one Deployment share a shape, so a scheduling wave reuses almost every verdict.
-        self._verdicts: OrderedDict[Hashable, dict[str, tuple[int | None, NodeVerdict]]] = OrderedDict()
+        self._verdicts: OrderedDict[Hashable, dict[str, _CachedVerdict]] = OrderedDict()
         self._scores: OrderedDict[Hashable, dict[str, tuple[int | None, int]]] = OrderedDict()
         # The last outcome per pod shape: the next filter of that shape only revisits the nodes that
         # changed since (a scheduling wave changes a few nodes per pod), not all 5,000.
@@ -184,7 +201,7 @@ class Verbs:
         """Which nodes can take the pod without overcommitting a GPU, and why the others cannot."""
         key, claims, choice = self._prepare(pod)
         shape = self._shape(claims, choice)
-        cache: dict[str, tuple[int | None, NodeVerdict]] = self._cache(self._verdicts, shape)
+        cache: dict[str, _CachedVerdict] = self._cache(self._verdicts, shape)
         ledger = self.state.ledger
         clock = ledger.clock
         # A verdict depends on the pod only where the ledger holds it (being bound, or bound): there
@@ -228,7 +245,7 @@ class Verbs:
 
     async def _verdicts_for(
         self,
-        cache: dict[str, tuple[int | None, NodeVerdict]],
+        cache: dict[str, _CachedVerdict],
         nodes: list[str],
         claims: PodClaims,
         choice: ClassChoice,
@@ -245,7 +262,7 @@ class Verbs:
         for node in nodes:
             hit = cache.get(node)
             if hit is not None and hit[0] == generation(node) and node != own:
-                verdicts.append(hit[1])
+                verdicts.append(_uncached(hit))
             else:
                 verdicts.append(None)
                 missing.append(node)
@@ -258,7 +275,7 @@ class Verbs:
             for node, verdict in zip(part, filter_nodes(self.state.ledger, part, claims, choice), strict=True):
                 fresh[node] = verdict
                 if node != own:
-                    cache[node] = (generation(node), verdict)
+                    cache[node] = _cached(generation(node), verdict)
         return [cached if cached is not None else fresh[node] for node, cached in zip(nodes, verdicts, strict=True)]
 
     async def prioritize(self, pod: Mapping[str, Any], nodes: list[str]) -> dict[str, int]:
