@@ -530,6 +530,29 @@ async def test_in_flight_reservation_is_kept_when_the_get_fails() -> None:
     assert "uid-p" in state.in_flight and state.ledger.holding("uid-p") is not None
 
 
+async def test_a_bind_cancelled_after_the_binding_went_through_keeps_its_reservation() -> None:
+    state, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.6")
+    original = fake.create
+    hang = asyncio.Event()
+
+    async def lost_answer(path: str, body: Any) -> dict[str, Any]:
+        await original(path, body)  # the API server binds the pod ...
+        await hang.wait()  # ... and the answer never comes back before the scheduler hangs up
+        return {}
+
+    fake.create = lost_answer  # type: ignore[method-assign]
+    task = asyncio.create_task(verbs.bind("p", "default", "uid-p", "h100"))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert state.ledger.holding("uid-p") is not None, "the pod may be bound: its GPU stays reserved"
+    assert (await verbs.filter(vllm_pod("q", "0.6"), ["h100"])).failed
+    assert await verbs.confirm_in_flight(older_than=0) == 0
+    assert state.is_bound("uid-p") == "h100" and state.in_flight == {}
+
+
 # -- bounded work ----------------------------------------------------------------------------------
 
 def _many_gpus(*containers: tuple[int, bool]) -> dict[str, Any]:
