@@ -1,6 +1,6 @@
 """Benchmark of the scheduler extender: latency, memory, and throughput on the real control plane.
 
-    python -m bench.extender [--quick] [--only latency,memory,throughput] [--work-dir DIR]
+    python -m bench.extender [--quick] [--only latency,lag,memory,throughput] [--work-dir DIR]
 
 Prints one JSON line per measurement, then a summary table.
 
@@ -11,6 +11,10 @@ Prints one JSON line per measurement, then a summary table.
   few nodes changed since the last. ``cold`` is the first request of a shape (no cached verdict),
   ``steady`` the rest. Measured in-process (the verbs alone) and over HTTPS on loopback (the
   extender's aiohttp app behind ``service.server.serve``, a client that keeps its connection).
+- **lag**: the event loop's lag (a task sleeping 1 ms in a loop records how late it wakes, p50 /
+  p99 / max) while filters and prioritizes of pods of new shapes run over the 5,000 nodes, with the
+  work sliced as served and unsliced as the baseline, interleaved round by round. Then the filter
+  time of pathological pods (200 containers x 1,000 GPUs; 4 x 1,000, just under the device cap).
 - **memory**: in a fresh interpreter, resident memory (``VmRSS``) and Python heap (``tracemalloc``)
   held by the cluster state after the informers' lists of 5,000 Nodes and 50,000 Pods were fed
   to it and dropped, and the peak (``VmHWM``) while they were.
@@ -53,7 +57,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
 from extender.app import build_app
-from extender.verbs import Verbs
+from extender.verbs import SLICE_SECONDS, Verbs
 from service.certs import create_ca, issue_serving_certificate, write_serving_files
 from service.http import Readiness
 from service.server import serve
@@ -62,7 +66,9 @@ from vramguard.cluster import ClusterState
 from vramguard.policy import default_policy
 
 JSON = dict[str, Any]
-PARTS = ("latency", "memory", "throughput")
+PARTS = ("latency", "lag", "memory", "throughput")
+SCHEDULER = "vramguard"
+"""The scheduler name of the pods the benchmark schedules (the default policy's)."""
 EXTENDER_ONLY = (
     "import sys\n"
     "from vramguard.cli import main\n"
@@ -145,9 +151,10 @@ class StubApi:
 
     def __init__(self) -> None:
         self.bindings: list[tuple[str, str]] = []
+        self.pods: dict[str, JSON] = {}
 
     async def get(self, path: str, params: Any = None) -> JSON:
-        raise RuntimeError(f"the benchmark sends filter before bind; unexpected GET {path}")
+        return self.pods[path.rsplit("/", 1)[-1]]
 
     async def patch(self, path: str, body: Any, patch_type: str = "merge") -> JSON:
         return {}
@@ -191,6 +198,10 @@ async def run_waves(
         wave = waves[shape.name] = Wave([], [], [], [])
         for i in range(requests):
             pod = new_pod(shape, serial_base + number * requests + i)
+            pod["spec"]["schedulerName"] = SCHEDULER
+            api = verbs.client
+            assert isinstance(api, StubApi)
+            api.pods[pod["metadata"]["name"]] = pod  # what bind reads back from the API
             start = time.perf_counter()
             passing = await ask_filter(pod, names)
             middle = time.perf_counter()
@@ -250,15 +261,15 @@ async def bench_latency(model: ClusterModel, requests: int) -> list[JSON]:
     # The first filter after a (re-)list computes every node's summary: reported on its own.
     verbs = Verbs(state, StubApi())  # type: ignore[arg-type]
     start = time.perf_counter()
-    verbs.filter(new_pod(Shape("first", "0.05"), 0), names)
+    await verbs.filter(new_pod(Shape("first", "0.05"), 0), names)
     records.append({"bench": "latency", "mode": "in-process", "phase": "first-after-sync",
                     "filter_ms": round((time.perf_counter() - start) * 1000, 1), "nodes": len(names)})
 
     async def filter_direct(pod: JSON, nodes: list[str]) -> list[str]:
-        return verbs.filter(pod, nodes).passing
+        return (await verbs.filter(pod, nodes)).passing
 
     async def prioritize_direct(pod: JSON, nodes: list[str]) -> dict[str, int]:
-        return verbs.prioritize(pod, nodes)
+        return await verbs.prioritize(pod, nodes)
 
     waves = await run_waves(state, verbs, names, on_node, NEW_POD_SHAPES, requests,
                             filter_direct, prioritize_direct, 100_000, rng)
@@ -300,6 +311,93 @@ async def bench_latency(model: ClusterModel, requests: int) -> list[JSON]:
     problems = state.ledger.check_invariants()
     records.append({"bench": "latency", "phase": "invariants", "violations": len(problems),
                     "pods": state.ledger.pod_count()})
+    return records
+
+
+# --------------------------------------------------------------------------- event-loop lag
+
+LAG_TICK_SECONDS = 0.001
+
+
+class LagProbe:
+    """A task that sleeps 1 ms in a loop and records how late it wakes: the event loop's lag, as
+    every other request, probe and watch on the loop feels it."""
+
+    def __init__(self) -> None:
+        self.overshoot_s: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(LAG_TICK_SECONDS)
+            self.overshoot_s.append(max(0.0, time.perf_counter() - start - LAG_TICK_SECONDS))
+
+    async def __aenter__(self) -> LagProbe:
+        self._task = asyncio.create_task(self._run())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def lag_pods(count: int) -> list[JSON]:
+    """Pods of ``count`` distinct shapes (utilization, GPU count), so each filter computes afresh."""
+    rng = random.Random(11)
+    pods = []
+    for i in range(count):
+        shape = Shape(f"lag-{i}", f"{rng.randrange(5, 70) / 100:.2f}", gpus=rng.choice((1, 1, 1, 2, 4)))
+        pod = new_pod(shape, 300_000 + i)
+        pod["spec"]["schedulerName"] = SCHEDULER
+        pods.append(pod)
+    return pods
+
+
+async def bench_lag(model: ClusterModel, requests: int, rounds: int) -> list[JSON]:
+    """Event-loop lag while filters (and prioritizes of the passing nodes) of new pod shapes run
+    over every node: sliced (as served) against unsliced (the work in one piece), interleaved
+    round by round so that both see the same machine load. Then the pathological pods."""
+    state, names, _ = loaded_state(model)
+    gc.freeze()  # as the extender does once its caches are synced
+    await Verbs(state, None).filter(new_pod(Shape("warm", "0.05"), 0), names)  # node summaries
+    pods = lag_pods(requests)
+    lags: dict[str, list[float]] = {"sliced": [], "unsliced": []}
+    filters: dict[str, list[float]] = {"sliced": [], "unsliced": []}
+    for number in range(rounds):
+        modes = ("sliced", "unsliced") if number % 2 == 0 else ("unsliced", "sliced")
+        for mode in modes:
+            verbs = Verbs(state, None, slice_seconds=SLICE_SECONDS if mode == "sliced" else None)
+            async with LagProbe() as probe:
+                for pod in pods:
+                    start = time.perf_counter()
+                    passing = (await verbs.filter(pod, names)).passing
+                    filters[mode].append(time.perf_counter() - start)
+                    await verbs.prioritize(pod, passing)
+                    await asyncio.sleep(0)  # between two requests the server reads the next one
+            lags[mode] += probe.overshoot_s
+    records: list[JSON] = [
+        {"bench": "lag", "mode": mode, "nodes": len(names), "requests": len(filters[mode]),
+         "slice_ms": SLICE_SECONDS * 1000 if mode == "sliced" else None,
+         "lag": latency_stats(lags[mode]), "filter": latency_stats(filters[mode])}
+        for mode in ("sliced", "unsliced")
+    ]
+    verbs = Verbs(state, None)
+    for name, containers, gpus in (("200x1000", 200, 1000), ("4x1000", 4, 1000)):
+        pod = new_pod(Shape(f"huge-{name}", "0.10"), 400_000)
+        template = pod["spec"]["containers"][0]
+        pod["spec"]["containers"] = [
+            {**template, "name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+            for i in range(containers)
+        ]
+        start = time.perf_counter()
+        outcome = await verbs.filter(pod, names)
+        records.append({"bench": "lag", "phase": "pathological", "pod": name, "nodes": len(names),
+                        "filter_ms": round((time.perf_counter() - start) * 1000, 1),
+                        "unresolvable": len(outcome.unresolvable), "passing": len(outcome.passing)})
     return records
 
 
@@ -510,6 +608,14 @@ def summary_table(records: list[JSON]) -> str:
             )
         elif r.get("bench") == "latency" and r.get("phase") == "first-after-sync":
             lines.append(f"| first filter after a full sync ({r['nodes']:,} nodes) | {r['filter_ms']} ms |")
+        elif r.get("bench") == "lag" and "lag" in r:
+            lag, f = r["lag"], r["filter"]
+            lines.append(
+                f"| event-loop lag, {r['mode']} filters of {r['nodes']:,} nodes: p50 / p99 / max | "
+                f"{lag['p50_ms']} / {lag['p99_ms']} / {lag['max_ms']} ms (filter p50 {f['p50_ms']} ms, n={f['n']}) |"
+            )
+        elif r.get("bench") == "lag":
+            lines.append(f"| filter of the {r['pod']} GPU pod, {r['nodes']:,} nodes | {r['filter_ms']} ms |")
         elif r.get("bench") == "memory":
             lines.append(
                 f"| memory, {r['nodes']:,} nodes + {r['pods']:,} pods: RSS delta / Python heap held | "
@@ -554,6 +660,10 @@ def main(argv: list[str] | None = None) -> int:
     records: list[JSON] = []
     if "latency" in parts:
         for record in asyncio.run(bench_latency(big, requests)):
+            emit(record)
+            records.append(record)
+    if "lag" in parts:
+        for record in asyncio.run(bench_lag(big, 12 if args.quick else 40, 2 if args.quick else 4)):
             emit(record)
             records.append(record)
     if "memory" in parts:

@@ -573,7 +573,7 @@ class Cluster:
             tls_cert=cert,
             tls_key=key,
             kubeconfig=kubeconfig,
-            policy=self.config.policy,
+            policy=self.config.policy or self._wired_policy(),
             # The extender's verbs bind pods: only kube-scheduler's client certificate gets an answer.
             client_ca=self.pki / "ca.crt" if name == "extender" else None,
             ops_port=ops_port,
@@ -587,6 +587,16 @@ class Cluster:
         waited = self._wait_ready(name, ready_url, proc)
         _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
         return url
+
+    def _wired_policy(self) -> Path:
+        """The shipped policy naming the scheduler profile this cluster wires the extender into
+        (bind refuses the pods of any other scheduler)."""
+        policy = yaml.safe_load((Path(__file__).parent.parent / "vramguard" / "default_policy.yaml").read_text())
+        policy["schedulers"] = [services.SECOND_SCHEDULER_NAME if self.config.second_scheduler else "default-scheduler"]
+        path = self.directory / "config" / "policy.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(policy, sort_keys=False))
+        return path
 
     def _wait_ready(self, service: services.ServiceName, url: str, proc: ManagedProcess) -> float:
         """Wait until a vramguard service answers ``url/readyz`` with 200; return the seconds waited."""

@@ -42,7 +42,7 @@ def build_app(
         if not synced.is_set():
             # An error fails this scheduling attempt; the scheduler retries the pod later.
             return web.json_response(filter_result(args, [], {}, {}, NOT_SYNCED))
-        outcome = mark_unhelpable(verbs.state, args.Pod, verbs.filter(args.Pod, args.node_names()))
+        outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()))
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
@@ -52,7 +52,7 @@ def build_app(
         args = await read_model(request, ExtenderArgs)
         if not synced.is_set():
             return web.json_response(host_priorities(dict.fromkeys(args.node_names(), 0)))
-        return web.json_response(host_priorities(verbs.prioritize(args.Pod, args.node_names())))
+        return web.json_response(host_priorities(await verbs.prioritize(args.Pod, args.node_names())))
 
     async def bind_handler(request: web.Request) -> web.Response:
         args = await read_model(request, ExtenderBindingArgs)

@@ -9,13 +9,14 @@ client certificate from the client CA, gets an HTTP answer); probes and metrics 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
-from extender.verbs import Verbs
+from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from service.http import Readiness
 from service.kube import MAX_EVENT_BYTES, Connection, Informer, KubeClient, WatchMetrics
 from service.server import Address, ServerSettings, run_https
@@ -72,13 +73,17 @@ async def run(settings: ExtenderSettings) -> None:
     ]
     synced = asyncio.Event()
     readiness = Readiness({f"watch-{informer.resource}": informer.healthy for informer in informers})
-    app = build_app(Verbs(state, client), synced, readiness, registry, operational_routes=False)
+    verbs = Verbs(state, client)
+    app = build_app(verbs, synced, readiness, registry, operational_routes=False)
 
     async def wait_synced() -> None:
         # Nodes and namespaces first, so that the pods' claims see their classes and devices.
         for informer in informers:
             await informer.synced.wait()
         synced.set()
+        # The synced state is long-lived: moved out of the collector's reach, a full collection no
+        # longer walks 50,000 pods' objects (a 300 ms stall of every request on the loop).
+        gc.freeze()
         logger.info("caches synced: %d nodes, %d GPU pods", len(list(state.node_names())), state.ledger.pod_count())
 
     async def watch_policy() -> None:
@@ -92,6 +97,16 @@ async def run(settings: ExtenderSettings) -> None:
                 state.set_policy(new)
                 logger.info("policy %s reloaded", policy_file.path)
 
+    async def confirm_in_flight() -> None:
+        # Reservations whose watch event never came (a lost Binding, a pod deleted meanwhile) are
+        # checked against the API, so a GPU is not held forever by a pod that is not there.
+        while True:
+            await asyncio.sleep(IN_FLIGHT_TIMEOUT_SECONDS / 2)
+            try:
+                await verbs.confirm_in_flight()
+            except Exception:
+                logger.exception("checking the reservations in flight failed; retrying later")
+
     async def expire_leases() -> None:
         while True:
             await asyncio.sleep(LEASE_CHECK_SECONDS)
@@ -103,6 +118,7 @@ async def run(settings: ExtenderSettings) -> None:
     background = {f"watch {informer.path}": informer.run() for informer in informers}
     background["wait-synced"] = wait_synced()
     background["lease-expiry"] = expire_leases()
+    background["confirm-in-flight"] = confirm_in_flight()
     if policy_file is not None:
         background["policy-reload"] = watch_policy()
     try:

@@ -1,23 +1,34 @@
 """filter, prioritize and bind: the extender's decisions over the cluster state.
 
 filter and prioritize are advisory: the scheduler may call them for many pods before any binds.
-bind is where a reservation becomes real. It re-checks and reserves in one step (no ``await`` in
-between, so no other request interleaves on the event loop), records the decision on the pod, then
-creates the Binding; it releases the reservation if either call fails.
+Their work is cut into slices with a yield to the event loop in between, so a filter over 5,000
+nodes does not stall the other requests, the probes or the watches.
+
+bind is where a reservation becomes real, and anyone who reaches the extender can call it, so it
+trusts only the API server: it reads the pod, refuses what is not its business (another
+scheduler's pod, a pod without GPUs, one already bound, a node the pod does not tolerate or does
+not select) and derives the claims from that object, never from a filter request. Then it checks
+and reserves in one step (no ``await`` in between, so no other request interleaves on the event
+loop), and creates the Binding, which records the decision on the pod; it releases the
+reservation if that call fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from extender.findings import FindingsReporter, findings_annotations
+from extender.wire import pod_problem
 from service.kube import ApiError, KubeClient, object_path
-from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, PodKey, pod_key
+from vramguard.admission import MAX_DEVICES_PER_POD
+from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
+from vramguard.node_selection import placement_refusal
 from vramguard.placement import (
     NodeVerdict,
     PodClaims,
@@ -33,7 +44,45 @@ from vramguard.policy import ClassChoice
 logger = logging.getLogger(__name__)
 
 CACHED_POD_SHAPES = 256
-PENDING_PODS = 4096
+SLICE_NODES = 16
+"""Nodes decided between two looks at the clock."""
+SLICE_SECONDS = 0.001
+"""The longest stretch of filter or prioritize work before the event loop gets a turn."""
+IN_FLIGHT_TIMEOUT_SECONDS = 60.0
+"""A reservation the watch has not confirmed this long after its Binding is checked with a GET."""
+DEFAULT_SCHEDULER = "default-scheduler"
+"""What the API server puts in ``spec.schedulerName`` when the pod names none."""
+
+
+_CachedVerdict = tuple[int | None, str, str]
+"""A node's verdict for a pod shape: (node generation, verdict, message). Plain strings rather than
+a :class:`NodeVerdict`, so the tuple holds no object the garbage collector must track: a full
+collection then skips the hundreds of thousands of cached verdicts (a stall of the event loop)."""
+
+
+def _cached(generation: int | None, verdict: NodeVerdict) -> _CachedVerdict:
+    return (generation, verdict.verdict.value, verdict.message)
+
+
+def _uncached(entry: _CachedVerdict) -> NodeVerdict:
+    return _PASSED if entry[1] == Verdict.PASS.value else NodeVerdict(Verdict(entry[1]), entry[2])
+
+
+_PASSED = NodeVerdict(Verdict.PASS)
+
+
+class Slicer:
+    """Yields to the event loop once ``budget`` seconds of work have run; ``None`` never yields."""
+
+    def __init__(self, budget: float | None) -> None:
+        self.budget = budget
+        self._since = time.perf_counter()
+
+    async def pause(self) -> None:
+        """Let other tasks run if this request has worked for its slice."""
+        if self.budget is not None and time.perf_counter() - self._since >= self.budget:
+            await asyncio.sleep(0)
+            self._since = time.perf_counter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +105,16 @@ class _Snapshot:
     unresolvable: dict[str, str]
     members: set[str] | None = None
 
-    def update(
-        self, nodes: list[str], changed: set[str], clock: int, verdicts: Callable[[list[str]], list[NodeVerdict]]
+    async def update(
+        self,
+        nodes: list[str],
+        changed: set[str],
+        clock: int,
+        verdicts: Callable[[list[str]], Awaitable[list[NodeVerdict]]],
     ) -> FilterOutcome:
-        """The outcome for ``nodes``: this one, with the changed, added and removed nodes redone."""
+        """The outcome for ``nodes``: this one, with the changed, added and removed nodes redone.
+
+        The caller owns the snapshot while this runs (it awaits between slices of work)."""
         members = self.members if self.members is not None else set(self.nodes)
         if nodes == self.nodes:
             requested, added, removed = members, set(), set()
@@ -67,11 +122,12 @@ class _Snapshot:
             requested = set(nodes)
             added, removed = requested - members, members - requested
         redo = sorted((changed & requested) | added)
+        fresh = await verdicts(redo)
         for node in removed:
             self.passing.pop(node, None)
             self.failed.pop(node, None)
             self.unresolvable.pop(node, None)
-        for node, verdict in zip(redo, verdicts(redo), strict=True):
+        for node, verdict in zip(redo, fresh, strict=True):
             if verdict.verdict is Verdict.PASS:
                 self.failed.pop(node, None)
                 self.unresolvable.pop(node, None)
@@ -89,32 +145,45 @@ class _Snapshot:
 
 
 class Verbs:
-    """The extender's three verbs over a :class:`ClusterState`."""
+    """The extender's three verbs over a :class:`ClusterState`.
 
-    def __init__(self, state: ClusterState, client: KubeClient | None) -> None:
+    ``slice_seconds`` bounds how long filter and prioritize work before yielding to the event loop
+    (``None``: never yield, as the benchmark's baseline).
+    """
+
+    def __init__(
+        self, state: ClusterState, client: KubeClient | None, *, slice_seconds: float | None = SLICE_SECONDS
+    ) -> None:
         self.state = state
         self.client = client
+        self.slice_seconds = slice_seconds
         # Verdicts per pod shape (claims + class) and node, valid while the node's generation holds:
         # replicas of one Deployment share a shape, so a scheduling wave reuses almost every verdict.
-        self._verdicts: OrderedDict[Hashable, dict[str, tuple[int | None, NodeVerdict]]] = OrderedDict()
+        self._verdicts: OrderedDict[Hashable, dict[str, _CachedVerdict]] = OrderedDict()
         self._scores: OrderedDict[Hashable, dict[str, tuple[int | None, int]]] = OrderedDict()
         # The last outcome per pod shape: the next filter of that shape only revisits the nodes that
         # changed since (a scheduling wave changes a few nodes per pod), not all 5,000.
         self._snapshots: OrderedDict[Hashable, _Snapshot] = OrderedDict()
-        # Pods seen by filter, so bind does not need to fetch them (bounded, oldest dropped first).
-        self._pending: OrderedDict[str, tuple[PodKey, PodClaims, ClassChoice]] = OrderedDict()
         self.findings: FindingsReporter | None = None
         """Reports class rules let through at bind (set by the app, which owns the metrics)."""
+        # When each reservation still in flight had its Binding created (monotonic seconds), and the
+        # binds still waiting for the API server: housekeeping leaves those alone.
+        self._bound_at: dict[str, float] = {}
+        self._binding: set[str] = set()
 
     def _prepare(self, pod: Mapping[str, Any]) -> tuple[PodKey, PodClaims, ClassChoice]:
+        """The pod's key, class and claims. A pod asking for more devices than any node has (or than
+        admission's cap) gets a refusal instead, before a claim is built: one claim per device, and
+        a pod of 200 containers x 1,000 GPUs would otherwise build 200,000 and test each node."""
         key = pod_key(pod)
         choice = self.state.choose_class(pod)
-        claims = self.state.claims_for(pod, choice)
-        self._pending[key.uid] = (key, claims, choice)
-        self._pending.move_to_end(key.uid)
-        while len(self._pending) > PENDING_PODS:
-            self._pending.popitem(last=False)
-        return key, claims, choice
+        devices = self.state.devices_asked(pod)
+        largest = min(self.state.largest_node_devices(), MAX_DEVICES_PER_POD)
+        if devices > largest:
+            return key, PodClaims(key.uid, refusal=(
+                f"the pod asks for {devices} GPU devices at once; no node offers more than {largest}"
+            )), choice
+        return key, self.state.claims_for(pod, choice), choice
 
     def _shape(self, claims: PodClaims, choice: ClassChoice) -> Hashable:
         # The policy's version too: a reload may change what a class of the same name allows.
@@ -131,9 +200,9 @@ class Verbs:
             store.move_to_end(shape)
         return entry
 
-    def filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
+    async def filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
         """Which nodes can take the pod without overcommitting a GPU, and why the others cannot."""
-        return self._hold_back_suspects(self._filter(pod, nodes))
+        return self._hold_back_suspects(await self._filter(pod, nodes))
 
     def _hold_back_suspects(self, outcome: FilterOutcome) -> FilterOutcome:
         """Fail (resolvably: the scheduler retries) the passing nodes whose pods are being re-read,
@@ -150,25 +219,28 @@ class Verbs:
         passing = [node for node in outcome.passing if node not in held]
         return FilterOutcome(passing, {**outcome.failed, **held}, outcome.unresolvable)
 
-    def _filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
+    async def _filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
         key, claims, choice = self._prepare(pod)
         shape = self._shape(claims, choice)
-        cache: dict[str, tuple[int | None, NodeVerdict]] = self._cache(self._verdicts, shape)
+        cache: dict[str, _CachedVerdict] = self._cache(self._verdicts, shape)
         ledger = self.state.ledger
         clock = ledger.clock
         # A verdict depends on the pod only where the ledger holds it (being bound, or bound): there
         # its own holding is left out, so that verdict is neither read from nor stored in the cache.
         held = ledger.holding(key.uid)
         own = held[1] if held is not None else None
-        snapshot = self._snapshots.get(shape) if own is None else None
+        slicer = Slicer(self.slice_seconds)
+        # Taken out while in use: a concurrent filter of the same shape must not update it meanwhile.
+        snapshot = self._snapshots.pop(shape, None) if own is None else None
         if snapshot is not None:
             changed = ledger.changed_since(snapshot.clock)
             if changed is not None and len(changed) <= len(nodes) // 4:
-                self._snapshots.move_to_end(shape)
-                return snapshot.update(
-                    nodes, changed, clock, lambda redo: self._verdicts_for(cache, redo, claims, choice, own)
+                outcome = await snapshot.update(
+                    nodes, changed, clock, lambda redo: self._verdicts_for(cache, redo, claims, choice, own, slicer)
                 )
-        verdicts = self._verdicts_for(cache, nodes, claims, choice, own)
+                self._keep_snapshot(shape, snapshot)
+                return outcome
+        verdicts = await self._verdicts_for(cache, nodes, claims, choice, own, slicer)
         passing: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -180,60 +252,108 @@ class Verbs:
             else:
                 failed[node] = verdict.message
         if own is None:
-            self._snapshots[shape] = _Snapshot(
+            # The clock read before the first slice: nodes changed while this ran are redone next time.
+            self._keep_snapshot(shape, _Snapshot(
                 clock, list(nodes), dict.fromkeys(passing), dict(failed), dict(unresolvable)
-            )
-            while len(self._snapshots) > CACHED_POD_SHAPES:
-                self._snapshots.popitem(last=False)
+            ))
         return FilterOutcome(passing, failed, unresolvable)
 
-    def _verdicts_for(
+    def _keep_snapshot(self, shape: Hashable, snapshot: _Snapshot) -> None:
+        self._snapshots[shape] = snapshot
+        self._snapshots.move_to_end(shape)
+        while len(self._snapshots) > CACHED_POD_SHAPES:
+            self._snapshots.popitem(last=False)
+
+    async def _verdicts_for(
         self,
-        cache: dict[str, tuple[int | None, NodeVerdict]],
+        cache: dict[str, _CachedVerdict],
         nodes: list[str],
         claims: PodClaims,
         choice: ClassChoice,
         own: str | None,
+        slicer: Slicer,
     ) -> list[NodeVerdict]:
-        """Each node's verdict: from the cache while the node's generation holds, else computed."""
+        """Each node's verdict: from the cache while the node's generation holds, else computed.
+
+        Computed a slice of nodes at a time; each slice reads the generations it stores with, so a
+        bind between slices leaves no verdict cached under a generation it was not computed for."""
         generation = self.state.ledger.generation
         verdicts: list[NodeVerdict | None] = []
         missing: list[str] = []
         for node in nodes:
             hit = cache.get(node)
             if hit is not None and hit[0] == generation(node) and node != own:
-                verdicts.append(hit[1])
+                verdicts.append(_uncached(hit))
             else:
                 verdicts.append(None)
                 missing.append(node)
         if not missing:
             return [v for v in verdicts if v is not None]
-        fresh = dict(zip(missing, filter_nodes(self.state.ledger, missing, claims, choice), strict=True))
-        for node, verdict in fresh.items():
-            if node != own:
-                cache[node] = (generation(node), verdict)
+        fresh: dict[str, NodeVerdict] = {}
+        for start in range(0, len(missing), SLICE_NODES):
+            await slicer.pause()
+            part = missing[start:start + SLICE_NODES]
+            for node, verdict in zip(part, filter_nodes(self.state.ledger, part, claims, choice), strict=True):
+                fresh[node] = verdict
+                if node != own:
+                    cache[node] = _cached(generation(node), verdict)
         return [cached if cached is not None else fresh[node] for node, cached in zip(nodes, verdicts, strict=True)]
 
-    def prioritize(self, pod: Mapping[str, Any], nodes: list[str]) -> dict[str, int]:
+    async def prioritize(self, pod: Mapping[str, Any], nodes: list[str]) -> dict[str, int]:
         """0..10 per node from the pod's class strategy (binpack or spread)."""
         _, claims, choice = self._prepare(pod)
         cache: dict[str, tuple[int | None, int]] = self._cache(self._scores, self._shape(claims, choice))
         scores: dict[str, int] = {}
         ledger = self.state.ledger
-        for node in nodes:
-            generation = ledger.generation(node)
-            hit = cache.get(node)
-            if hit is not None and hit[0] == generation:
-                scores[node] = hit[1]
-            else:
-                # The scheduler sends prioritize only the nodes that passed filter.
-                score = score_node(ledger, node, claims, choice, checked=True)
-                cache[node] = (generation, score)
-                scores[node] = score
+        slicer = Slicer(self.slice_seconds)
+        for start in range(0, len(nodes), SLICE_NODES):
+            await slicer.pause()
+            for node in nodes[start:start + SLICE_NODES]:
+                generation = ledger.generation(node)
+                hit = cache.get(node)
+                if hit is not None and hit[0] == generation:
+                    scores[node] = hit[1]
+                else:
+                    # The scheduler sends prioritize only the nodes that passed filter.
+                    score = score_node(ledger, node, claims, choice, checked=True)
+                    cache[node] = (generation, score)
+                    scores[node] = score
         return scores
 
+    def refusal(self, pod: Mapping[str, Any], uid: str, node: str) -> str | None:
+        """Why bind must not place this pod (as the API server returned it) on ``node``, or ``None``.
+
+        The scheduler checked the rest (resources, ports, pod affinity...); these are the checks
+        without which a direct call to bind could place a pod the scheduler never would."""
+        problem = pod_problem(pod)
+        if problem is not None:
+            return f"the pod read from the API is malformed: {problem}"
+        key = pod_key(pod)
+        where = f"pod {key.namespace}/{key.name}"
+        if not key.uid or key.uid != uid:
+            return f"{where} was replaced (its UID is not {uid})"
+        spec = pod.get("spec")
+        if not isinstance(spec, dict):
+            return f"{where} has no spec"
+        scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
+        if scheduler not in self.state.policy.schedulers:
+            return (
+                f"{where} belongs to scheduler {scheduler!r}, not to {', '.join(self.state.policy.schedulers)}; "
+                "vramguard binds only the pods of the schedulers it serves"
+            )
+        if spec.get("nodeName"):
+            return f"{where} is already bound to {spec['nodeName']}"
+        if not asks_for_gpu(pod, self.state.options):
+            return f"{where} asks for no GPU; vramguard binds only GPU pods"
+        selection = self.state.node_selection(node)
+        if selection is None:
+            return f"node {node} is not known to vramguard"
+        return placement_refusal(spec, node, selection.labels, selection.taints)
+
     async def bind(self, name: str, namespace: str, uid: str, node: str) -> str:
-        """Reserve, record and bind; returns an error message, or ``""`` when the pod is bound."""
+        """Check, reserve, record and bind; returns an error message, or ``""`` when the pod is bound."""
+        if not uid:
+            return f"refused: no PodUID for pod {namespace}/{name}; bind needs the UID to know which pod it binds"
         bound = self.state.is_bound(uid)
         if bound == node:
             return ""  # already bound there: binding is idempotent
@@ -243,17 +363,17 @@ class Verbs:
             return f"pod {namespace}/{name} is already bound to {bound}"
         if uid in self.state.in_flight:
             return f"pod {namespace}/{name} is already being bound"
-        prepared = self._pending.get(uid)
-        if prepared is None:
-            try:
-                pod = await self._client().get(object_path("/api/v1/pods", namespace, name))
-            except ApiError as exc:
-                return f"cannot read pod {namespace}/{name}: {exc.message or exc}"
-            if pod_key(pod).uid != uid:
-                return f"pod {namespace}/{name} was replaced (uid changed)"
-            prepared = self._prepare(pod)
-        key, claims, choice = prepared
-        # From here to the reservation nothing awaits: the check and the hold are one step.
+        try:
+            pod = await self._client().get(object_path("/api/v1/pods", namespace, name))
+        except ApiError as exc:
+            return f"cannot read pod {namespace}/{name}: {exc.message or exc}"
+        # From here to the reservation nothing awaits: the checks and the hold are one step.
+        if uid in self.state.in_flight or self.state.is_bound(uid) is not None:
+            return f"pod {namespace}/{name} is already being bound"  # by a bind that ran during the GET
+        refusal = self.refusal(pod, uid, node)
+        if refusal is not None:
+            return f"refused: {refusal}"
+        key, claims, choice = self._prepare(pod)
         held_back = self.state.suspect_message(node)
         if held_back:
             return held_back
@@ -268,6 +388,7 @@ class Verbs:
         if not fit.ok:
             return f"{node}: {describe_fit(fit, chosen.claims)}"
         self.state.begin_bind(node, key, chosen)
+        self._binding.add(uid)
         try:
             # One call: the API server copies the Binding's annotations onto the pod as it binds it,
             # so the decision is recorded exactly when (and only if) the pod is bound.
@@ -291,17 +412,57 @@ class Verbs:
             self.state.abort_bind(uid)
             return f"binding {namespace}/{name} to {node} failed: {exc.message or exc}"
         except asyncio.CancelledError:
-            # The scheduler hung up; whether the Binding was created, the watch will tell.
-            self.state.abort_bind(uid)
+            # The scheduler hung up; whether the Binding was created, the watch (or housekeeping) will tell.
+            self._bound_at[uid] = time.monotonic()
             raise
         except Exception as exc:
             self.state.abort_bind(uid)
             logger.exception("binding %s/%s to %s failed", namespace, name, node)
             return f"binding {namespace}/{name} to {node} failed: {exc}"
-        self._pending.pop(uid, None)
+        finally:
+            self._binding.discard(uid)
+        self._bound_at[uid] = time.monotonic()
         if verdict.findings and self.findings is not None:
             await self.findings.report(key, node, choice.enforcement, verdict.findings)
         return ""
+
+    async def confirm_in_flight(self, older_than: float = IN_FLIGHT_TIMEOUT_SECONDS) -> int:
+        """Check with a GET each reservation the watch has not confirmed for ``older_than`` seconds.
+
+        A pod the API shows bound is fed to the state as its watch event would be; one that is gone,
+        replaced or still unbound has its reservation dropped. Never on the timer alone: a watch
+        that lags must not free a GPU that a bound pod holds. Returns how many were dropped."""
+        for uid in [u for u in self._bound_at if u not in self.state.in_flight]:
+            del self._bound_at[uid]  # confirmed by the watch, or aborted
+        for uid in self.state.in_flight:
+            if uid not in self._bound_at and uid not in self._binding:
+                self._bound_at[uid] = time.monotonic()  # reserved by another path: start its clock now
+        deadline = time.monotonic() - older_than
+        dropped = 0
+        for uid, since in list(self._bound_at.items()):
+            entry = self.state.in_flight.get(uid)
+            if since > deadline or entry is None or uid in self._binding:
+                continue
+            ref = entry[1]
+            try:
+                pod: Mapping[str, Any] | None = await self._client().get(
+                    object_path("/api/v1/pods", ref.namespace, ref.name)
+                )
+            except ApiError as exc:
+                if exc.status != 404:
+                    logger.warning("in-flight pod %s not checked: %s", ref, exc.message or exc)
+                    continue
+                pod = None
+            if uid not in self.state.in_flight:
+                continue  # the watch confirmed it during the GET
+            if pod is not None and pod_key(pod).uid == uid and (pod.get("spec") or {}).get("nodeName"):
+                self.state.pods.upsert(slim_pod(pod))  # bound: what the watch would have said
+            else:
+                logger.info("dropping the reservation of %s: the pod is %s", ref, "unbound" if pod else "gone")
+                self.state.abort_bind(uid)
+                dropped += 1
+            self._bound_at.pop(uid, None)
+        return dropped
 
     def _client(self) -> KubeClient:
         if self.client is None:

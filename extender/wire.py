@@ -6,9 +6,10 @@ Go's encoding/json without JSON tags: field names are PascalCase (``Pod``, ``Nod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Wire(BaseModel):
@@ -21,6 +22,33 @@ class NodeList(_Wire):
     items: list[dict[str, Any]] = Field(default_factory=list)
 
 
+def pod_problem(pod: Mapping[str, Any]) -> str | None:
+    """What makes ``pod`` unlike any object the API server would send, or ``None``.
+
+    The fields the extender reads must have the API's types (labels and annotations map strings to
+    strings), so that a forged body is a 400 naming the field, not a 500 deep in the core."""
+    metadata = pod.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return "metadata must be an object"
+    for field_name in ("name", "namespace", "uid"):
+        value = (metadata or {}).get(field_name)
+        if value is not None and not isinstance(value, str):
+            return f"metadata.{field_name} must be a string"
+    for field_name in ("labels", "annotations"):
+        values = (metadata or {}).get(field_name)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            return f"metadata.{field_name} must be an object"
+        for key, value in values.items():
+            if not isinstance(value, str):
+                return f"metadata.{field_name}[{key!r}] must be a string, not {type(value).__name__}"
+    spec = pod.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        return "spec must be an object"
+    return None
+
+
 class ExtenderArgs(_Wire):
     """The body of ``filter`` and ``prioritize``.
 
@@ -31,6 +59,14 @@ class ExtenderArgs(_Wire):
     Pod: dict[str, Any]
     Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
+
+    @field_validator("Pod")
+    @classmethod
+    def _pod_types(cls, pod: dict[str, Any]) -> dict[str, Any]:
+        problem = pod_problem(pod)
+        if problem is not None:
+            raise ValueError(problem)
+        return pod
 
     def node_names(self) -> list[str]:
         """The candidate nodes' names, whichever form they came in."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -46,7 +47,8 @@ def vllm_pod(name: str, utilization: str, node: str | None = None, namespace: st
     if gpus > 1:
         args += ["-tp", str(gpus)]
     spec: dict[str, Any] = {"containers": [container(name="vllm", image="vllm/vllm-openai:v0.21.0",
-                                                     args=args, gpus=gpus)]}
+                                                     args=args, gpus=gpus)],
+                            "schedulerName": "vramguard"}
     if node:
         spec["nodeName"] = node
     return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels or {},
@@ -98,7 +100,7 @@ def make(nodes: list[dict[str, Any]], pods: list[dict[str, Any]] = ()) -> tuple[
 async def schedule(verbs: Verbs, fake: FakeKube, pod: dict[str, Any], nodes: list[str]) -> str:
     """What kube-scheduler does with the extender: filter, then bind to the first passing node."""
     fake.pods[pod["metadata"]["name"]] = pod
-    outcome = verbs.filter(pod, nodes)
+    outcome = await verbs.filter(pod, nodes)
     if not outcome.passing:
         return "pending: " + json.dumps(outcome.failed | outcome.unresolvable)
     node = outcome.passing[0]
@@ -131,10 +133,12 @@ async def test_bind_records_the_placement_and_creates_the_binding() -> None:
     _, verbs, fake = make([gpu_node("h100")])
     assert await schedule(verbs, fake, vllm_pod("p", "0.2"), ["h100"]) == "h100"
     methods = [(m, path) for m, path, _ in fake.calls]
-    assert methods == [("POST", "/api/v1/namespaces/default/pods/p/binding")]
+    # bind trusts only the API server: it reads the pod first, whatever filter saw.
+    assert methods == [("GET", "/api/v1/namespaces/default/pods/p"),
+                       ("POST", "/api/v1/namespaces/default/pods/p/binding")]
     placement = json.loads(fake.pods["p"]["metadata"]["annotations"][PLACEMENT_ANNOTATION])
     assert placement == {"node": "h100", "containers": {"vllm": ["0"]}}
-    binding = fake.calls[0][2]
+    binding = fake.calls[1][2]
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "h100"}
     assert binding["metadata"]["uid"] == "uid-p"
 
@@ -144,7 +148,7 @@ async def test_bind_rechecks_and_refuses_when_filter_was_stale() -> None:
     pods = [vllm_pod(f"p{i}", "0.45") for i in range(3)]
     for pod in pods:  # the scheduler may filter many pods before it binds any
         fake.pods[pod["metadata"]["name"]] = pod
-        assert verbs.filter(pod, ["h100"]).passing == ["h100"]
+        assert (await verbs.filter(pod, ["h100"])).passing == ["h100"]
     errors = [await verbs.bind(p["metadata"]["name"], "default", p["metadata"]["uid"], "h100") for p in pods]
     assert errors[:2] == ["", ""]
     assert "VRAM budget free" in errors[2]
@@ -159,7 +163,7 @@ async def test_failed_binding_releases_the_reservation() -> None:
     error = await verbs.bind("p", "default", "uid-p", "h100")
     assert "already assigned" in error
     assert state.ledger.pod_count() == 0
-    assert verbs.filter(vllm_pod("q", "0.6"), ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(vllm_pod("q", "0.6"), ["h100"])).passing == ["h100"]
 
 
 async def test_bind_without_filter_reads_the_pod() -> None:
@@ -181,7 +185,7 @@ async def test_relist_keeps_in_flight_reservations() -> None:
     state, verbs, fake = make([gpu_node("h100")])
     pod = vllm_pod("p", "0.8")
     fake.pods["p"] = pod
-    verbs.filter(pod, ["h100"])
+    await verbs.filter(pod, ["h100"])
     gate = asyncio.Event()
     original = fake.create
 
@@ -193,7 +197,7 @@ async def test_relist_keeps_in_flight_reservations() -> None:
     task = asyncio.create_task(verbs.bind("p", "default", "uid-p", "h100"))
     await asyncio.sleep(0.01)
     state.pods.replace([])  # a re-list that does not show the pod bound yet
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).failed, "the in-flight 0.8 still counts"
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).failed, "the in-flight 0.8 still counts"
     gate.set()
     assert await task == ""
 
@@ -201,14 +205,14 @@ async def test_relist_keeps_in_flight_reservations() -> None:
 async def test_terminal_and_deleted_pods_release() -> None:
     bound = vllm_pod("p", "0.8", node="h100")
     state, verbs, _ = make([gpu_node("h100")], [bound])
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).failed
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).failed
     finished = json.loads(json.dumps(bound))
     finished["status"]["phase"] = "Succeeded"
     state.pods.upsert(finished)
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).passing == ["h100"]
     state.pods.upsert(bound)
     state.pods.delete(bound)
-    assert verbs.filter(vllm_pod("q", "0.2"), ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).passing == ["h100"]
 
 
 async def test_pods_bound_by_others_count_and_unknown_takes_a_whole_gpu() -> None:
@@ -216,7 +220,7 @@ async def test_pods_bound_by_others_count_and_unknown_takes_a_whole_gpu() -> Non
                "spec": {"nodeName": "h100", "containers": [container(name="x", command=["python", "x.py"])]},
                "status": {"phase": "Running"}}
     _, verbs, _ = make([gpu_node("h100")], [foreign])
-    outcome = verbs.filter(vllm_pod("q", "0.05"), ["h100"])
+    outcome = await verbs.filter(vllm_pod("q", "0.05"), ["h100"])
     assert outcome.failed and "0.0 GiB of 71.7 GiB" in outcome.failed["h100"]
 
 
@@ -233,7 +237,7 @@ async def test_multi_gpu_node_is_accounted_whatever_the_plugin_picks() -> None:
 async def test_class_steering_is_unresolvable_on_forbidden_sharing() -> None:
     _, verbs, _ = make([gpu_node("ts"), gpu_node("whole", replicas=1, sharing="none")])
     guaranteed = vllm_pod("g", "0.5", labels={"vramguard.io/qos-class": "guaranteed"})
-    outcome = verbs.filter(guaranteed, ["ts", "whole"])
+    outcome = await verbs.filter(guaranteed, ["ts", "whole"])
     assert outcome.passing == ["whole"]
     assert "class guaranteed does not allow time-slicing" in outcome.unresolvable["ts"]
 
@@ -249,7 +253,7 @@ async def test_heterogeneous_gpus() -> None:
 async def test_node_heartbeats_keep_cached_verdicts() -> None:
     node = gpu_node("h100")
     state, verbs, _ = make([node])
-    verbs.filter(vllm_pod("q", "0.2"), ["h100"])
+    await verbs.filter(vllm_pod("q", "0.2"), ["h100"])
     generation = state.ledger.generation("h100")
     heartbeat = json.loads(json.dumps(node))
     heartbeat["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
@@ -360,3 +364,330 @@ def test_slim_objects_keep_what_the_extender_reads() -> None:
     full.nodes.replace([gpu_node("h100")])
     full.pods.replace([pod])
     assert state.ledger.usage("h100") == full.ledger.usage("h100")
+
+
+# -- bind trusts only the API server ---------------------------------------------------------------
+
+def posts(fake: FakeKube) -> list[str]:
+    """The paths bind POSTed to (Bindings created)."""
+    return [path for method, path, _ in fake.calls if method == "POST"]
+
+
+async def test_forged_filter_body_does_not_decide_what_bind_reserves() -> None:
+    # Half the GPU is held; the real pod asks for 0.9 of it. A forged filter body with the same
+    # name and UID claims 0.05: bind must take the claims from the pod the API server returns.
+    state, verbs, fake = make([gpu_node("h100")], [vllm_pod("held", "0.5", node="h100")])
+    fake.pods["big"] = vllm_pod("big", "0.9")
+    forged = vllm_pod("big", "0.05")
+    assert (await verbs.filter(forged, ["h100"])).passing == ["h100"]
+    error = await verbs.bind("big", "default", "uid-big", "h100")
+    assert "VRAM budget free" in error
+    assert posts(fake) == [] and state.in_flight == {}
+    assert state.ledger.check_invariants() == []
+
+
+async def test_bind_with_an_empty_pod_uid_is_refused() -> None:
+    _, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.2")
+    no_uid = vllm_pod("p", "0.2")
+    del no_uid["metadata"]["uid"]
+    await verbs.filter(no_uid, ["h100"])  # a filter body without a UID caches nothing bind trusts
+    error = await verbs.bind("p", "default", "", "h100")
+    assert error.startswith("refused: no PodUID")
+    assert fake.calls == []
+
+
+async def test_bind_with_a_uid_other_than_the_pods_is_refused() -> None:
+    _, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.2")
+    other = vllm_pod("p", "0.2")
+    other["metadata"]["uid"] = "uid-forged"
+    await verbs.filter(other, ["h100"])
+    error = await verbs.bind("p", "default", "uid-forged", "h100")
+    assert error == "refused: pod default/p was replaced (its UID is not uid-forged)"
+    assert posts(fake) == []
+
+
+def _pod_with(**spec: Any) -> dict[str, Any]:
+    pod = vllm_pod("p", "0.2")
+    pod["spec"].update(spec)
+    return pod
+
+
+def _cpu_pod() -> dict[str, Any]:
+    pod = vllm_pod("p", "0.2")
+    pod["spec"]["containers"] = [container(name="web", gpus=None)]
+    return pod
+
+
+def _tainted(node: dict[str, Any], *taints: dict[str, str]) -> dict[str, Any]:
+    node["spec"] = {"taints": list(taints)}
+    return node
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+H100_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H200"]}]}]}}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "node", "fragment"),
+    [
+        (_pod_with(schedulerName="default-scheduler"), gpu_node("h100"), "belongs to scheduler 'default-scheduler'"),
+        (_pod_with(schedulerName=None), gpu_node("h100"), "belongs to scheduler 'default-scheduler'"),
+        (_pod_with(schedulerName="other"), gpu_node("h100"), "belongs to scheduler 'other'"),
+        (_cpu_pod(), gpu_node("h100"), "asks for no GPU"),
+        (_pod_with(nodeName="h100"), gpu_node("h100"), "already bound to h100"),
+        (vllm_pod("p", "0.2"), _tainted(gpu_node("h100"), GPU_TAINT), "taint nvidia.com/gpu=present:NoSchedule"),
+        (_pod_with(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+         _tainted(gpu_node("h100"), GPU_TAINT, {"key": "drain", "effect": "NoExecute"}), "taint drain:NoExecute"),
+        (_pod_with(nodeSelector={"pool": "inference"}), gpu_node("h100"), "nodeSelector pool=inference"),
+        (_pod_with(affinity=H100_AFFINITY), gpu_node("h100"), "required node affinity"),
+        (vllm_pod("p", "0.2"), gpu_node("other"), "node h100 is not known"),
+    ],
+    ids=["default-scheduler", "no-scheduler-name", "other-scheduler", "no-gpu", "already-bound",
+         "untolerated-taint", "second-taint-untolerated", "node-selector", "node-affinity", "unknown-node"],
+)
+async def test_bind_refuses_pods_that_are_not_its_business(pod: dict[str, Any], node: dict[str, Any],
+                                                           fragment: str) -> None:
+    state, verbs, fake = make([node])
+    fake.pods["p"] = pod
+    error = await verbs.bind("p", "default", "uid-p", "h100")
+    assert error.startswith("refused: ") and fragment in error
+    assert posts(fake) == [] and state.in_flight == {} and state.ledger.pod_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "node"),
+    [
+        ({"tolerations": [{"operator": "Exists"}]}, _tainted(gpu_node("h100"), GPU_TAINT)),
+        ({}, _tainted(gpu_node("h100"), {"key": "soft", "effect": "PreferNoSchedule"})),
+        ({"nodeSelector": {"nvidia.com/gpu.count": "1"}}, gpu_node("h100")),
+        ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h100"]}]}]}}}}, gpu_node("h100")),
+    ],
+    ids=["tolerates-all", "prefer-no-schedule", "selector-matches", "match-fields-name"],
+)
+async def test_bind_places_pods_the_node_admits(spec: dict[str, Any], node: dict[str, Any]) -> None:
+    _, verbs, fake = make([node])
+    fake.pods["p"] = _pod_with(**spec)
+    assert await verbs.bind("p", "default", "uid-p", "h100") == ""
+    assert posts(fake) == ["/api/v1/namespaces/default/pods/p/binding"]
+
+
+async def test_node_taints_follow_the_watch() -> None:
+    node = gpu_node("h100")
+    state, verbs, fake = make([slim_node(node)])
+    state.nodes.upsert(slim_node(_tainted(json.loads(json.dumps(node)), GPU_TAINT)))  # a taint added later
+    fake.pods["p"] = vllm_pod("p", "0.2")
+    assert "does not tolerate" in await verbs.bind("p", "default", "uid-p", "h100")
+    state.nodes.delete(node)
+    assert "not known" in await verbs.bind("p", "default", "uid-p", "h100")
+
+
+# -- in-flight housekeeping ------------------------------------------------------------------------
+
+async def _bound_but_unwatched(api_says: str) -> tuple[ClusterState, Verbs, FakeKube]:
+    """A pod bound by bind whose watch event never came; the API then says ``api_says``."""
+    state, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.6")
+    assert await verbs.bind("p", "default", "uid-p", "h100") == ""
+    if api_says == "gone":
+        del fake.pods["p"]
+    elif api_says == "unbound":
+        fake.pods["p"]["spec"].pop("nodeName")
+    elif api_says == "replaced":
+        fake.pods["p"] = vllm_pod("p", "0.6", node="h100")
+        fake.pods["p"]["metadata"]["uid"] = "uid-new"
+    return state, verbs, fake
+
+
+@pytest.mark.parametrize(
+    ("api_says", "dropped", "holds"),
+    [("bound", 0, True), ("gone", 1, False), ("unbound", 1, False), ("replaced", 1, False)],
+    ids=["bound-kept", "gone-dropped", "unbound-dropped", "replaced-dropped"],
+)
+async def test_in_flight_reservations_are_confirmed_by_a_get(api_says: str, dropped: int, holds: bool) -> None:
+    state, verbs, fake = await _bound_but_unwatched(api_says)
+    assert await verbs.confirm_in_flight(older_than=3600) == 0  # not old yet: nothing read, nothing dropped
+    assert [m for m, _, _ in fake.calls] == ["GET", "POST"]
+    assert "uid-p" in state.in_flight
+    assert await verbs.confirm_in_flight(older_than=0) == dropped
+    assert fake.calls[-1][0] == "GET"
+    assert state.in_flight == {}
+    assert (state.ledger.holding("uid-p") is not None) is holds
+    assert (state.is_bound("uid-p") == "h100") is holds
+
+
+async def test_in_flight_reservation_is_kept_when_the_get_fails() -> None:
+    state, verbs, fake = await _bound_but_unwatched("bound")
+
+    async def failing_get(path: str, params: Any = None) -> dict[str, Any]:
+        raise ApiError(503, "ServiceUnavailable", "etcd is down")
+
+    fake.get = failing_get  # type: ignore[method-assign]
+    assert await verbs.confirm_in_flight(older_than=0) == 0
+    assert "uid-p" in state.in_flight and state.ledger.holding("uid-p") is not None
+
+
+async def test_a_bind_cancelled_after_the_binding_went_through_keeps_its_reservation() -> None:
+    state, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.6")
+    original = fake.create
+    hang = asyncio.Event()
+
+    async def lost_answer(path: str, body: Any) -> dict[str, Any]:
+        await original(path, body)  # the API server binds the pod ...
+        await hang.wait()  # ... and the answer never comes back before the scheduler hangs up
+        return {}
+
+    fake.create = lost_answer  # type: ignore[method-assign]
+    task = asyncio.create_task(verbs.bind("p", "default", "uid-p", "h100"))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert state.ledger.holding("uid-p") is not None, "the pod may be bound: its GPU stays reserved"
+    assert (await verbs.filter(vllm_pod("q", "0.6"), ["h100"])).failed
+    assert await verbs.confirm_in_flight(older_than=0) == 0
+    assert state.is_bound("uid-p") == "h100" and state.in_flight == {}
+
+
+# -- bounded work ----------------------------------------------------------------------------------
+
+def _many_gpus(*containers: tuple[int, bool]) -> dict[str, Any]:
+    """A pod of (GPUs, is-init) containers."""
+    pod = vllm_pod("huge", "0.2")
+    pod["spec"]["containers"] = [container(name=f"c{i}", gpus=g) for i, (g, init) in enumerate(containers) if not init]
+    pod["spec"]["initContainers"] = [container(name=f"i{i}", gpus=g) for i, (g, init) in enumerate(containers) if init]
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "devices"),
+    [
+        (_many_gpus(*[(1000, False)] * 200), 200_000),
+        (_many_gpus((1000, False)), 1000),
+        (_many_gpus((20, False), (13, False)), 33),
+        (_many_gpus((40, True), (1, False)), 40),
+    ],
+    ids=["200x1000", "1000", "two-containers", "init-container"],
+)
+async def test_a_pod_asking_for_more_devices_than_any_node_has_is_cheaply_unresolvable(
+    pod: dict[str, Any], devices: int
+) -> None:
+    # The largest node hands out 32 devices (8 GPUs x 4 replicas).
+    _, verbs, _ = make([gpu_node(f"n{i}", gpus=8 if i == 0 else 1) for i in range(50)])
+    started = time.perf_counter()
+    outcome = await verbs.filter(pod, [f"n{i}" for i in range(50)])
+    assert time.perf_counter() - started < 1.0
+    assert outcome.passing == [] and len(outcome.unresolvable) == 50
+    assert f"asks for {devices} GPU devices at once; no node offers more than 32" in outcome.unresolvable["n0"]
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [_many_gpus((32, False)), _many_gpus((32, True), (32, False)), _many_gpus((16, False), (16, False))],
+    ids=["as-many-as-the-node", "init-runs-before-apps", "two-containers"],
+)
+async def test_a_pod_asking_for_what_the_largest_node_has_is_not_refused_by_the_cap(pod: dict[str, Any]) -> None:
+    _, verbs, _ = make([gpu_node("big", gpus=8), gpu_node("small")])
+    pod["metadata"]["annotations"] = {"vramguard.io/vram": "1Gi"}
+    outcome = await verbs.filter(pod, ["big", "small"])
+    assert outcome.passing == ["big"], outcome
+
+
+@pytest.mark.parametrize(("slice_seconds", "yields"), [(0.0, True), (None, False)], ids=["sliced", "unsliced"])
+async def test_long_filters_and_prioritizes_yield_to_the_event_loop(slice_seconds: float | None, yields: bool) -> None:
+    nodes = [gpu_node(f"n{i}") for i in range(300)]
+    state = ClusterState(default_policy())
+    state.nodes.replace(nodes)
+    verbs = Verbs(state, None, slice_seconds=slice_seconds)
+    names = [n["metadata"]["name"] for n in nodes]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    passing = (await verbs.filter(vllm_pod("p", "0.2"), names)).passing
+    during_filter = ticks - before
+    before = ticks
+    await verbs.prioritize(vllm_pod("p", "0.2"), passing)
+    during_prioritize = ticks - before
+    task.cancel()
+    assert passing == names
+    assert (during_filter >= 300 // 64) is yields and (during_prioritize >= 300 // 64) is yields
+
+
+async def test_concurrent_filters_of_one_shape_answer_only_their_own_candidates() -> None:
+    _, verbs, _ = make([gpu_node(f"n{i}") for i in range(200)])
+    verbs.slice_seconds = 0.0  # yield after every slice, so the two filters interleave
+    names = [f"n{i}" for i in range(200)]
+    await verbs.filter(vllm_pod("warm", "0.2"), names[:50])
+    # The first adds 100 nodes to the shape's last outcome, the second (done first) 50 others.
+    wide, other = names[:150], names[:50] + names[150:]
+    first, second = await asyncio.gather(
+        verbs.filter(vllm_pod("a", "0.2"), wide), verbs.filter(vllm_pod("b", "0.2"), other)
+    )
+    assert sorted(first.passing) == sorted(wide)
+    assert sorted(second.passing) == sorted(other)
+    assert sorted((await verbs.filter(vllm_pod("c", "0.2"), other)).passing) == sorted(other)
+
+
+# -- wrong types in the bodies ---------------------------------------------------------------------
+
+def _body(verb: str, mutate: Any) -> dict[str, Any]:
+    pod = vllm_pod("p", "0.2")
+    mutate(pod)
+    return {"Pod": pod, "NodeNames": ["h100"]}
+
+
+WRONG_TYPES = {
+    "label-number": lambda p: p["metadata"].update(labels={"vramguard.io/qos-class": 3}),
+    "label-object": lambda p: p["metadata"].update(labels={"vramguard.io/qos-class": {"a": 1}}),
+    "labels-list": lambda p: p["metadata"].update(labels=["a"]),
+    "annotation-number": lambda p: p["metadata"].update(annotations={"vramguard.io/vram": 16}),
+    "annotations-list": lambda p: p["metadata"].update(annotations=[1]),
+    "metadata-list": lambda p: p.update(metadata=[1, 2]),
+    "uid-number": lambda p: p["metadata"].update(uid=7),
+    "spec-string": lambda p: p.update(spec="x"),
+}
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+async def test_wrong_types_in_the_pod_are_a_400(client: TestClient, verb: str, case: str) -> None:  # type: ignore[type-arg]
+    response = await client.post(f"/{verb}", json=_body(verb, WRONG_TYPES[case]))
+    assert response.status == 400
+    assert "Pod" in (await response.json())["error"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"PodName": 3, "PodNamespace": "default", "PodUID": "u", "Node": "h100"},
+        {"PodName": "p", "PodNamespace": {"a": 1}, "PodUID": "u", "Node": "h100"},
+        {"PodName": "p", "PodNamespace": "default", "PodUID": ["u"], "Node": "h100"},
+        {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": None},
+    ],
+    ids=["name-number", "namespace-object", "uid-list", "node-null"],
+)
+async def test_wrong_types_in_the_binding_are_a_400(client: TestClient, body: dict[str, Any]) -> None:  # type: ignore[type-arg]
+    response = await client.post("/bind", json=body)
+    assert response.status == 400
+
+
+async def test_a_malformed_pod_from_the_api_is_refused_not_a_crash() -> None:
+    _, verbs, fake = make([gpu_node("h100")])
+    pod = vllm_pod("p", "0.2")
+    pod["metadata"]["labels"] = {"vramguard.io/qos-class": {"nested": True}}
+    fake.pods["p"] = pod
+    error = await verbs.bind("p", "default", "uid-p", "h100")
+    assert error.startswith("refused: the pod read from the API is malformed: metadata.labels")
+    assert posts(fake) == []

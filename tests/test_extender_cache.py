@@ -10,13 +10,13 @@ async def test_verdict_for_a_pod_being_bound_is_not_reused_for_its_twin() -> Non
     assert [await schedule(verbs, fake, vllm_pod(f"p{i}", "0.30"), ["h100"]) for i in range(2)] == ["h100"] * 2
     third = vllm_pod("third", "0.30")
     fake.pods["third"] = third
-    assert verbs.filter(third, ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(third, ["h100"])).passing == ["h100"]
     assert await verbs.bind("third", "default", "uid-third", "h100") == ""  # the watch has not seen it yet
     # Asked again while being bound, the third pod does not compete with itself ...
-    assert verbs.filter(third, ["h100"]).passing == ["h100"]
+    assert (await verbs.filter(third, ["h100"])).passing == ["h100"]
     # ... but a fourth pod of the same shape sees the third's reservation.
     fourth = vllm_pod("fourth", "0.30")
-    outcome = verbs.filter(fourth, ["h100"])
+    outcome = await verbs.filter(fourth, ["h100"])
     assert outcome.passing == [] and "VRAM budget" in outcome.failed["h100"]
     assert state.ledger.check_invariants() == []
 
@@ -24,9 +24,9 @@ async def test_verdict_for_a_pod_being_bound_is_not_reused_for_its_twin() -> Non
 async def test_cached_verdicts_follow_the_generation_of_each_node() -> None:
     _state, verbs, fake = make([gpu_node("a"), gpu_node("b")])
     pod = vllm_pod("p0", "0.45")
-    assert verbs.filter(pod, ["a", "b"]).passing == ["a", "b"]
+    assert (await verbs.filter(pod, ["a", "b"])).passing == ["a", "b"]
     assert await schedule(verbs, fake, vllm_pod("big", "0.50"), ["a"]) == "a"
-    outcome = verbs.filter(vllm_pod("p1", "0.45"), ["a", "b"])
+    outcome = await verbs.filter(vllm_pod("p1", "0.45"), ["a", "b"])
     assert outcome.passing == ["b"] and list(outcome.failed) == ["a"]
 
 
@@ -45,8 +45,8 @@ async def test_cached_outcomes_equal_fresh_ones_through_a_scheduling_wave() -> N
     for step in range(60):
         pod = vllm_pod(f"p{step}", rng.choice(["0.20", "0.30", "0.45"]))
         candidates = names if rng.random() < 0.6 else rng.sample(names, rng.randrange(1, len(names)))
-        cached = verbs.filter(pod, candidates)
-        fresh = Verbs(state, None).filter(pod, candidates)
+        cached = await verbs.filter(pod, candidates)
+        fresh = await Verbs(state, None).filter(pod, candidates)
         assert sorted(cached.passing) == sorted(fresh.passing)
         assert cached.failed == fresh.failed and cached.unresolvable == fresh.unresolvable
         if cached.passing and rng.random() < 0.7:

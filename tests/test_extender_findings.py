@@ -70,7 +70,7 @@ async def test_class_rules_follow_the_mode(mode: str | None, qos: str | None, wh
     outcomes = []
     for pod, node in ((training, "whole"), (mig_pod("infer"), "mig")):
         fake.pods[pod["metadata"]["name"]] = pod
-        outcome = verbs.filter(pod, ["whole", "mig"])
+        outcome = await verbs.filter(pod, ["whole", "mig"])
         if node not in outcome.passing:
             assert "class shared does not allow" in outcome.unresolvable[node]
             outcomes.append("refused")
@@ -98,7 +98,7 @@ async def test_over_budget_is_refused_in_audit_mode() -> None:
     placed = []
     for pod in pods:
         fake.pods[pod["metadata"]["name"]] = pod
-        outcome = verbs.filter(pod, ["mig"])
+        outcome = await verbs.filter(pod, ["mig"])
         if outcome.passing:
             assert await verbs.bind(pod["metadata"]["name"], "default", pod["metadata"]["uid"], "mig") == ""
             fake.deliver(pod["metadata"]["name"])

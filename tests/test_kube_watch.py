@@ -32,7 +32,7 @@ from service.kube import (
     event_lines,
 )
 from tests.fake_api import FakeApi, event
-from tests.test_extender import gpu_node, vllm_pod
+from tests.test_extender import FakeKube, gpu_node, vllm_pod
 from vramguard.cluster import ClusterState, slim_pod
 from vramguard.policy import default_policy
 
@@ -181,9 +181,9 @@ async def test_an_oversized_event_forces_a_relist_and_holds_its_node_back_until_
         await eventually(lambda: state.suspects == {"n1"})
         # Until the re-list answers, n1 is held back: its ledger may keep a deleted pod (as here)
         # or miss a bound one. The other node is unaffected.
-        verbs = Verbs(state, None)
         newcomer = vllm_pod("new", "0.3")  # fits n1 even beside big
-        outcome = verbs.filter(newcomer, ["n1", "n2"])
+        verbs = Verbs(state, FakeKube(state, {"new": newcomer}))  # type: ignore[arg-type]
+        outcome = await verbs.filter(newcomer, ["n1", "n2"])
         assert outcome.passing == ["n2"]
         assert outcome.failed == {"n1": SUSPECT}
         assert await verbs.bind("new", "default", "uid-new", "n1") == SUSPECT
@@ -195,7 +195,7 @@ async def test_an_oversized_event_forces_a_relist_and_holds_its_node_back_until_
         await eventually(lambda: not state.suspects)
         assert state.ledger.holding("uid-big") is None, "the re-list released the deleted pod's VRAM"
         assert sample(registry, "vramguard_nodes_held_back") == 0
-        assert verbs.filter(newcomer, ["n1", "n2"]).passing == ["n1", "n2"]
+        assert (await verbs.filter(newcomer, ["n1", "n2"])).passing == ["n1", "n2"]
         assert env.api["pods"].list_calls == 2
         assert not task.done()
 

@@ -140,10 +140,10 @@ async def test_preempt_not_synced_is_503() -> None:
     ("0.5", 1000, "failed"),
     ("0.95", 1000, "unresolvable"),
 ], ids=["equal-priority-nothing-helps", "lower-priority-victims-help", "bigger-than-the-budget"])
-def test_filter_marks_vram_failures_no_eviction_cures(utilization: str, priority: int, verdict: str) -> None:
+async def test_filter_marks_vram_failures_no_eviction_cures(utilization: str, priority: int, verdict: str) -> None:
     state = full_gpu()
     pod = prioritized("new", utilization, priority, node=None)
-    outcome = mark_unhelpable(state, pod, Verbs(state, None).filter(pod, ["ts"]))
+    outcome = mark_unhelpable(state, pod, await Verbs(state, None).filter(pod, ["ts"]))
     assert outcome.passing == []
     assert list(getattr(outcome, verdict)) == ["ts"]
     if verdict == "unresolvable" and priority == 1:
@@ -156,14 +156,14 @@ async def test_filter_over_http_marks_unhelpable(client: TestClient) -> None:  #
     assert list(result["FailedAndUnresolvableNodes"]) == ["ts"] and result["FailedNodes"] == {}
 
 
-def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the cap a failure stays resolvable (preempt still drops the node): bounded filter work."""
     pods = []
     for node in ("a", "b"):
         pods += [prioritized(f"{node}-high", "0.45", 500, node=node), prioritized(f"{node}-low", "0.45", 1, node=node)]
     state, verbs, _ = make([gpu_node("a"), gpu_node("b")], pods)
     pod = prioritized("new", "0.5", 100, node=None)
-    outcome = verbs.filter(pod, ["a", "b"])
+    outcome = await verbs.filter(pod, ["a", "b"])
     assert sorted(mark_unhelpable(state, pod, outcome).unresolvable) == ["a", "b"]
     monkeypatch.setattr("extender.preemption.EVICTION_CHECKS_PER_FILTER", 1)
     capped = mark_unhelpable(state, pod, outcome)

@@ -83,9 +83,11 @@ def slim_pod(pod: Mapping[str, Any]) -> JSON:
 
 
 def slim_node(node: Mapping[str, Any]) -> JSON:
-    """The fields of a node the inventory reads: labels, vramguard annotations, GPU capacity."""
+    """The fields of a node the inventory reads (labels, vramguard annotations, GPU capacity), and
+    the taints that bind checks against the pod's tolerations."""
     metadata = node.get("metadata") or {}
     status = node.get("status") or {}
+    spec = node.get("spec") or {}
     annotations = metadata.get("annotations") or {}
     return {
         "metadata": {
@@ -96,6 +98,7 @@ def slim_node(node: Mapping[str, Any]) -> JSON:
             "annotations": {k: v for k, v in annotations.items() if k.startswith("vramguard.io/")}
             if isinstance(annotations, dict) else None,
         },
+        "spec": {"taints": spec.get("taints") if isinstance(spec, dict) else None},
         "status": {"capacity": status.get("capacity"), "allocatable": status.get("allocatable")},
     }
 
@@ -117,6 +120,14 @@ def asks_for_gpu(pod: Mapping[str, Any], options: DemandOptions) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class NodeSelection:
+    """What a pod's node selection and tolerations are checked against."""
+
+    labels: Mapping[str, Any]
+    taints: list[Any]
+
+
 class ClusterState:
     """Nodes, namespaces and GPU pods, with the ledger that follows them."""
 
@@ -135,6 +146,9 @@ class ClusterState:
         self.ledger = Ledger(policy.headrooms())
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self._inventories: dict[str, NodeInventory] = {}
+        self._largest_node: int | None = None
+        self._selection: dict[str, NodeSelection] = {}
+        """Per node: what bind checks the pod's node selection and tolerations against."""
         self._bound: dict[str, str] = {}
         """Bound pod UID -> node, for the pods the ledger holds because the API says so."""
         self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
@@ -177,6 +191,25 @@ class ClusterState:
         """The pod's claims under its class (pods still to be placed)."""
         return self._pod_claims(pod, choice, pod_key(pod).uid)
 
+    def devices_asked(self, pod: Mapping[str, Any]) -> int:
+        """How many GPU devices the pod holds at once (from the cached demand): per resource, its
+        app containers' sum or its largest init container's, whichever is more."""
+        per_resource: dict[str, tuple[int, int]] = {}
+        for container in self._demand(pod, _template_key(pod)).containers:
+            apps, init = per_resource.get(container.resource, (0, 0))
+            per_resource[container.resource] = (
+                (apps, max(init, container.gpus)) if container.init else (apps + container.gpus, init)
+            )
+        return sum(max(apps, init) for apps, init in per_resource.values())
+
+    def largest_node_devices(self) -> int:
+        """The most GPU devices (replicas and MIG instances included) any one node hands out."""
+        if self._largest_node is None:
+            self._largest_node = max(
+                (sum(gpu.replicas for gpu in inventory.devices) for inventory in self._inventories.values()), default=0
+            )
+        return self._largest_node
+
     def _pod_claims(
         self,
         pod: Mapping[str, Any],
@@ -208,6 +241,7 @@ class ClusterState:
     # -- nodes ----------------------------------------------------------------------------------
 
     def _upsert_node(self, node: JSON) -> None:
+        self._remember_selection(node)
         inventory = read_inventory(
             node,
             gpu_resources=tuple(self.policy.gpu_resources),
@@ -217,12 +251,15 @@ class ClusterState:
         if self._inventories.get(inventory.node) == inventory:
             return  # a status heartbeat: nothing vramguard reads has changed
         self._inventories[inventory.node] = inventory
+        self._largest_node = None
         self.ledger.upsert_node(inventory)
 
     def _delete_node(self, node: JSON) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
         self._inventories.pop(name, None)
         self._reported.pop(name, None)
+        self._largest_node = None
+        self._selection.pop(name, None)
         self.ledger.remove_node(name)
 
     def _replace_nodes(self, nodes: list[JSON]) -> None:
@@ -274,6 +311,19 @@ class ClusterState:
     def _replace_leases(self, leases: list[JSON]) -> None:
         self.agent_leases.replace(leases)
         self.refresh_agent_reports()
+
+    def _remember_selection(self, node: JSON) -> None:
+        metadata = node.get("metadata") or {}
+        spec = node.get("spec") or {}
+        labels = metadata.get("labels") if isinstance(metadata, dict) else None
+        taints = spec.get("taints") if isinstance(spec, dict) else None
+        self._selection[str(metadata.get("name", ""))] = NodeSelection(
+            dict(labels) if isinstance(labels, dict) else {}, list(taints) if isinstance(taints, list) else []
+        )
+
+    def node_selection(self, name: str) -> NodeSelection | None:
+        """The node's labels and taints as the watch last said, ``None`` for an unknown node."""
+        return self._selection.get(name)
 
     # -- namespaces -----------------------------------------------------------------------------
 
