@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from vramguard.policy import Policy
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 BASE = MANIFESTS / "base"
@@ -172,6 +174,26 @@ def test_copies_match_their_original(copy_path: Path, original: Path) -> None:
     # kustomize and Helm cannot read files outside their directories, so these are copies.
     fix = f"cp {original.relative_to(ROOT)} {copy_path.relative_to(ROOT)}"
     assert copy_path.read_text() == original.read_text(), fix
+
+
+def policies_rendered(objects: list[JSON]) -> Policy:
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "vramguard-policy")
+    return Policy.from_yaml(config_map["data"]["policy.yaml"])
+
+
+def test_each_layout_names_its_scheduler_in_the_policy() -> None:
+    # The extender binds only the pods of the schedulers the policy names: the wrong name there
+    # leaves every GPU pod Pending (or lets pods of an unwired scheduler past the webhook).
+    assert policies_rendered(render_kustomization(BASE)).schedulers == ("vramguard",)
+    assert policies_rendered(render_kustomization(DEFAULT_SCHEDULER)).schedulers == ("default-scheduler",)
+    overlay = (DEFAULT_SCHEDULER / "policy.yaml").read_text()
+    default = (ROOT / "vramguard" / "default_policy.yaml").read_text()
+    assert overlay == default.replace("\nschedulers: [vramguard]\n", "\nschedulers: [default-scheduler]\n") != default
+
+
+def test_helm_policy_names_the_scheduler_of_its_mode() -> None:
+    assert policies_rendered(render_chart()).schedulers == ("vramguard",)
+    assert policies_rendered(render_chart("mode=default-scheduler")).schedulers == ("default-scheduler",)
 
 
 def test_every_yaml_file_under_manifests_holds_whole_objects() -> None:

@@ -142,8 +142,8 @@ def test_chart_splits_the_failure_policy_by_the_policy_in_its_values(mode: str, 
     policy = None
     if mode == "enforce":
         policy = tmp_path / "policy.yaml"
-        policy.write_text((MANIFESTS / "base" / "policy.yaml").read_text().replace(
-            "enforcement: warn", "enforcement: enforce"))
+        policy.write_text(re.sub(r"(?m)^enforcement: \w+$", "enforcement: enforce",
+                                 (MANIFESTS / "base" / "policy.yaml").read_text()))
     config = helm_webhook_configuration(policy)
     assert entries(config) == MODES[mode]
 

@@ -31,7 +31,9 @@ capabilities:
 {{- end -}}
 
 {{- define "vramguard.policy" -}}
-{{- if .Values.policy }}{{ .Values.policy }}{{ else }}{{ .Files.Get "files/policy.yaml" }}{{ end -}}
+{{- if .Values.policy }}{{ .Values.policy }}
+{{- else if eq .Values.mode "default-scheduler" }}{{ .Files.Get "files/policy.yaml" | replace "\nschedulers: [vramguard]\n" "\nschedulers: [default-scheduler]\n" }}
+{{- else }}{{ .Files.Get "files/policy.yaml" }}{{ end -}}
 {{- end -}}
 
 {{- define "vramguard.extenderContainer" -}}
