@@ -33,7 +33,7 @@ def extender_post(cluster: Any, verb: str, body: dict[str, Any]) -> tuple[int, d
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, context=cluster.ssl_context(), timeout=30) as response:
+        with urllib.request.urlopen(request, context=cluster.client_ssl_context(), timeout=30) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"{}")

@@ -46,9 +46,8 @@ def small_limit_cluster(
 
 
 def extender_get(cluster: Cluster, path: str) -> str:
-    """GET a path of the extender (``/metrics``) over its TLS port."""
-    url = cluster.state.vramguard["extender"] + path if cluster.state else ""
-    with urllib.request.urlopen(url, timeout=5, context=cluster.ssl_context()) as response:
+    """GET a path of the extender's operational port (``/metrics``)."""
+    with urllib.request.urlopen(cluster.ops_url("extender") + path, timeout=5) as response:
         body: bytes = response.read()
         return body.decode()
 
@@ -99,7 +98,7 @@ def test_oversized_watch_events_force_a_relist_and_deleted_pods_still_free_their
     core_v1.create_namespace({"metadata": {"name": namespace}})
     node = private_node(gpu_nodes.time_sliced("h100", "H100-80GB", gpus=1, replicas=4), unique)
     gpu_nodes.create_gpu_node(core_v1, node)
-    ready_url = cluster.state.vramguard["extender"] + "/readyz" if cluster.state else ""
+    ready_url = cluster.ops_url("extender") + "/readyz"
     wait_for("the extender to know the node",
              lambda: metric(cluster, "vramguard_gpu_budget_bytes", gpu="0", node=node.name,
                             product="NVIDIA H100 80GB HBM3", sharing="time-slicing") > 0)
@@ -111,7 +110,7 @@ def test_oversized_watch_events_force_a_relist_and_deleted_pods_still_free_their
     wait_for("the oversized event to be counted",
              lambda: metric(cluster, "vramguard_watch_oversized_events_total", resource="pods") > before)
     assert metric(cluster, "vramguard_watch_restarts_total", resource="pods", reason="oversized") >= 1
-    wait_for("the extender to be ready again", lambda: http_status(ready_url, context=cluster.ssl_context()) == 200)
+    wait_for("the extender to be ready again", lambda: http_status(ready_url) == 200)
     assert metric(cluster, "vramguard_watch_healthy", resource="pods") == 1
     reserved = {"gpu": "0", "node": node.name, "product": "NVIDIA H100 80GB HBM3", "sharing": "time-slicing"}
     wait_for("the re-list to end", lambda: metric(cluster, "vramguard_nodes_held_back") == 0)
@@ -125,6 +124,6 @@ def test_oversized_watch_events_force_a_relist_and_deleted_pods_still_free_their
     wait_for("big's VRAM to be released", lambda: metric(cluster, "vramguard_gpu_reserved_bytes", **reserved) == 0)
     core_v1.create_namespaced_pod(namespace, gpu_pod("later", "0.6", unique))
     wait_for("later to be bound where big was", lambda: node_of(core_v1, namespace, "later") == node.name)
-    assert http_status(ready_url, context=cluster.ssl_context()) == 200
+    assert http_status(ready_url) == 200
     core_v1.delete_namespace(namespace)
     gpu_nodes.delete_nodes(core_v1, [node.name])

@@ -46,9 +46,10 @@ def vllm_container(utilization: str) -> dict[str, Any]:
 
 def pod_spec(*containers: dict[str, Any]) -> dict[str, Any]:
     # A node selector no node has: the pods stay Pending and never reach the scheduler's extender.
-    # The scheduler the default policy names: the webhook refuses GPU pods of any other scheduler.
+    # The default scheduler: the one the harness wires to the extender and names in the policy (the
+    # webhook refuses GPU pods of any other scheduler where it enforces).
     return {"containers": list(containers), "nodeSelector": {"e2e.vramguard.io/nowhere": "true"},
-            "terminationGracePeriodSeconds": 0, "schedulerName": "vramguard"}
+            "terminationGracePeriodSeconds": 0}
 
 
 def pod(name: str, *containers: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -273,7 +274,7 @@ def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[N
     assert command is not None
     name = f"webhook-quota-{unique}"
     policy = yaml.safe_load((Path(services.REPO_ROOT) / "vramguard" / "default_policy.yaml").read_text())
-    policy.update(enforcement="enforce", quotas={name: "100Gi"})
+    policy.update(enforcement="enforce", quotas={name: "100Gi"}, schedulers=["default-scheduler"])
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
     cluster.ca.issue_localhost_server("vramguard-webhook-quota").write(tmp_path / "tls.crt", tmp_path / "tls.key")
     port = free_port()
