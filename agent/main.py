@@ -6,7 +6,7 @@ the cgroup of every GPU process. Each source may fail on its own; the cycle then
 others tell (see :mod:`agent.report`). The report is written to the Node's ``vramguard.io/gpus``
 annotation with a JSON merge patch, only when it changed, and at most once per
 ``min_write_interval``: a change in between is written when the interval has passed. Liveness is
-the node's Lease, renewed every cycle (:mod:`agent.liveness`), not the annotation. A pod using more
+the node's Lease, renewed every quarter of its duration (:mod:`agent.liveness`), not the annotation. A pod using more
 than it declares gets one Warning Event (:mod:`agent.events`).
 """
 
@@ -206,8 +206,8 @@ class AgentLoop:
         if self.lease is None or not published:
             return
         try:
-            await self.lease.renew()
-            self.metrics.lease_renewals.inc()
+            if await self.lease.renew():
+                self.metrics.lease_renewals.inc()
         except Exception as exc:
             self.metrics.lease_failures.inc()
             logger.warning("renewing the lease %s failed: %s", self.lease.name, exc)

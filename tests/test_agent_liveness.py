@@ -1,4 +1,5 @@
-"""The agent's Lease (renewed every cycle, the annotation written only on change) and its over-use Event."""
+"""The agent's Lease (renewed every quarter of its duration; the annotation written only on change)
+and its over-use Event."""
 
 from __future__ import annotations
 
@@ -112,22 +113,24 @@ async def test_lease_is_created_then_renewed_and_reread_after_a_conflict(aiohttp
     api, clock = FakeApi(), Clock()
     async with await client_for(aiohttp_server, api) as client:
         renewer = LeaseRenewer(client, "vramguard-system", "gpu-1", "agent-abc", 40, clock)
-        await renewer.renew()
+        assert await renewer.renew()
         clock.now += 5
-        await renewer.renew()
+        assert not await renewer.renew(), "renewed a quarter of the duration (10 s) apart, not every cycle"
+        clock.now += 5
+        assert await renewer.renew()
         lease = parse_lease(api.leases["vramguard-agent-gpu-1"])
-        assert lease is not None and (lease.holder, lease.renew_time, lease.duration) == ("agent-abc", NOW + 5, 40)
+        assert lease is not None and (lease.holder, lease.renew_time, lease.duration) == ("agent-abc", NOW + 10, 40)
 
         api.leases["vramguard-agent-gpu-1"]["metadata"]["resourceVersion"] = "999"  # someone else wrote it
-        clock.now += 5
+        clock.now += 10
         try:
             await renewer.renew()
             raise AssertionError("a conflict must raise")
         except Exception as exc:
             assert "409" in str(exc)
-        await renewer.renew()  # reads it afresh, then updates
+        assert await renewer.renew()  # reads it afresh, then updates
     assert api.lease_calls == ["get", "create", "update", "update", "get", "update"]
-    assert parse_lease(api.leases["vramguard-agent-gpu-1"]).renew_time == NOW + 10  # type: ignore[union-attr]
+    assert parse_lease(api.leases["vramguard-agent-gpu-1"]).renew_time == NOW + 20  # type: ignore[union-attr]
 
 
 def node_pods(vram: str) -> NodePods:
@@ -149,7 +152,7 @@ def loop_for(client: KubeClient, tmp_path: Path, clock: Clock, *, vram: str = "0
     return loop, registry
 
 
-async def test_the_lease_is_renewed_every_cycle_and_the_annotation_written_only_on_change(
+async def test_the_lease_is_renewed_every_other_cycle_and_the_annotation_written_only_on_change(
     aiohttp_server: Any, tmp_path: Path
 ) -> None:
     api, clock = FakeApi(), Clock()
@@ -159,16 +162,18 @@ async def test_the_lease_is_renewed_every_cycle_and_the_annotation_written_only_
             await loop.cycle()
             clock.now += 5
         assert api.node_patches == 1  # the report did not change
-        assert api.lease_calls == ["get", "create", "update", "update", "update", "update"]
+        # Cycles every 5 s, renewals every 10 s (a quarter of the 40 s duration).
+        assert api.lease_calls == ["get", "create", "update", "update"]
         assert parse_lease(api.leases["vramguard-agent-gpu-1"]).renew_time == NOW + 20  # type: ignore[union-attr]
-        assert sample(registry, "vramguard_agent_lease_renewals_total") == 5
+        assert sample(registry, "vramguard_agent_lease_renewals_total") == 3
 
         # A report that cannot be written: the Lease is not renewed, so readers stop trusting the old one.
         with kubelet_server(tmp_path / "kubelet.sock") as kubelet:
             kubelet.response = list_response({("ml", "liar"): {"server": {"nvidia.com/gpu": [f"{H100_UUIDS[0]}::0"]}}})
             api.fail_patch = True
+            clock.now += 10
             await loop.cycle()
-        assert len(api.lease_calls) == 6 and api.node_patches == 1
+        assert len(api.lease_calls) == 4 and api.node_patches == 1
         assert UID not in api.annotations[AGENT_REPORT_ANNOTATION]
 
 
