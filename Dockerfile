@@ -25,7 +25,6 @@ WORKDIR /src
 # The package metadata first, so that dependency layers are reused while only the code changes.
 COPY pyproject.toml README.md ./
 COPY vramguard ./vramguard
-COPY service ./service
 COPY extender ./extender
 COPY webhook ./webhook
 COPY agent ./agent

@@ -32,6 +32,7 @@ tools: $(TOOLS)/helm $(TOOLS)/kustomize
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: $(INSTALLED) tools
 	$(BIN)/python -m pytest tests

@@ -68,7 +68,7 @@ class OveruseEvents:
     """Creates the Event of each over-using pod once; remembers which pods have one."""
 
     def __init__(self, client: Any, node: str, clock: Callable[[], float] = time.time) -> None:
-        """``client``: a :class:`service.kube.KubeClient`."""
+        """``client``: a :class:`vramguard.io.kube.KubeClient`."""
         self._client = client
         self._node = node
         self._clock = clock
@@ -79,7 +79,7 @@ class OveruseEvents:
 
         Returns how many were ``created``, already ``existed`` and ``failed`` (retried next cycle).
         """
-        from service.kube import ApiError  # noqa: PLC0415 - the service layer loads aiohttp
+        from vramguard.io.kube import ApiError  # noqa: PLC0415 - vramguard.io loads aiohttp; --once needs none
 
         self._done &= set(live)
         by_pod: dict[str, list[OverUse]] = {}

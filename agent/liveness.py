@@ -35,7 +35,7 @@ class LeaseRenewer:
         duration: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``client``: a :class:`service.kube.KubeClient`; ``holder``: this agent pod's name;
+        """``client``: a :class:`vramguard.io.kube.KubeClient`; ``holder``: this agent pod's name;
         ``duration``: ``leaseDurationSeconds``; ``clock``: seconds since the epoch."""
         self._client = client
         self._namespace = namespace
@@ -62,7 +62,7 @@ class LeaseRenewer:
         The update carries the last ``resourceVersion`` seen: a conflict (someone else wrote it)
         makes the next renewal read it afresh.
         """
-        from service.kube import ApiError  # noqa: PLC0415 - the service layer loads aiohttp
+        from vramguard.io.kube import ApiError  # noqa: PLC0415 - vramguard.io loads aiohttp; --once needs none
 
         now = self._clock()
         if self._renewed_at is not None and 0 <= now - self._renewed_at < self.renew_every:

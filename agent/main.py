@@ -56,7 +56,7 @@ class KubeNodeWriter:
     """:class:`NodeWriter` through the API server (``get`` and ``patch`` on ``nodes``)."""
 
     def __init__(self, client: Any, node: str) -> None:
-        """``client``: a :class:`service.kube.KubeClient`."""
+        """``client``: a :class:`vramguard.io.kube.KubeClient`."""
         self._client = client
         self._path = f"/api/v1/nodes/{quote(node, safe='')}"
 
@@ -111,7 +111,7 @@ class ReportPublisher:
 
 
 class NodePods:
-    """The node's pods by (namespace, name), fed by an informer (a :class:`service.kube.Store`)."""
+    """The node's pods by (namespace, name), fed by an informer (a :class:`vramguard.io.kube.Store`)."""
 
     def __init__(self) -> None:
         """Empty until the informer's first list."""
@@ -282,7 +282,7 @@ class AgentSettings:
     nvml: Nvml
     podresources: PodResourcesSource
     connection: Any
-    """A :class:`service.kube.Connection`; ``None`` runs without the API server (no report written)."""
+    """A :class:`vramguard.io.kube.Connection`; ``None`` runs without the API server (no report written)."""
     proc_root: Path | None = None
     interval: float = 5.0
     min_write_interval: float = 10.0
@@ -294,9 +294,9 @@ class AgentSettings:
 
 async def run(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
     """Serve metrics and probes, and cycle until SIGTERM (or ``stop``)."""
-    from service.http import Readiness, create_app  # noqa: PLC0415 - the service layer loads aiohttp
-    from service.kube import Informer, KubeClient  # noqa: PLC0415
-    from service.server import run_https  # noqa: PLC0415
+    from vramguard.io.http import Readiness, create_app  # noqa: PLC0415 - vramguard.io loads aiohttp; --once needs none
+    from vramguard.io.kube import Informer, KubeClient  # noqa: PLC0415
+    from vramguard.io.server import run_https  # noqa: PLC0415
 
     stop = stop or asyncio.Event()
     registry = CollectorRegistry()

@@ -10,7 +10,7 @@ Prints one JSON line per measurement, then a summary table.
   watch event of the binding, and a running pod deleted elsewhere, so that every request sees a
   few nodes changed since the last. ``cold`` is the first request of a shape (no cached verdict),
   ``steady`` the rest. Measured in-process (the verbs alone) and over HTTPS on loopback (the
-  extender's aiohttp app behind ``service.server.serve``, a client that keeps its connection).
+  extender's aiohttp app behind ``vramguard.io.server.serve``, a client that keeps its connection).
 - **lag**: the event loop's lag (a task sleeping 1 ms in a loop records how late it wakes, p50 /
   p99 / max) while filters and prioritizes of pods of new shapes run over the 5,000 nodes, with the
   work sliced as served and unsliced as the baseline, interleaved round by round. Then the filter
@@ -58,11 +58,11 @@ from prometheus_client import CollectorRegistry
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
 from extender.app import build_app
 from extender.verbs import SLICE_SECONDS, Verbs
-from service.certs import create_ca, issue_serving_certificate, write_serving_files
-from service.http import Readiness
-from service.server import serve
-from service.tls import load_server_tls
 from vramguard.cluster import ClusterState
+from vramguard.io.certs import create_ca, issue_serving_certificate, write_serving_files
+from vramguard.io.http import Readiness
+from vramguard.io.server import serve
+from vramguard.io.tls import load_server_tls
 from vramguard.policy import default_policy
 
 JSON = dict[str, Any]
@@ -487,7 +487,7 @@ def bench_throughput(nodes: int, pods: int, work_dir: Path, timeout_s: float, *,
 
 async def _schedule_all(kubeconfig: Path, nodes: int, pods: int, timeout_s: float) -> JSON:
     from e2e import gpu_nodes  # noqa: PLC0415
-    from service.kube import KubeClient, load_connection  # noqa: PLC0415
+    from vramguard.io.kube import KubeClient, load_connection  # noqa: PLC0415
 
     client = KubeClient(load_connection(str(kubeconfig)))
     namespace = "bench"

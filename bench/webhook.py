@@ -129,8 +129,8 @@ async def _in_process(requests: int) -> dict[str, Any]:
 
 def _serve(directory: str, cpu: int, ready: Connection, begin: Any, end: Any, stop: Any) -> None:
     """Server process: one CPU, the real HTTPS server and handler; reports its CPU seconds from begin to end."""
-    from service.server import ServerSettings, serve  # noqa: PLC0415
-    from service.tls import load_server_tls  # noqa: PLC0415
+    from vramguard.io.server import ServerSettings, serve  # noqa: PLC0415
+    from vramguard.io.tls import load_server_tls  # noqa: PLC0415
 
     os.sched_setaffinity(0, {cpu})
 
@@ -193,7 +193,7 @@ def _drive(
 
 
 def _https(requests: int, connections: int) -> dict[str, Any]:
-    from service import certs  # noqa: PLC0415
+    from vramguard.io import certs  # noqa: PLC0415
 
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu, client_cpu = cpus[0], cpus[-1]

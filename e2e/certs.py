@@ -1,4 +1,4 @@
-"""Certificates for a local control plane, on top of :mod:`service.certs`.
+"""Certificates for a local control plane, on top of :mod:`vramguard.io.certs`.
 
 One CA signs the kube-apiserver's serving certificate and the vramguard services' (IP SAN
 127.0.0.1); a second one, as kubeadm sets it up, signs the aggregation layer's front-proxy client
@@ -15,7 +15,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from service import certs
+from vramguard.io import certs
 
 LEAF_DAYS = 30
 

@@ -22,7 +22,7 @@ import pytest
 from cryptography import x509
 
 from e2e.scenario import require_extender
-from service import certs
+from vramguard.io import certs
 
 pytestmark = pytest.mark.timeout(120)
 

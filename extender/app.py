@@ -13,7 +13,7 @@ from extender.metrics import ExtenderMetrics
 from extender.preemption import mark_unhelpable, preempt_handler
 from extender.verbs import Verbs
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, binding_result, filter_result, host_priorities
-from service.http import Readiness, create_app, read_model
+from vramguard.io.http import Readiness, create_app, read_model
 
 logger = logging.getLogger(__name__)
 

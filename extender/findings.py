@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter
 
-from service.kube import ApiError, KubeClient, object_path
 from vramguard.cluster import PodKey
+from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.placement import ClassFinding
 
 logger = logging.getLogger(__name__)

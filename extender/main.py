@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
-from service.http import Readiness
-from service.kube import MAX_EVENT_BYTES, Connection, Informer, KubeClient, WatchMetrics
-from service.server import Address, ServerSettings, run_https
-from service.supervise import supervise
-from service.tls import ReloadingTLSContext
 from vramguard.cluster import ClusterState, slim_node, slim_pod
+from vramguard.io.http import Readiness
+from vramguard.io.kube import MAX_EVENT_BYTES, Connection, Informer, KubeClient, WatchMetrics
+from vramguard.io.server import Address, ServerSettings, run_https
+from vramguard.io.supervise import supervise
+from vramguard.io.tls import ReloadingTLSContext
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import PolicyFile, default_policy
 
@@ -53,7 +53,7 @@ class ExtenderSettings:
 async def run(settings: ExtenderSettings) -> None:
     """Serve until SIGTERM; readiness waits for the caches and the TLS files, and fails while a
     watch is unhealthy. A background task that dies ends the process with an error (see
-    :func:`service.supervise.supervise`)."""
+    :func:`vramguard.io.supervise.supervise`)."""
     policy_file = settings.policy_file
     policy = policy_file.policy if policy_file is not None else default_policy()
     state = ClusterState(policy, agent_namespace=settings.agent_namespace)

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from extender.verbs import FilterOutcome
 from extender.wire import ExtenderPreemptionArgs, preemption_result
-from service.http import read_model
 from vramguard.cluster import ClusterState, pod_priority
+from vramguard.io.http import read_model
 from vramguard.placement import Rule, filter_node
 from vramguard.preemption import Holder, choose_victims
 

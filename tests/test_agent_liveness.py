@@ -16,10 +16,10 @@ from agent.main import AgentLoop, KubeNodeWriter, NodePods, ReportPublisher
 from agent.metrics import AgentMetrics
 from agent.podresources import GrpcPodResources
 from agent.recorded import RecordedNvml
-from service.kube import Connection, KubeClient
 from tests.agent_support import H100_TIME_SLICED, H100_UUIDS, kubelet_server, list_response, pod_object
 from tests.test_agent_main import sample
 from vramguard.inventory import AGENT_REPORT_ANNOTATION
+from vramguard.io.kube import Connection, KubeClient
 from vramguard.lease import parse_lease
 
 UID = "7d0c6a2e-5b1f-4e3a-9c8d-2f1e0a9b8c7d"

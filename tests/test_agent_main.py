@@ -18,9 +18,9 @@ from agent.metrics import AgentMetrics
 from agent.nvml import NvmlUnavailable
 from agent.podresources import GrpcPodResources
 from agent.recorded import RecordedNvml
-from service.kube import Connection, KubeClient
 from tests.agent_support import H100_BYTES, H100_TIME_SLICED, H100_UUIDS, kubelet_server, list_response, pod_object
 from vramguard.inventory import AGENT_REPORT_ANNOTATION, parse_agent_report
+from vramguard.io.kube import Connection, KubeClient
 
 UID = "7d0c6a2e-5b1f-4e3a-9c8d-2f1e0a9b8c7d"
 

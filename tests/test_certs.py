@@ -1,4 +1,4 @@
-"""Certificates from service.certs: names, usages, chain, validity, files, and loading a CA."""
+"""Certificates from vramguard.io.certs: names, usages, chain, validity, files, and loading a CA."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from service import certs
+from vramguard.io import certs
 
 SERVICE, NAMESPACE = "vramguard-webhook", "gpu-system"
 NOW = dt.datetime(2026, 1, 15, 12, 0, tzinfo=dt.UTC)

@@ -14,9 +14,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cryptography import x509
 
-from service import certs
 from vramguard.cli import build_parser, main
 from vramguard.cli import certs as certs_cli
+from vramguard.io import certs
 
 WEBHOOK_CONFIG = "vramguard"
 

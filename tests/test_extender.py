@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from extender.app import NOT_SYNCED, build_app
 from extender.verbs import Verbs
-from service.http import Readiness
-from service.kube import ApiError
 from tests.podspecs import container
 from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, slim_node, slim_pod
+from vramguard.io.http import Readiness
+from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
 
 H100_MIB = 81559

@@ -59,7 +59,7 @@ def test_refuses_to_start(capsys: pytest.CaptureFixture[str], argv: list[str], m
 
 
 def test_unusable_client_ca_fails_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from service import certs  # noqa: PLC0415 - a service dependency, as in the command itself
+    from vramguard.io import certs  # noqa: PLC0415 - a service dependency, as in the command itself
 
     files = certs.write_serving_files(tmp_path, certs.issue_serving_certificate(certs.create_ca(), dns_names=["x"]))
     (tmp_path / "junk.crt").write_text("junk")

@@ -21,8 +21,11 @@ from prometheus_client import CollectorRegistry
 
 from extender.metrics import ExtenderMetrics
 from extender.verbs import Verbs
-from service.http import Readiness
-from service.kube import (
+from tests.fake_api import FakeApi, event
+from tests.test_extender import FakeKube, gpu_node, vllm_pod
+from vramguard.cluster import ClusterState, slim_pod
+from vramguard.io.http import Readiness
+from vramguard.io.kube import (
     READ_BUFFER_BYTES,
     Connection,
     Informer,
@@ -31,9 +34,6 @@ from service.kube import (
     WatchMetrics,
     event_lines,
 )
-from tests.fake_api import FakeApi, event
-from tests.test_extender import FakeKube, gpu_node, vllm_pod
-from vramguard.cluster import ClusterState, slim_pod
 from vramguard.policy import default_policy
 
 SUSPECT = "node n1: vramguard is re-reading its pods after an oversized watch event"
@@ -257,7 +257,7 @@ async def test_a_store_error_is_logged_with_its_traceback_and_relisted(
         env.api["pods"].lists = env.api["pods"].lists[1:]
     store, registry = FlakyStore(fails), CollectorRegistry()
     informer = Informer(env.client(), "/api/v1/pods", store, metrics=WatchMetrics(registry))
-    with caplog.at_level(logging.ERROR, logger="service.kube"):
+    with caplog.at_level(logging.ERROR, logger="vramguard.io.kube"):
         async with running(informer) as task:
             if line is not None:
                 await informer.synced.wait()

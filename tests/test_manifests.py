@@ -361,7 +361,7 @@ def test_helm_matches_kustomize_for_rbac() -> None:
 
 def test_alert_rules_are_complete_and_use_exported_metrics() -> None:
     from extender.metrics import LedgerCollector  # noqa: PLC0415 - the metric names come from the code
-    from service.tls import CERTIFICATE_EXPIRY_METRIC  # noqa: PLC0415
+    from vramguard.io.tls import CERTIFICATE_EXPIRY_METRIC  # noqa: PLC0415
 
     rules = [rule for group in load(MANIFESTS / "monitoring" / "vramguard-alerts.yaml")["groups"]
              for rule in group["rules"]]

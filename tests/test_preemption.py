@@ -14,11 +14,11 @@ from prometheus_client import CollectorRegistry
 from extender.app import build_app
 from extender.preemption import mark_unhelpable, preempt
 from extender.verbs import Verbs
-from service.http import Readiness
 from tests.test_extender import gpu_node, make, vllm_pod
 from vramguard.cluster import ClusterState, slim_pod
 from vramguard.demand.model import ContainerDemand, PodDemand, Vram
 from vramguard.inventory import read_inventory
+from vramguard.io.http import Readiness
 from vramguard.ledger import PodRef
 from vramguard.placement import pod_claims
 from vramguard.policy import default_policy

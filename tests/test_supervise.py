@@ -18,15 +18,15 @@ from aiohttp.test_utils import TestServer
 
 from extender.main import ExtenderSettings
 from extender.main import run as run_extender
-from service import certs
-from service.kube import Connection, Informer
-from service.server import ServerSettings
-from service.supervise import TaskDied, supervise
-from service.tls import load_server_tls
 from tests.fake_api import FakeApi
 from vramguard.cli import extender as extender_cli
 from vramguard.cli import webhook as webhook_cli
 from vramguard.cli.watch_limit import parse_event_limit
+from vramguard.io import certs
+from vramguard.io.kube import Connection, Informer
+from vramguard.io.server import ServerSettings
+from vramguard.io.supervise import TaskDied, supervise
+from vramguard.io.tls import load_server_tls
 from vramguard.policy import default_policy
 from webhook.app import PolicySource
 from webhook.main import WebhookSettings, run_webhook

@@ -14,9 +14,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from service.http import Readiness
 from tests.podspecs import container, pod
 from vramguard.admission import SUPPORTED_KINDS
+from vramguard.io.http import Readiness
 from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, Policy, PolicyFile, default_policy
 from webhook.app import BODY_LIMIT, PolicySource, WebhookState, create_webhook_app
 from webhook.state import FanOut

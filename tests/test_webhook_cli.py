@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from service import certs
 from vramguard.cli import main
 from vramguard.cli.webhook import parse_listen
+from vramguard.io import certs
 
 
 def test_help_lists_the_options() -> None:

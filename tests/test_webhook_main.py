@@ -15,11 +15,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from service import certs
-from service.kube import Connection
-from service.server import RunningServer, ServerSettings
-from service.tls import load_server_tls
 from tests.podspecs import container, pod
+from vramguard.io import certs
+from vramguard.io.kube import Connection
+from vramguard.io.server import RunningServer, ServerSettings
+from vramguard.io.tls import load_server_tls
 from vramguard.policy import ENFORCE_LABEL, Policy
 from webhook.app import PolicySource
 from webhook.main import POD_FIELD_SELECTOR, WebhookSettings, run_webhook

@@ -1,6 +1,7 @@
 """vramguard: count bytes of VRAM, not GPU replicas.
 
-This package is the pure core: decisions only, no network, no Kubernetes client, no NVML.
+Every module here except ``vramguard.io`` (the I/O adapters) and ``vramguard.cli`` (the command
+line) is the pure core: decisions only, no network, no Kubernetes client, no NVML.
 """
 
 __version__ = "0.1.0"

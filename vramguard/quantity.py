@@ -8,7 +8,7 @@ The grammar is apimachinery's (``k8s.io/apimachinery/pkg/api/resource``)::
 
 It is stricter than the Kubernetes Python client's ``parse_quantity``, which also accepts what the
 API server refuses (``NaN``, ``Infinity``, surrounding spaces, ``1_000``). The core must not import
-the client (see ``tests/test_core_is_pure.py``); a test checks both parsers agree on valid input.
+the client (the ``core-is-pure`` import contract in pyproject.toml); a test checks both parsers agree on valid input.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from service.http import Readiness, RequestError, create_app, read_model
 from vramguard.admission import (
     SUPPORTED_KINDS,
     AdmissionRules,
@@ -26,6 +25,7 @@ from vramguard.admission import (
     demand_options,
 )
 from vramguard.cluster import ClusterState
+from vramguard.io.http import Readiness, RequestError, create_app, read_model
 from vramguard.policy import Policy, PolicyFile
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
 from webhook.state import NamespaceStore, NodeStore, PodStore
@@ -183,7 +183,7 @@ _METRICS_KEY = web.AppKey("vramguard_webhook_metrics", _Metrics)
 def create_webhook_app(
     state: WebhookState, *, registry: CollectorRegistry, readiness: Readiness | None = None
 ) -> web.Application:
-    """The webhook application: ``POST /validate`` plus the probes and metrics of ``service.http``."""
+    """The webhook application: ``POST /validate`` plus the probes and metrics of ``vramguard.io.http``."""
     app = create_app(
         registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook", client_max_size=BODY_LIMIT
     )

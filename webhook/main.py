@@ -18,11 +18,11 @@ from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry
 
-from service.http import Readiness
-from service.kube import MAX_EVENT_BYTES, ApiError, Connection, Informer, KubeClient, WatchMetrics
-from service.server import RunningServer, ServerSettings, run_https
-from service.supervise import supervise
-from service.tls import ReloadingTLSContext
+from vramguard.io.http import Readiness
+from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, Informer, KubeClient, WatchMetrics
+from vramguard.io.server import RunningServer, ServerSettings, run_https
+from vramguard.io.supervise import supervise
+from vramguard.io.tls import ReloadingTLSContext
 from webhook.app import PolicySource, WebhookState, create_webhook_app
 from webhook.state import FanOut
 
@@ -59,7 +59,7 @@ async def run_webhook(
     """Watch the cluster and serve ``/validate`` until SIGTERM (or ``stop``), then shut down gracefully.
 
     Readiness fails while a watch is unhealthy; a background task that dies ends the server and
-    raises :class:`service.supervise.TaskDied`.
+    raises :class:`vramguard.io.supervise.TaskDied`.
     """
     async with KubeClient(settings.connection, max_event_bytes=settings.max_event_bytes) as client:
 

@@ -1,6 +1,6 @@
 """What the webhook knows about the cluster, kept current by watches: namespaces, GPU nodes, GPU pods.
 
-Each store is an :class:`service.kube.Store` an :class:`service.kube.Informer` fills. Only what the
+Each store is an :class:`vramguard.io.kube.Store` an :class:`vramguard.io.kube.Informer` fills. Only what the
 rules need is kept: a namespace's labels; a node's GPU inventory and labels; for each live pod that
 asks for a GPU, its namespace, node and claims as the quota counts them. The stores are touched
 only from the event loop, so they need no locks.
@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.kube import SuspectingStore
 from vramguard.admission import (
     NamespaceUsage,
     ResourceOffer,
@@ -29,6 +28,7 @@ from vramguard.admission import (
 )
 from vramguard.demand import DemandOptions, derive_pod_demand
 from vramguard.inventory import NodeInventory, read_inventory
+from vramguard.io.kube import SuspectingStore
 from vramguard.ledger import Claim
 
 __all__ = ["PENDING_TTL", "FanOut", "NamespaceStore", "NodeStore", "PodStore"]

@@ -1,7 +1,7 @@
 """``vramguard agent``: the node agent (a DaemonSet on GPU nodes), or one reading with ``--once``.
 
 The agent and its dependencies (pynvml, grpc, aiohttp, the Kubernetes client) are imported inside
-the handler, so ``vramguard`` stays importable without them.
+the handler, for start-up time (see :mod:`vramguard.cli`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agent.main import AgentSettings  # noqa: PLC0415
     from agent.main import run as run_agent  # noqa: PLC0415
-    from service.kube import load_connection  # noqa: PLC0415
+    from vramguard.io.kube import load_connection  # noqa: PLC0415
 
     if not args.node_name:
         return _fail("--node-name (or $NODE_NAME) is required", EXIT_USAGE)
@@ -123,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _one_reading(nvml: Any, podresources: Any, proc_root: Path | None) -> dict[str, Any]:
     """One cycle without the API server: the snapshot, the kubelet's answer and the report."""
-    from functools import partial  # noqa: PLC0415
-
     from agent.nvml import NvmlUnavailable, take_snapshot  # noqa: PLC0415
     from agent.podresources import PodResourcesUnavailable  # noqa: PLC0415
     from agent.processes import owner_of  # noqa: PLC0415

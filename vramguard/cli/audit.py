@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Operation, Subject
+from vramguard.cli import kubectl_vram
 from vramguard.cluster import ClusterState
 from vramguard.placement import class_findings
 from vramguard.policy import Policy, PolicyError
@@ -183,11 +184,11 @@ class AuditReport:
 
 def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in") -> AuditReport:
     """Audit a :class:`vramguard.cli.kubectl_vram.ClusterSnapshot` under ``policy``."""
-    from vramguard.cli.kubectl_vram import build_state, node_rows  # noqa: PLC0415
+    # Imported here for start-up time (webhook.state loads aiohttp and the Kubernetes client).
     from webhook.state import NamespaceStore, NodeStore, PodStore  # noqa: PLC0415
 
-    state = build_state(snapshot, policy)
-    report = AuditReport(policy_source, gpus=node_rows(state))
+    state = kubectl_vram.build_state(snapshot, policy)
+    report = AuditReport(policy_source, gpus=kubectl_vram.node_rows(state))
     report.ledger_problems = [p for p in state.ledger.check_invariants() if "counters say" not in p]
 
     report.placements = placement_findings(state, snapshot.bound_pods)
@@ -280,15 +281,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``vramguard audit``; return its exit code."""
-    from vramguard.cli.kubectl_vram import choose_policy, read_cluster  # noqa: PLC0415
-
     try:
-        snapshot, configmap_text = read_cluster(args.kubeconfig, args.context, workloads=True)
+        snapshot, configmap_text = kubectl_vram.read_cluster(args.kubeconfig, args.context, workloads=True)
     except Exception as exc:  # the client raises many types: config, network, API
         print(f"{_PROG}: error: cannot read the cluster: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        policy, source = choose_policy(args.policy, configmap_text)
+        policy, source = kubectl_vram.choose_policy(args.policy, configmap_text)
     except PolicyError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -3,8 +3,8 @@ or (``--client NAME``) the client certificate kube-scheduler presents to the ext
 
 Writes ``ca.crt``, ``tls.crt`` and ``tls.key`` (the key names of a ``kubernetes.io/tls`` Secret),
 and with ``--patch-webhook`` puts the CA into the ``caBundle`` of every webhook of a
-ValidatingWebhookConfiguration. The certificate code lives in ``service.certs``; it and the
-Kubernetes client are imported inside the handler, keeping ``vramguard`` importable without them.
+ValidatingWebhookConfiguration. The certificate code lives in ``vramguard.io.certs``; it (with
+cryptography) and the Kubernetes client are imported inside the handler, for start-up time.
 """
 
 from __future__ import annotations
@@ -124,10 +124,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``vramguard certs``; return the exit code (2 for bad input, with a one-line error)."""
-    # Imported here: cryptography is a service dependency, not one of the pure core.
+    # Imported here for start-up time (see vramguard.cli), not for layering.
     from cryptography import x509  # noqa: PLC0415
 
-    from service import certs  # noqa: PLC0415
+    from vramguard.io import certs  # noqa: PLC0415
 
     if args.client is not None:
         serving_only = [flag for flag, value in (("--service", args.service), ("--namespace", args.namespace),

@@ -4,8 +4,8 @@ Secure by default: the verbs are served only with mutual TLS (``--client-ca``: k
 presents a client certificate from that CA), unless an ``--insecure-*`` flag says otherwise, for
 local debugging. Probes and metrics are served on ``--ops-listen`` over plain HTTP.
 
-The service and its dependencies are imported inside the handler, so ``vramguard`` stays
-importable without aiohttp or the Kubernetes client.
+The service and its dependencies (aiohttp, the Kubernetes client) are imported inside the handler,
+for start-up time (see :mod:`vramguard.cli`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from vramguard.cli.watch_limit import add_max_watch_event_bytes
 from vramguard.cli.webhook import parse_listen
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
+from vramguard.policy import PolicyError, PolicyFile
 
 _PROG = "vramguard extender"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -73,13 +74,13 @@ def run(args: argparse.Namespace) -> int:
     """Start the extender; return when it has shut down (0) or failed to start (1, 2)."""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Imported here for start-up time (see vramguard.cli), not for layering.
     from extender.main import ExtenderSettings  # noqa: PLC0415
     from extender.main import run as run_extender  # noqa: PLC0415
-    from service.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
-    from service.server import ServerSettings  # noqa: PLC0415
-    from service.supervise import TaskDied  # noqa: PLC0415
-    from service.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
-    from vramguard.policy import PolicyError, PolicyFile  # noqa: PLC0415
+    from vramguard.io.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
+    from vramguard.io.server import ServerSettings  # noqa: PLC0415
+    from vramguard.io.supervise import TaskDied  # noqa: PLC0415
+    from vramguard.io.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
 
     try:
         host, port = parse_listen(args.listen)

@@ -1,7 +1,7 @@
 """``vramguard webhook``: the validating admission webhook, served over HTTPS.
 
-The service (``webhook``, ``service``) and its dependencies are imported inside the handler, so
-``vramguard`` stays importable without aiohttp or the Kubernetes client.
+The service (``webhook``, ``vramguard.io``) and its dependencies (aiohttp, the Kubernetes client)
+are imported inside the handler, for start-up time (see :mod:`vramguard.cli`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from vramguard.cli.watch_limit import add_max_watch_event_bytes
+from vramguard.policy import PolicyError, PolicyFile, default_policy
 
 __all__ = ["parse_listen", "register", "run"]
 
@@ -90,12 +91,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    # Service dependencies, imported here only: the core must not load them.
-    from service.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
-    from service.server import ServerSettings  # noqa: PLC0415
-    from service.supervise import TaskDied  # noqa: PLC0415
-    from service.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
-    from vramguard.policy import PolicyError, PolicyFile, default_policy  # noqa: PLC0415
+    # Imported here for start-up time (see vramguard.cli), not for layering.
+    from vramguard.io.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
+    from vramguard.io.server import ServerSettings  # noqa: PLC0415
+    from vramguard.io.supervise import TaskDied  # noqa: PLC0415
+    from vramguard.io.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
     from webhook.app import PolicySource  # noqa: PLC0415
     from webhook.main import WebhookSettings, describe_start, run_webhook  # noqa: PLC0415
 

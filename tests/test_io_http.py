@@ -1,4 +1,4 @@
-"""service.http and service.server: probes, metrics, body limits, JSON errors, serving, shutdown."""
+"""vramguard.io.http and vramguard.io.server: probes, metrics, body limits, JSON errors, serving, shutdown."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from service import certs
-from service.http import (
+from vramguard.io import certs
+from vramguard.io.http import (
     DEFAULT_CLIENT_MAX_SIZE,
     Readiness,
     RequestError,
@@ -32,8 +32,8 @@ from service.http import (
     read_model,
     readiness_of,
 )
-from service.server import RunningServer, ServerSettings, run_https, serve
-from service.tls import load_server_tls
+from vramguard.io.server import RunningServer, ServerSettings, run_https, serve
+from vramguard.io.tls import load_server_tls
 
 HOST = "127.0.0.1"
 MiB = 1024 * 1024

@@ -1,4 +1,4 @@
-"""service.tls: the serving certificate follows its files, and mutual TLS refuses clients without a
+"""vramguard.io.tls: the serving certificate follows its files, and mutual TLS refuses clients without a
 certificate from the client CA, over real TLS on 127.0.0.1."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
 
-from service import certs
-from service.http import create_app, readiness_of
-from service.server import RunningServer, ServerSettings, serve
-from service.tls import (
+from vramguard.io import certs
+from vramguard.io.http import create_app, readiness_of
+from vramguard.io.server import RunningServer, ServerSettings, serve
+from vramguard.io.tls import (
     CERTIFICATE_EXPIRY_METRIC,
     CertificateExpiryCollector,
     ReloadingTLSContext,

@@ -86,7 +86,7 @@ def new_server_context() -> ssl.SSLContext:
 class ReloadingTLSContext:
     """A server TLS context that serves the pair currently in ``cert_file`` / ``key_file``.
 
-    Hand :attr:`context` to the server, run :meth:`watch` alongside it (``service.server`` does
+    Hand :attr:`context` to the server, run :meth:`watch` alongside it (``vramguard.io.server`` does
     both), and register :meth:`is_loaded` as a readiness check. A pair that fails to load (half
     written, mismatched, unreadable) is logged and the previous pair stays in service; the files
     are looked at again on the next tick.

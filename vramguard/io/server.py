@@ -1,7 +1,7 @@
 """Serving an aiohttp application over HTTPS until SIGTERM, then shutting down gracefully.
 
 With an ``operational`` address, ``/healthz``, ``/readyz`` and ``/metrics`` are served there over
-plain HTTP (see ``service.http.create_operational_app``) and the main listener keeps only the
+plain HTTP (see ``vramguard.io.http.create_operational_app``) and the main listener keeps only the
 service's own routes: probes and scrapes then need no client certificate, while every route of
 the main listener is behind its TLS settings (mutual TLS for the extender). Plain HTTP is enough
 there: the routes are read-only, kubelet HTTPS probes would not verify a certificate anyway, and
@@ -14,7 +14,7 @@ requests in flight get up to ``shutdown_timeout`` seconds to finish, idle connec
 Slow or stuck clients are bounded: a connection that sends no complete request within
 ``keepalive_timeout`` seconds is closed (aiohttp arms that timer at connect time too, so it also
 covers trickled headers), the TLS handshake has asyncio's 60 s limit, bodies read through
-``service.http`` have their own time limit, and after a response aiohttp discards an unread
+``vramguard.io.http`` have their own time limit, and after a response aiohttp discards an unread
 body for at most ``lingering_time`` seconds.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from service.http import CLIENT_CERTIFICATE_OBSERVER_KEY, READINESS_KEY, REGISTRY_KEY, create_operational_app
-from service.tls import DEFAULT_RELOAD_INTERVAL, CertificateExpiryCollector, ReloadingTLSContext
+from vramguard.io.http import CLIENT_CERTIFICATE_OBSERVER_KEY, READINESS_KEY, REGISTRY_KEY, create_operational_app
+from vramguard.io.tls import DEFAULT_RELOAD_INTERVAL, CertificateExpiryCollector, ReloadingTLSContext
 
 __all__ = ["Address", "RunningServer", "ServerSettings", "run_https", "serve"]
 
@@ -98,7 +98,7 @@ async def serve(
     """Serve ``app`` on ``host:port`` while the ``async with`` body runs; stop gracefully on exit.
 
     ``port`` 0 picks a free port (see :attr:`RunningServer.port`). With a
-    :class:`~service.tls.ReloadingTLSContext` its watcher runs alongside the server, its
+    :class:`~vramguard.io.tls.ReloadingTLSContext` its watcher runs alongside the server, its
     certificates' expiry is exported in the application's registry and, if the application has a
     readiness registry without a ``"tls"`` check, one is added. ``tls`` None serves plain HTTP
     (tests, or a loopback-only port). ``operational`` (host, port) serves ``app``'s probes and

@@ -10,7 +10,7 @@
 
 plus a request-latency histogram and JSON errors. A service whose main listener requires client
 certificates serves those three on a listener of their own instead (:func:`create_operational_app`,
-started by ``service.server.serve``), so kubelets and Prometheus need no client certificate.
+started by ``vramguard.io.server.serve``), so kubelets and Prometheus need no client certificate.
 
 Handlers read request bodies only through :func:`read_body`, :func:`read_json` or
 :func:`read_model`: those enforce the body size limit (413), a time limit for slow senders (408),
@@ -152,7 +152,7 @@ REGISTRY_KEY = web.AppKey("vramguard_metrics_registry", CollectorRegistry)
 BODY_LIMIT_KEY = web.AppKey("vramguard_body_limit", int)
 LATENCY_KEY = web.AppKey("vramguard_latency_histogram", Histogram)
 # Called with the verified client certificate (``SSLSocket.getpeercert()`` form) of each request
-# over mutual TLS; ``service.server.serve`` sets it to record the expiry of the client's certificate.
+# over mutual TLS; ``vramguard.io.server.serve`` sets it to record the expiry of the client's certificate.
 ClientCertificateObserver = Callable[[Mapping[str, Any]], None]
 CLIENT_CERTIFICATE_OBSERVER_KEY = web.AppKey[ClientCertificateObserver]("vramguard_client_certificate_observer")
 
