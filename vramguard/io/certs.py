@@ -373,6 +373,15 @@ def issue_service_certificate(
     )
 
 
+def is_ca_certificate(certificate: x509.Certificate) -> bool:
+    """Whether ``certificate`` may sign others (``basicConstraints: CA:TRUE``)."""
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        return False
+    return constraints.ca
+
+
 def load_ca(cert_file: Path | str, key_file: Path | str, password: bytes | None = None) -> CertificateAuthority:
     """Load an existing CA from PEM files, to issue a new leaf without changing ``caBundle``.
 
@@ -398,11 +407,7 @@ def load_ca(cert_file: Path | str, key_file: Path | str, password: bytes | None 
     der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(der, spki) != certificate.public_key().public_bytes(der, spki):
         raise CertificateError(f"{key_path} is not the private key of the certificate in {cert_path}")
-    try:
-        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        constraints = None
-    if constraints is None or not constraints.ca:
+    if not is_ca_certificate(certificate):
         raise CertificateError(f"{cert_path} is not a CA certificate (basicConstraints CA:TRUE is missing)")
     try:
         usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value

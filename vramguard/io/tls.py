@@ -37,6 +37,8 @@ from cryptography.hazmat.primitives import hashes
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vramguard.io.certs import is_ca_certificate
+
 __all__ = [
     "CERTIFICATE_EXPIRY_METRIC",
     "DEFAULT_RELOAD_INTERVAL",
@@ -311,11 +313,7 @@ def _trust_client_cas(context: ssl.SSLContext, ca_pem: bytes) -> tuple[LoadedCer
     """
     cas = x509.load_pem_x509_certificates(ca_pem)  # ValueError when there is none
     for ca in cas:
-        try:
-            constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
-        except x509.ExtensionNotFound:
-            constraints = None
-        if constraints is None or not constraints.ca:
+        if not is_ca_certificate(ca):
             raise TLSLoadError(f"{ca.subject.rfc4514_string()} is not a CA certificate (basicConstraints CA:TRUE)")
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(cadata=ca_pem.decode("ascii"))
