@@ -67,15 +67,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
+from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION, is_vramguard_key
 from vramguard.demand import DemandOptions, PodDemand, Vram, derive_pod_demand
-from vramguard.demand.annotations import PREFIX, VRAM
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger
 from vramguard.placement import filter_node, pod_claims
-from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Enforcement, Policy, QosClass
+from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes
 
 __all__ = [
@@ -377,7 +377,7 @@ class AdmissionRules:
         annotations = {
             k: v
             for k, v in _mapping(metadata.get("annotations")).items()
-            if isinstance(k, str) and k.startswith(PREFIX)
+            if is_vramguard_key(k)
         }
         try:
             text = json.dumps([template.get("spec"), annotations], separators=(",", ":"))
@@ -475,7 +475,7 @@ class AdmissionRules:
         for name in guesses:
             found.note(
                 f"container {name}: class {choice.name} does not trust engines recognised only from "
-                f"environment variables; its VRAM counts as unknown unless declared ({VRAM}.{name})"
+                f"environment variables; its VRAM counts as unknown unless declared ({VRAM_ANNOTATION}.{name})"
             )
         believed = demand.distrusting_env_only()
         return believed, quota_claims(believed)
@@ -574,7 +574,7 @@ class AdmissionRules:
             return
         found.violate(
             f"container {container.name}: VRAM unknown and class {choice.name} rejects that; declare it, "
-            f"e.g. annotation {VRAM}.{container.name}: 16Gi"
+            f"e.g. annotation {VRAM_ANNOTATION}.{container.name}: 16Gi"
         )
 
     @staticmethod
@@ -785,7 +785,7 @@ def _max_vram_message(
         whole = f" of {format_bytes(device)}" if device is not None and limit.bytes is not None else ""
         return (
             f"container {container.name}: VRAM unknown, so it holds a whole GPU{whole}, above class "
-            f"{choice.name}'s max_vram_per_gpu {limit_text}; declare {VRAM}.{container.name}"
+            f"{choice.name}'s max_vram_per_gpu {limit_text}; declare {VRAM_ANNOTATION}.{container.name}"
         )
     amount = f"{held.describe()} per GPU"
     if device is not None and held.fraction is not None and limit.bytes is not None:

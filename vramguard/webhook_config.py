@@ -38,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from vramguard.policy import ENFORCE_LABEL, Policy
+from vramguard.codecs import ENFORCE_LABEL
+from vramguard.policy import Policy
 
 __all__ = [
     "WebhookTarget",

@@ -128,7 +128,7 @@ def _one_reading(nvml: Any, podresources: Any, proc_root: Path | None) -> dict[s
     from agent.podresources import PodResourcesUnavailable  # noqa: PLC0415
     from agent.processes import owner_of  # noqa: PLC0415
     from agent.recorded import snapshot_to_json  # noqa: PLC0415
-    from agent.report import build_view, owners_for, report_json, snapshot_pids  # noqa: PLC0415
+    from agent.report import build_view, owners_for, snapshot_pids  # noqa: PLC0415
 
     errors: dict[str, str] = {}
     snapshot = None
@@ -155,7 +155,7 @@ def _one_reading(nvml: Any, podresources: Any, proc_root: Path | None) -> dict[s
              "containers": {c.name: {r: list(ids) for r, ids in c.devices} for c in p.containers}}
             for p in pod_devices or ()
         ] if pod_devices is not None else None,
-        "report": report_json(view.report),
+        "report": view.report.to_json(),
         "foreign_bytes": dict(view.foreign),
         "notes": list(view.notes),
         "errors": errors,
