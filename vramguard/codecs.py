@@ -16,6 +16,7 @@ name                               on          what
 ``vramguard.io/qos-class``         pod, ns     the class a pod or namespace asks for (label)
 ``vramguard.io/enforce``           ns          the namespace's enforcement mode (label)
 ``vramguard-agent-<node>``         Lease       the agent's liveness (:func:`agent_lease_name`)
+``<entry>.vramguard.io``           webhook     an admission webhook entry (:func:`webhook_name`)
 =================================  ==========  ====================================================
 
 Decoders never raise: what others wrote may be junk (a user can edit a pod's annotations, a broken
@@ -38,6 +39,7 @@ __all__ = [
     "AGENT_REPORT_ANNOTATION",
     "AGENT_REPORT_VERSION",
     "CLASS_FINDINGS_ANNOTATION",
+    "DOMAIN",
     "ENFORCE_LABEL",
     "MAX_LEASE_NAME",
     "PLACEMENT_ANNOTATION",
@@ -55,9 +57,11 @@ __all__ = [
     "encode_class_findings",
     "is_vramguard_key",
     "vram_annotation",
+    "webhook_name",
 ]
 
-PREFIX = "vramguard.io/"
+DOMAIN = "vramguard.io"
+PREFIX = DOMAIN + "/"
 """Every annotation and label vramguard owns starts with this."""
 VRAM_ANNOTATION = PREFIX + "vram"
 PLACEMENT_ANNOTATION = PREFIX + "placement"
@@ -85,6 +89,11 @@ def is_vramguard_key(key: object) -> bool:
 def vram_annotation(container: str | None = None) -> str:
     """The VRAM declaration of every GPU container (``None``) or of the named one."""
     return VRAM_ANNOTATION if container is None else f"{VRAM_ANNOTATION}.{container}"
+
+
+def webhook_name(entry: str) -> str:
+    """The name of a ValidatingWebhookConfiguration's entry: ``pods`` -> ``pods.vramguard.io``."""
+    return f"{entry}.{DOMAIN}"
 
 
 # -- the placement annotation (written at bind, read back by the cluster model) -------------------

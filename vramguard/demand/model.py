@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.quantity import format_bytes
 
 
@@ -110,7 +111,7 @@ class ContainerDemand:
         if self.claim is None:
             return problems
         for bound, label in (
-            (self.declared, "its vramguard.io/vram declaration"),
+            (self.declared, f"its {VRAM_ANNOTATION} declaration"),
             (Vram(bytes=self.mps_limit) if self.mps_limit is not None else None,
              "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
         ):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
@@ -136,7 +137,7 @@ class Findings:
         if reference is not None:
             self.warn(
                 f"{flag.evidence()}: {reference} is not a literal env value in the spec, "
-                "so vramguard cannot read it; set the value literally or declare vramguard.io/vram"
+                f"so vramguard cannot read it; set the value literally or declare {VRAM_ANNOTATION}"
             )
             return None
         value = parse_fraction(flag.value)
