@@ -112,6 +112,7 @@ def derive_container_demand(
         mps_limit=mps.limit_bytes,
         sm_percent=mps.sm_percent,
         implicit_default=claim.implicit_default if claim is not None else False,
+        default_warning=claim.default_warning if claim is not None else None,
         env_only=claim.env_only if claim is not None else False,
     )
     if demand.reservation is None and claim is None and not found.errors:

@@ -62,6 +62,8 @@ class EngineClaim:
     errors: tuple[str, ...] = ()
     implicit_default: bool = False
     """The VRAM comes from the engine's built-in default, not from anything the spec says."""
+    default_warning: str | None = None
+    """The warning (among ``warnings``) that says so, which a class forbidding defaults replaces."""
     env_only: bool = False
     """The engine was recognised only from environment variables (JAX), which any container can set."""
 
@@ -85,6 +87,8 @@ class ContainerDemand:
     sm_percent: int | None = None
     implicit_default: bool = False
     """The engine's claim is its built-in default (vLLM's 0.92, TGI's 1.0, JAX's 0.75)."""
+    default_warning: str | None = None
+    """The warning (among ``warnings``) that the claim is the engine's default (see :class:`EngineClaim`)."""
     env_only: bool = False
     """The engine was recognised only from environment variables (see :attr:`EngineClaim.env_only`)."""
     evidence: tuple[str, ...] = ()

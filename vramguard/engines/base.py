@@ -114,6 +114,8 @@ class Findings:
     evidence: list[str]
     warnings: list[str]
     errors: list[str]
+    default_warning: str | None = None
+    """The warning that the VRAM comes from the engine's built-in default (also in ``warnings``)."""
 
     @classmethod
     def for_container(cls, container: str) -> Findings:
@@ -123,6 +125,11 @@ class Findings:
     def warn(self, message: str) -> None:
         """Record a warning about the container."""
         self.warnings.append(f"container {self.container}: {message}")
+
+    def relies_on_default(self, message: str) -> None:
+        """Record the warning that the container relies on the engine's default memory share."""
+        self.warnings.append(message)
+        self.default_warning = message
 
     def error(self, message: str) -> None:
         """Record an error about the container."""

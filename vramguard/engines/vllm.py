@@ -78,7 +78,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         vram = Vram(fraction=_implicit_default(image, found))
         implicit = True
     return EngineClaim(
-        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
+        default_warning=found.default_warning,
     )
 
 
@@ -109,7 +110,7 @@ def _implicit_default(image: str, found: Findings) -> Fraction:
     else:
         default, why = DEFAULT_SINCE_0_21, f"image tag {image_tag(image)}"
     found.evidence.append(f"vLLM default --gpu-memory-utilization {float(default):g} ({why})")
-    found.warnings.append(
+    found.relies_on_default(
         f"container {found.container} relies on vLLM's default --gpu-memory-utilization "
         f"({float(default):g} of the GPU); set it explicitly"
     )
