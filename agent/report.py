@@ -53,6 +53,8 @@ from vramguard.demand import DemandOptions, derive_pod_demand
 from vramguard.ledger import over_use
 
 __all__ = [
+    "NVML_UNAVAILABLE",
+    "PODRESOURCES_UNAVAILABLE",
     "USED_STEP_BYTES",
     "AgentView",
     "ContainerUsage",
@@ -68,6 +70,12 @@ __all__ = [
 _DEFAULT_DEMAND = DemandOptions()
 USED_STEP_BYTES = 64 << 20
 """Reported use is rounded up to this step: small fluctuations leave the report unchanged."""
+
+
+NVML_UNAVAILABLE = "NVML unavailable: no device is measured"
+"""The note of a cycle without NVML (the agent logs the reason where it reads NVML)."""
+PODRESOURCES_UNAVAILABLE = "kubelet PodResources unavailable: placements unknown"
+"""The note of a cycle without the kubelet's PodResources API (logged where it is read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +232,7 @@ def build_view(
     """
     notes: list[str] = []
     if snapshot is None:
-        notes.append("NVML unavailable: no device is measured")
+        notes.append(NVML_UNAVAILABLE)
     devices = devices_of(snapshot) if snapshot is not None else []
     by_id = {d.id: d for d in devices}
     placements, holders, complete = _placements(snapshot, devices, pod_devices, pods, options, notes)
@@ -307,7 +315,7 @@ def _placements(
     then does "no container holds this device" hold.
     """
     if pod_devices is None:
-        notes.append("kubelet PodResources unavailable: placements unknown")
+        notes.append(PODRESOURCES_UNAVAILABLE)
         return {}, {}, False
     if snapshot is None:
         return {}, {}, False
