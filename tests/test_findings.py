@@ -71,7 +71,9 @@ def test_engines_tag_the_warning_about_their_default() -> None:
 def test_a_forbidden_default_is_a_problem_and_its_warning_is_not_repeated() -> None:
     strict = review(labelled(pod(vllm()), "guaranteed"), mode="warn")
     default_warning = derive_pod_demand(pod(vllm())).containers[0].default_warning
-    assert [f.code for f in strict.problems if f.code is Code.IMPLICIT_DEFAULT] == [Code.IMPLICIT_DEFAULT]
+    assert [(f.code, f.container) for f in strict.problems if f.code is Code.IMPLICIT_DEFAULT] == [
+        (Code.IMPLICIT_DEFAULT, "vllm")
+    ]
     assert default_warning not in strict.notes
     relaxed = review(pod(vllm()), mode="warn")
     assert not any(f.code is Code.IMPLICIT_DEFAULT for f in relaxed.problems)

@@ -286,6 +286,8 @@ class Finding:
 
     code: Code
     message: str
+    container: str | None = None
+    """The container it is about, when it is about one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,7 +539,8 @@ class AdmissionRules:
         for name in guesses:
             found.note(Code.ENV_ONLY_ENGINE,
                 f"container {name}: class {choice.name} does not trust engines recognised only from "
-                f"environment variables; its VRAM counts as unknown unless declared ({VRAM_ANNOTATION}.{name})"
+                f"environment variables; its VRAM counts as unknown unless declared ({VRAM_ANNOTATION}.{name})",
+                container=name,
             )
         believed = demand.distrusting_env_only()
         return believed, quota_claims(believed)
@@ -617,10 +620,10 @@ class AdmissionRules:
         if offer is None or not offer.sized:
             return
         for problem in container.conflicts(offer.smallest_bytes):
-            found.violate(Code.CONFLICT, problem)
+            found.violate(Code.CONFLICT, problem, container=container.name)
         if offer.largest_bytes != offer.smallest_bytes:
             for problem in container.conflicts(offer.largest_bytes):
-                found.note(Code.CONFLICT, problem)
+                found.note(Code.CONFLICT, problem, container=container.name)
 
     @staticmethod
     def _implicit(container: ContainerDemand, engine: str | None, choice: ClassChoice, found: _Findings) -> None:
@@ -629,7 +632,8 @@ class AdmissionRules:
         share = f"{float(container.claim.fraction):g}" if container.claim and container.claim.fraction else "?"
         found.violate(Code.IMPLICIT_DEFAULT,
             f"container {container.name} relies on {engine}'s default {_DEFAULT_KNOB[engine]} ({share} of the "
-            f"GPU); {_DEFAULT_FIX[engine]} (class {choice.name})"
+            f"GPU); {_DEFAULT_FIX[engine]} (class {choice.name})",
+            container=container.name,
         )
 
     @staticmethod
@@ -638,7 +642,8 @@ class AdmissionRules:
             return
         found.violate(Code.UNKNOWN_VRAM,
             f"container {container.name}: VRAM unknown and class {choice.name} rejects that; declare it, "
-            f"e.g. annotation {VRAM_ANNOTATION}.{container.name}: 16Gi"
+            f"e.g. annotation {VRAM_ANNOTATION}.{container.name}: 16Gi",
+            container=container.name,
         )
 
     @staticmethod
@@ -658,14 +663,17 @@ class AdmissionRules:
         largest = offer.largest_bytes if offer is not None and offer.sized else None
         over = held.exceeds(limit, smallest)
         if over:
-            found.violate(Code.MAX_VRAM, _max_vram_message(container, choice, held, limit, limit_text, smallest))
+            message = _max_vram_message(container, choice, held, limit, limit_text, smallest)
+            found.violate(Code.MAX_VRAM, message, container=container.name)
         elif over is None:
             found.note(Code.MAX_VRAM,
                 f"container {container.name}: cannot check max_vram_per_gpu {limit_text}: "
-                f"no node offers {container.resource} with a known size"
+                f"no node offers {container.resource} with a known size",
+                container=container.name,
             )
         elif largest is not None and largest != smallest and held.exceeds(limit, largest):
-            found.note(Code.MAX_VRAM, _max_vram_message(container, choice, held, limit, limit_text, largest))
+            message = _max_vram_message(container, choice, held, limit, limit_text, largest)
+            found.note(Code.MAX_VRAM, message, container=container.name)
 
     @staticmethod
     def _mps_limit(container: ContainerDemand, choice: ClassChoice, found: _Findings) -> None:
@@ -677,7 +685,8 @@ class AdmissionRules:
             per_gpu = f"{-(-reservation.bytes // GiB)}G"
         example = ",".join(f"{i}={per_gpu}" for i in range(min(container.gpus, 4)))
         found.violate(
-            Code.MPS_LIMIT, f"container {container.name}: class {choice.name} requires env {MEM_LIMIT}, e.g. {example}"
+            Code.MPS_LIMIT, f"container {container.name}: class {choice.name} requires env {MEM_LIMIT}, e.g. {example}",
+            container=container.name,
         )
 
     def _sharing(
@@ -693,19 +702,22 @@ class AdmissionRules:
         if resource.startswith(tuple(self.policy.gpu_resource_prefixes)) and "mig" not in allowed:
             found.violate(Code.SHARING,
                 f"container {container.name}: class {choice.name} does not allow MIG ({resource}); "
-                f"{self._classes_allowing({'mig'})}"
+                f"{self._classes_allowing({'mig'})}",
+                container=container.name,
             )
             return
         if resource.endswith(".shared") and not allowed & {"time-slicing", "mps"}:
             found.violate(Code.SHARING,
                 f"container {container.name}: class {choice.name} does not allow shared GPUs ({resource}); "
-                f"{self._classes_allowing({'time-slicing', 'mps'})}"
+                f"{self._classes_allowing({'time-slicing', 'mps'})}",
+                container=container.name,
             )
             return
         if offer is None:
             where = f"its node offers no {resource}" if bound else f"no node offers {resource} yet"
             found.note(
-                Code.RESOURCE_MISSING, f"container {container.name}: {where}; the pod cannot run until one does"
+                Code.RESOURCE_MISSING, f"container {container.name}: {where}; the pod cannot run until one does",
+                container=container.name,
             )
             return
         if offer.sharing and not offer.sharing & allowed:
@@ -713,7 +725,8 @@ class AdmissionRules:
             offered = " or ".join(_SHARING_WORDS.get(s, s) for s in sorted(offer.sharing))
             found.violate(Code.SHARING,
                 f"container {container.name}: {where} {resource} only as {offered} GPUs, which class "
-                f"{choice.name} does not allow (it allows {', '.join(choice.qos.sharing)})"
+                f"{choice.name} does not allow (it allows {', '.join(choice.qos.sharing)})",
+                container=container.name,
             )
 
     def _classes_allowing(self, strategies: set[str]) -> str:
@@ -898,11 +911,11 @@ class _Findings:
     violations: list[Finding] = field(default_factory=list)
     notes: list[Finding] = field(default_factory=list)
 
-    def violate(self, code: Code, message: str) -> None:
-        self.violations.append(Finding(code, message))
+    def violate(self, code: Code, message: str, container: str | None = None) -> None:
+        self.violations.append(Finding(code, message, container))
 
-    def note(self, code: Code, message: str) -> None:
-        self.notes.append(Finding(code, message))
+    def note(self, code: Code, message: str, container: str | None = None) -> None:
+        self.notes.append(Finding(code, message, container))
 
 
 def _implicit_default(container: ContainerDemand) -> str | None:
