@@ -3,9 +3,12 @@ junk written by others decodes to "nothing recorded", never an exception."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramguard.codecs import (
     AGENT_LEASE_PREFIX,
@@ -125,3 +128,28 @@ def test_agent_lease_nodes() -> None:
     hashed = agent_lease_name("n" * MAX_LEASE_NAME)
     assert hashed.startswith(AGENT_LEASE_PREFIX) and len(hashed) == MAX_LEASE_NAME
     assert agent_lease_nodes(hashed, reported) == ["gpu-1", "gpu-2"]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+REPORT_LIKE = st.fixed_dictionaries(
+    {"version": st.sampled_from([1, 1, True, "1", 2])},
+    optional={"gpus": JSON_VALUES, "pods": JSON_VALUES, "used": JSON_VALUES},
+)
+
+
+@given(st.one_of(JSON_VALUES, REPORT_LIKE))
+@settings(max_examples=300, deadline=None)
+def test_decoders_never_raise_and_what_they_keep_round_trips(value: Any) -> None:
+    text = json.dumps(value)
+    report, problems = decode_agent_report(text)
+    assert report is not None or problems
+    if report is not None:
+        again, more = decode_agent_report(report.encode())
+        assert (again, more) == (report, [])
+    placement = Placement.decode(text)
+    assert Placement.decode(placement.encode()).containers == placement.containers
+    decode_class_findings(text)
