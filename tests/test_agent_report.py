@@ -21,7 +21,7 @@ from tests.agent_support import (
     recording,
     snapshot_of,
 )
-from vramguard.codecs import AGENT_REPORT_ANNOTATION, decode_agent_report
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.demand.model import Vram
 from vramguard.inventory import Sharing, read_inventory
 from vramguard.ledger import Claim, Ledger, PodRef
@@ -91,7 +91,7 @@ def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
         # 64 MiB) for the ledger to count. The vLLM pods use their 0.3 within the tolerance: left out.
         "used": {UIDS["trainer"]: {"1": 41024 * MiB}},
     }
-    parsed, problems = decode_agent_report(view.report.encode())
+    parsed, problems = AgentReport.decode(view.report.encode())
     assert problems == [] and parsed == view.report
     assert view.overuse == (
         OverUse(UIDS["trainer"], "ml", "trainer", "1", int(Fraction(3, 10) * H100_BYTES), 40962 * MiB),

@@ -19,7 +19,6 @@ from vramguard.codecs import (
     ReportedGpu,
     agent_lease_name,
     agent_lease_nodes,
-    decode_agent_report,
     decode_class_findings,
     encode_class_findings,
     is_vramguard_key,
@@ -88,7 +87,7 @@ def test_agent_report_encodes_compact_sorted_and_decodes_back() -> None:
         '{"gpus":[{"foreign_bytes":3,"id":"1","memory_bytes":80},{"foreign_bytes":0,"id":"0"}],'
         '"pods":{"uid-a":{"a":["1","0"],"z":["0"]},"uid-b":{"c":["1"]}},"used":{"uid-b":{"1":5}},"version":1}'
     )
-    decoded, problems = decode_agent_report(text)
+    decoded, problems = AgentReport.decode(text)
     assert problems == []
     assert decoded == report
 
@@ -108,14 +107,14 @@ def test_agent_report_without_use_leaves_the_section_out() -> None:
                  "agent report: pod u container c: not a list of ids; ignored", id="ids-not-text"),
 ])
 def test_agent_report_junk_is_skipped_with_a_note(text: str, problem: str) -> None:
-    report, problems = decode_agent_report(text)
+    report, problems = AgentReport.decode(text)
     assert report is not None
     assert problems == [problem]
 
 
 @pytest.mark.parametrize("text", ["[]", "nope", '{"version": true}', '{"version": 2}'])
 def test_agent_report_unusable_is_ignored(text: str) -> None:
-    report, problems = decode_agent_report(text)
+    report, problems = AgentReport.decode(text)
     assert report is None
     assert problems and problems[0].startswith("agent report ignored: ")
 
@@ -145,10 +144,10 @@ REPORT_LIKE = st.fixed_dictionaries(
 @settings(max_examples=300, deadline=None)
 def test_decoders_never_raise_and_what_they_keep_round_trips(value: Any) -> None:
     text = json.dumps(value)
-    report, problems = decode_agent_report(text)
+    report, problems = AgentReport.decode(text)
     assert report is not None or problems
     if report is not None:
-        again, more = decode_agent_report(report.encode())
+        again, more = AgentReport.decode(report.encode())
         assert (again, more) == (report, [])
     placement = Placement.decode(text)
     assert Placement.decode(placement.encode()).containers == placement.containers

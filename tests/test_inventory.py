@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport, ReportedGpu, decode_agent_report
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport, ReportedGpu
 from vramguard.inventory import Gpu, human_product, mig_profile_bytes, read_inventory
 from vramguard.quantity import MiB
 
@@ -233,7 +233,7 @@ JUNK_REPORTS = [
 
 @pytest.mark.parametrize(("text", "reason"), JUNK_REPORTS)
 def test_unusable_report_is_ignored_with_a_reason(text: str, reason: str) -> None:
-    report, problems = decode_agent_report(text)
+    report, problems = AgentReport.decode(text)
     assert report is None
     assert any(reason in p for p in problems)
     inventory = read_inventory(node(TWO_GPUS, report=text))

@@ -52,7 +52,6 @@ __all__ = [
     "ReportedGpu",
     "agent_lease_name",
     "agent_lease_nodes",
-    "decode_agent_report",
     "decode_class_findings",
     "encode_class_findings",
     "is_vramguard_key",
@@ -222,7 +221,7 @@ class AgentReport(_Model):
     """Per pod UID, per device id: bytes its processes use there, as measured."""
 
     def to_json(self) -> dict[str, Any]:
-        """The report as the annotation's JSON object (what :func:`decode_agent_report` reads)."""
+        """The report as the annotation's JSON object (what :meth:`decode` reads)."""
         pods = {uid: {c: list(ids) for c, ids in sorted(cs.items())} for uid, cs in sorted(self.placements.items())}
         result: dict[str, Any] = {"version": self.version, "gpus": [g.to_json() for g in self.gpus], "pods": pods}
         if self.used:
@@ -233,37 +232,37 @@ class AgentReport(_Model):
         """The annotation's value: compact JSON with sorted keys, so equal reports are equal strings."""
         return json.dumps(self.to_json(), separators=_COMPACT, sort_keys=True)
 
+    @classmethod
+    def decode(cls, text: str) -> tuple[AgentReport | None, list[str]]:
+        """Read the annotation's value; junk is skipped with a reason, never raised.
 
-def decode_agent_report(text: str) -> tuple[AgentReport | None, list[str]]:
-    """Read the agent's JSON report; junk is skipped with a reason, never raised.
-
-    Returns ``(None, reasons)`` when nothing usable is left (not JSON, unknown version).
-    """
-    problems: list[str] = []
-    try:
-        data = json.loads(text)
-    except (ValueError, TypeError) as exc:
-        return None, [f"agent report ignored: not JSON ({exc})"]
-    if not isinstance(data, Mapping):
-        return None, ["agent report ignored: not a JSON object"]
-    version = data.get("version")
-    if version != AGENT_REPORT_VERSION or isinstance(version, bool):
-        return None, [
-            f"agent report ignored: version {version!r} is not {AGENT_REPORT_VERSION}, "
-            "the version this vramguard reads"
-        ]
-    raw_gpus = data.get("gpus", [])
-    if not isinstance(raw_gpus, list):
-        problems.append("agent report: 'gpus' is not a list; ignored")
-        raw_gpus = []
-    gpus = [gpu for position, entry in enumerate(raw_gpus) if (gpu := _reported_gpu(entry, position, problems))]
-    report = AgentReport(
-        version=AGENT_REPORT_VERSION,
-        gpus=tuple(gpus),
-        placements=_placements(data.get("pods", {}), problems),
-        used=_used(data.get("used", {}), problems),
-    )
-    return report, problems
+        Returns ``(None, reasons)`` when nothing usable is left (not JSON, unknown version).
+        """
+        problems: list[str] = []
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as exc:
+            return None, [f"agent report ignored: not JSON ({exc})"]
+        if not isinstance(data, Mapping):
+            return None, ["agent report ignored: not a JSON object"]
+        version = data.get("version")
+        if version != AGENT_REPORT_VERSION or isinstance(version, bool):
+            return None, [
+                f"agent report ignored: version {version!r} is not {AGENT_REPORT_VERSION}, "
+                "the version this vramguard reads"
+            ]
+        raw_gpus = data.get("gpus", [])
+        if not isinstance(raw_gpus, list):
+            problems.append("agent report: 'gpus' is not a list; ignored")
+            raw_gpus = []
+        gpus = [gpu for position, entry in enumerate(raw_gpus) if (gpu := _reported_gpu(entry, position, problems))]
+        report = cls(
+            version=AGENT_REPORT_VERSION,
+            gpus=tuple(gpus),
+            placements=_placements(data.get("pods", {}), problems),
+            used=_used(data.get("used", {}), problems),
+        )
+        return report, problems
 
 
 def _reported_gpu(entry: Any, position: int, problems: list[str]) -> ReportedGpu | None:

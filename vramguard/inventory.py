@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport, decode_agent_report
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.quantity import MiB, QuantityError, parse_quantity
 
 Sharing = Literal["none", "time-slicing", "mps", "mig"]
@@ -157,7 +157,7 @@ def read_inventory(
             distrusted = distrust
             notes.append(distrust)
         elif annotation is not None:
-            report, problems = decode_agent_report(annotation)
+            report, problems = AgentReport.decode(annotation)
             notes.extend(problems)
     placements: Mapping[str, Mapping[str, tuple[str, ...]]] = {}
     measured: Mapping[str, Mapping[str, int]] = {}
