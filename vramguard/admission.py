@@ -502,7 +502,8 @@ class AdmissionRules:
             found.violate(Code.DEMAND_ERROR, error)
         devices = sum(c.gpus for c in demand.containers)
         if devices > MAX_DEVICES_PER_POD:
-            found.violate(Code.DEVICE_COUNT,
+            found.violate(
+                Code.DEVICE_COUNT,
                 f"the pod asks for {devices} GPU devices in all; no node offers more than {MAX_DEVICES_PER_POD}"
             )
         implicit = {c.name: _implicit_default(c) for c in demand.containers}
@@ -537,7 +538,8 @@ class AdmissionRules:
         if choice.qos.trust_env_only_engines or not guesses:
             return demand, claims
         for name in guesses:
-            found.note(Code.ENV_ONLY_ENGINE,
+            found.note(
+                Code.ENV_ONLY_ENGINE,
                 f"container {name}: class {choice.name} does not trust engines recognised only from "
                 f"environment variables; its VRAM counts as unknown unless declared ({VRAM_ANNOTATION}.{name})",
                 container=name,
@@ -551,7 +553,8 @@ class AdmissionRules:
         name = name if isinstance(name, str) and name else "default-scheduler"  # the API server default
         wired = self.policy.schedulers
         if name not in wired:
-            found.violate(Code.SCHEDULER,
+            found.violate(
+                Code.SCHEDULER,
                 f"spec.schedulerName {name} does not call vramguard, so nothing would check this pod's GPU "
                 f"memory; set spec.schedulerName: {wired[0]} (policy schedulers: {', '.join(wired)})"
             )
@@ -587,7 +590,8 @@ class AdmissionRules:
         claims = pod_claims(demand, whole_gpu, uid if isinstance(uid, str) else "")
         verdict = filter_node(cluster.ledger, node, claims, whole_gpu)
         if not verdict.ok:
-            found.violate(Code.DIRECT_PLACEMENT,
+            found.violate(
+                Code.DIRECT_PLACEMENT,
                 f"spec.nodeName {node} places the pod past the scheduler and it does not fit there: "
                 f"{verdict.message}"
             )
@@ -597,18 +601,21 @@ class AdmissionRules:
         choice = self.policy.choose_class(labels, cluster.namespace_labels)
         asked = labels.get(QOS_CLASS_LABEL)
         if asked is not None and asked not in self.policy.classes:
-            found.violate(Code.CLASS_LABEL,
+            found.violate(
+                Code.CLASS_LABEL,
                 f"label {QOS_CLASS_LABEL}={asked} names no class; use one of {', '.join(self.policy.classes)}"
             )
         elif asked is not None and choice.name != asked:
             allowed = self.policy.pod_classes_under(choice.name)
-            found.violate(Code.CLASS_LABEL,
+            found.violate(
+                Code.CLASS_LABEL,
                 f"label {QOS_CLASS_LABEL}={asked} is not allowed in namespace class {choice.name}; "
                 f"use one of {', '.join(allowed)} (a namespace admin sets the namespace's class)"
             )
         namespace_class = (cluster.namespace_labels or {}).get(QOS_CLASS_LABEL)
         if namespace_class is not None and namespace_class not in self.policy.classes:
-            found.note(Code.CLASS_LABEL,
+            found.note(
+                Code.CLASS_LABEL,
                 f"namespace label {QOS_CLASS_LABEL}={namespace_class} names no class; "
                 f"using class {choice.name}"
             )
@@ -630,7 +637,8 @@ class AdmissionRules:
         if engine is None or choice.qos.allow_implicit_defaults:
             return
         share = f"{float(container.claim.fraction):g}" if container.claim and container.claim.fraction else "?"
-        found.violate(Code.IMPLICIT_DEFAULT,
+        found.violate(
+            Code.IMPLICIT_DEFAULT,
             f"container {container.name} relies on {engine}'s default {_DEFAULT_KNOB[engine]} ({share} of the "
             f"GPU); {_DEFAULT_FIX[engine]} (class {choice.name})",
             container=container.name,
@@ -640,7 +648,8 @@ class AdmissionRules:
     def _unknown(container: ContainerDemand, choice: ClassChoice, found: _Findings) -> None:
         if container.reservation is not None or container.errors or choice.qos.unknown_vram != "reject":
             return
-        found.violate(Code.UNKNOWN_VRAM,
+        found.violate(
+            Code.UNKNOWN_VRAM,
             f"container {container.name}: VRAM unknown and class {choice.name} rejects that; declare it, "
             f"e.g. annotation {VRAM_ANNOTATION}.{container.name}: 16Gi",
             container=container.name,
@@ -666,7 +675,8 @@ class AdmissionRules:
             message = _max_vram_message(container, choice, held, limit, limit_text, smallest)
             found.violate(Code.MAX_VRAM, message, container=container.name)
         elif over is None:
-            found.note(Code.MAX_VRAM,
+            found.note(
+                Code.MAX_VRAM,
                 f"container {container.name}: cannot check max_vram_per_gpu {limit_text}: "
                 f"no node offers {container.resource} with a known size",
                 container=container.name,
@@ -700,14 +710,16 @@ class AdmissionRules:
         allowed = set(choice.qos.sharing)
         resource = container.resource
         if resource.startswith(tuple(self.policy.gpu_resource_prefixes)) and "mig" not in allowed:
-            found.violate(Code.SHARING,
+            found.violate(
+                Code.SHARING,
                 f"container {container.name}: class {choice.name} does not allow MIG ({resource}); "
                 f"{self._classes_allowing({'mig'})}",
                 container=container.name,
             )
             return
         if resource.endswith(".shared") and not allowed & {"time-slicing", "mps"}:
-            found.violate(Code.SHARING,
+            found.violate(
+                Code.SHARING,
                 f"container {container.name}: class {choice.name} does not allow shared GPUs ({resource}); "
                 f"{self._classes_allowing({'time-slicing', 'mps'})}",
                 container=container.name,
@@ -723,7 +735,8 @@ class AdmissionRules:
         if offer.sharing and not offer.sharing & allowed:
             where = "its node offers" if bound else "nodes offer"
             offered = " or ".join(_SHARING_WORDS.get(s, s) for s in sorted(offer.sharing))
-            found.violate(Code.SHARING,
+            found.violate(
+                Code.SHARING,
                 f"container {container.name}: {where} {resource} only as {offered} GPUs, which class "
                 f"{choice.name} does not allow (it allows {', '.join(choice.qos.sharing)})",
                 container=container.name,
@@ -750,12 +763,14 @@ class AdmissionRules:
             return
         per_pod, unsized = claims_bytes(claims, offers)
         for resource in unsized:
-            found.note(Code.QUOTA,
+            found.note(
+                Code.QUOTA,
                 f"namespace {subject.namespace} VRAM quota: no node offers {resource} with a known size, "
                 "so this pod's share of it is not counted"
             )
         if usage.unsized:
-            found.note(Code.QUOTA,
+            found.note(
+                Code.QUOTA,
                 f"namespace {subject.namespace} VRAM quota: {len(usage.unsized)} pod(s) cannot be sized "
                 "(no node offers their GPU resource) and are not counted"
             )
@@ -763,7 +778,8 @@ class AdmissionRules:
         if subject.kind == "Pod":
             total = usage.bytes + per_pod
             if total > quota:
-                found.violate(Code.QUOTA,
+                found.violate(
+                    Code.QUOTA,
                     f"namespace {ns} would hold {quantity_text(total)} of its {limit} VRAM quota "
                     f"(this pod {quantity_text(per_pod)}, {usage.pods} other pod(s) {quantity_text(usage.bytes)})"
                 )
@@ -774,13 +790,15 @@ class AdmissionRules:
         if subject.operation == "CREATE":
             total = usage.bytes + workload
             if total > quota:
-                found.violate(Code.QUOTA,
+                found.violate(
+                    Code.QUOTA,
                     f"namespace {ns} would hold {quantity_text(total)} of its {limit} VRAM quota "
                     f"({pods} pod(s) x {quantity_text(per_pod)}, {usage.pods} other pod(s) "
                     f"{quantity_text(usage.bytes)})"
                 )
         elif workload > quota:
-            found.violate(Code.QUOTA,
+            found.violate(
+                Code.QUOTA,
                 f"{subject.kind} needs {quantity_text(workload)} of VRAM ({pods} pod(s) x {quantity_text(per_pod)}), "
                 f"more than namespace {ns}'s {limit} VRAM quota"
             )
