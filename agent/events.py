@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from agent.report import OverUse
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.lease import format_micro_time
 from vramguard.quantity import format_bytes
 
@@ -42,7 +43,7 @@ def event_body(rows: Sequence[OverUse], node: str, now: float) -> dict[str, Any]
     ]
     message = (
         f"pod uses more VRAM than it declares on node {node}: {'; '.join(parts)}. vramguard now counts what "
-        "it uses; declare it (vramguard.io/vram or the engine's flag) so that scheduling stays exact"
+        f"it uses; declare it ({VRAM_ANNOTATION} or the engine's flag) so that scheduling stays exact"
     )
     stamp = format_micro_time(now)[:19] + "Z"
     return {

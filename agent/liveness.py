@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from vramguard.lease import agent_lease_name, format_micro_time, lease_body
+from vramguard.codecs import agent_lease_name
+from vramguard.lease import format_micro_time, lease_body
 
 __all__ = ["LeaseRenewer"]
 

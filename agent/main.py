@@ -31,8 +31,16 @@ from agent.metrics import AgentMetrics
 from agent.nvml import Nvml, NvmlUnavailable, Snapshot, take_snapshot
 from agent.podresources import PodDevices, PodResourcesSource, PodResourcesUnavailable
 from agent.processes import owner_of
-from agent.report import AgentView, PodInfo, build_view, owners_for, report_text, snapshot_pids
-from vramguard.inventory import AGENT_REPORT_ANNOTATION
+from agent.report import (
+    NVML_UNAVAILABLE,
+    PODRESOURCES_UNAVAILABLE,
+    AgentView,
+    PodInfo,
+    build_view,
+    owners_for,
+    snapshot_pids,
+)
+from vramguard.codecs import AGENT_REPORT_ANNOTATION
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
 __all__ = ["AgentLoop", "AgentSettings", "NodePods", "NodeWriter", "ReportPublisher", "run"]
@@ -181,7 +189,7 @@ class AgentLoop:
         published = True
         if self.publisher is not None:
             try:
-                if await self.publisher.publish(report_text(view.report)):
+                if await self.publisher.publish(view.report.encode()):
                     self.metrics.writes.inc()
                     logger.info("report written: %d devices, %d pods", len(view.report.gpus),
                                 len(view.report.placements))
@@ -257,7 +265,7 @@ class AgentLoop:
     def _log_changes(self, view: AgentView, snapshot: Snapshot | None) -> None:
         """Log each problem when it appears and when it clears, not every cycle."""
         # The sources' own failures were logged with their reasons when they were read.
-        problems = {n for n in view.notes if not n.startswith(("NVML unavailable", "kubelet PodResources"))}
+        problems = set(view.notes) - {NVML_UNAVAILABLE, PODRESOURCES_UNAVAILABLE}
         if snapshot is None:
             problems.add("nvml")
         if not view.placements_known:

@@ -1,7 +1,7 @@
 """From what NVML, the kubelet and the API server say to the report in ``vramguard.io/gpus``.
 
-Pure functions: no I/O. The report is :class:`vramguard.inventory.AgentReport`, version 1, and
-names devices as :attr:`vramguard.inventory.Gpu.id` does:
+Pure functions: no I/O. The report is :class:`vramguard.codecs.AgentReport`, version 1 (which
+encodes it), and names devices as :attr:`vramguard.inventory.Gpu.id` does:
 
 - a GPU that is not in MIG mode: its NVML index, ``"0"``; the device plugin numbers GPUs the same
   way, and GPU Feature Discovery counts them.
@@ -41,7 +41,6 @@ whose declaration on the device is unknown holds a whole device in the ledger an
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,11 +48,13 @@ from typing import Any
 from agent.nvml import MemoryInfo, ProcessUsage, Snapshot
 from agent.podresources import PodDevices
 from agent.processes import ProcessOwner
+from vramguard.codecs import AGENT_REPORT_VERSION, AgentReport, ReportedGpu
 from vramguard.demand import DemandOptions, derive_pod_demand
-from vramguard.inventory import AGENT_REPORT_VERSION, AgentReport, ReportedGpu
 from vramguard.ledger import over_use
 
 __all__ = [
+    "NVML_UNAVAILABLE",
+    "PODRESOURCES_UNAVAILABLE",
     "USED_STEP_BYTES",
     "AgentView",
     "ContainerUsage",
@@ -63,14 +64,18 @@ __all__ = [
     "build_view",
     "devices_of",
     "owners_for",
-    "report_json",
-    "report_text",
     "snapshot_pids",
 ]
 
 _DEFAULT_DEMAND = DemandOptions()
 USED_STEP_BYTES = 64 << 20
 """Reported use is rounded up to this step: small fluctuations leave the report unchanged."""
+
+
+NVML_UNAVAILABLE = "NVML unavailable: no device is measured"
+"""The note of a cycle without NVML (the agent logs the reason where it reads NVML)."""
+PODRESOURCES_UNAVAILABLE = "kubelet PodResources unavailable: placements unknown"
+"""The note of a cycle without the kubelet's PodResources API (logged where it is read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +232,7 @@ def build_view(
     """
     notes: list[str] = []
     if snapshot is None:
-        notes.append("NVML unavailable: no device is measured")
+        notes.append(NVML_UNAVAILABLE)
     devices = devices_of(snapshot) if snapshot is not None else []
     by_id = {d.id: d for d in devices}
     placements, holders, complete = _placements(snapshot, devices, pod_devices, pods, options, notes)
@@ -241,12 +246,12 @@ def build_view(
             continue
         amount = _foreign(device, holders.get(device.id, set()), complete, gpu_pods, owners)
         foreign[device.id] = amount
-        reported.append(ReportedGpu(device.id, device.memory.total, amount or 0))
+        reported.append(ReportedGpu(id=device.id, memory_bytes=device.memory.total, foreign_bytes=amount or 0))
 
     usage = _usage(by_id, placements, pods, owners)
     measured = _measured([by_id[r.id] for r in reported], gpu_pods, owners)
     used, overuse = _over_use(measured, placements, pods, by_id)
-    report = AgentReport(AGENT_REPORT_VERSION, tuple(reported), placements, used)
+    report = AgentReport(version=AGENT_REPORT_VERSION, gpus=tuple(reported), placements=placements, used=used)
     return AgentView(report, tuple(devices), foreign, usage, tuple(notes), pod_devices is not None, overuse)
 
 
@@ -310,7 +315,7 @@ def _placements(
     then does "no container holds this device" hold.
     """
     if pod_devices is None:
-        notes.append("kubelet PodResources unavailable: placements unknown")
+        notes.append(PODRESOURCES_UNAVAILABLE)
         return {}, {}, False
     if snapshot is None:
         return {}, {}, False
@@ -426,27 +431,6 @@ def _usage(
         ContainerUsage(by_uid[uid].namespace, by_uid[uid].name, container, device, declared, used)
         for (uid, container, device), (declared, used) in sorted(rows.items())
     )
-
-
-def report_json(report: AgentReport) -> dict[str, Any]:
-    """The report as the annotation's JSON object (the shape ``parse_agent_report`` reads)."""
-    gpus: list[dict[str, Any]] = []
-    for gpu in report.gpus:
-        entry: dict[str, Any] = {"id": gpu.id}
-        if gpu.memory_bytes is not None:
-            entry["memory_bytes"] = gpu.memory_bytes
-        entry["foreign_bytes"] = gpu.foreign_bytes
-        gpus.append(entry)
-    pods = {uid: {c: list(ids) for c, ids in sorted(cs.items())} for uid, cs in sorted(report.placements.items())}
-    result: dict[str, Any] = {"version": report.version, "gpus": gpus, "pods": pods}
-    if report.used:
-        result["used"] = {uid: dict(sorted(ds.items())) for uid, ds in sorted(report.used.items())}
-    return result
-
-
-def report_text(report: AgentReport) -> str:
-    """The annotation's value: compact JSON with sorted keys, so equal reports are equal strings."""
-    return json.dumps(report_json(report), separators=(",", ":"), sort_keys=True)
 
 
 def snapshot_pids(snapshot: Snapshot | None) -> list[int]:

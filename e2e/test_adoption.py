@@ -21,11 +21,10 @@ from e2e.kube import api_exception
 from e2e.scenario import pin_to_test, private_node, require_extender
 from vramguard.cli.audit import audit_snapshot
 from vramguard.cli.kubectl_vram import read_cluster
+from vramguard.codecs import CLASS_FINDINGS_ANNOTATION as FINDINGS_ANNOTATION
 from vramguard.policy import default_policy
 
 pytestmark = pytest.mark.timeout(240)
-
-FINDINGS_ANNOTATION = "vramguard.io/class-findings"
 
 
 def add_node(core_v1: Any, unique: str, spec: gpu_nodes.GPUNodeSpec) -> str:

@@ -32,8 +32,8 @@ from e2e.kube import api_exception, kubernetes_module
 from e2e.scenario import AGENT_LEASES, ledger_from_api, pin_to_test, private_node, require_extender
 from e2e.test_manifests import FIELD_MANAGER, REAL_KINDS, _as_agent
 from tests.test_manifests import BASE, render_kustomization
-from vramguard.inventory import AGENT_REPORT_ANNOTATION
-from vramguard.lease import DEFAULT_AGENT_NAMESPACE, agent_lease_name, lease_body
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, agent_lease_name
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE, lease_body
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,7 +8,6 @@ a counter per rule and mode, and in ``warn`` namespaces one Warning Event on the
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -16,12 +15,12 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter
 
 from vramguard.cluster import PodKey
+from vramguard.codecs import CLASS_FINDINGS_ANNOTATION, encode_class_findings
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.placement import ClassFinding
 
 logger = logging.getLogger(__name__)
 
-FINDINGS_ANNOTATION = "vramguard.io/class-findings"
 EVENT_REASON = "ClassRuleNotEnforced"
 
 
@@ -29,7 +28,7 @@ def findings_annotations(findings: Sequence[ClassFinding]) -> dict[str, str]:
     """The Binding's annotation listing the findings as JSON data; empty when there are none."""
     if not findings:
         return {}
-    return {FINDINGS_ANNOTATION: json.dumps([f.to_json() for f in findings], separators=(",", ":"))}
+    return {CLASS_FINDINGS_ANNOTATION: encode_class_findings([f.record() for f in findings])}
 
 
 class FindingsReporter:

@@ -26,7 +26,8 @@ from typing import Any
 from extender.findings import FindingsReporter, findings_annotations
 from extender.wire import pod_problem
 from vramguard.admission import MAX_DEVICES_PER_POD
-from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
+from vramguard.cluster import ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
+from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import (

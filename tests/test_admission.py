@@ -30,12 +30,13 @@ from vramguard.admission import (
     workload_pods,
 )
 from vramguard.cluster import ClusterState
+from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.demand import derive_pod_demand
 from vramguard.demand.model import Vram
 from vramguard.inventory import read_inventory
 from vramguard.ledger import Ledger
 from vramguard.placement import pod_claims
-from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, ClassChoice, DirectPlacement, Policy, default_policy
+from vramguard.policy import ClassChoice, DirectPlacement, Policy, default_policy
 from vramguard.quantity import GiB, MiB
 
 POLICY = Policy.from_yaml(

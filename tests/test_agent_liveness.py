@@ -18,7 +18,7 @@ from agent.podresources import GrpcPodResources
 from agent.recorded import RecordedNvml
 from tests.agent_support import H100_TIME_SLICED, H100_UUIDS, kubelet_server, list_response, pod_object
 from tests.test_agent_main import sample
-from vramguard.inventory import AGENT_REPORT_ANNOTATION
+from vramguard.codecs import AGENT_REPORT_ANNOTATION
 from vramguard.io.kube import Connection, KubeClient
 from vramguard.lease import parse_lease
 

@@ -19,7 +19,7 @@ from agent.nvml import NvmlUnavailable
 from agent.podresources import GrpcPodResources
 from agent.recorded import RecordedNvml
 from tests.agent_support import H100_BYTES, H100_TIME_SLICED, H100_UUIDS, kubelet_server, list_response, pod_object
-from vramguard.inventory import AGENT_REPORT_ANNOTATION, parse_agent_report
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.io.kube import Connection, KubeClient
 
 UID = "7d0c6a2e-5b1f-4e3a-9c8d-2f1e0a9b8c7d"
@@ -147,7 +147,7 @@ async def test_cycle_reports_what_it_knows_as_sources_come_and_go(tmp_path: Path
         kubelet.response = list_response({("ml", "vllm"): {"server": {"nvidia.com/gpu": [f"{H100_UUIDS[1]}::2"]}}})
         view = await loop.cycle()
     assert view.report.placements == {UID: {"server": ("1",)}}
-    report, problems = parse_agent_report(writer.writes[-1])
+    report, problems = AgentReport.decode(writer.writes[-1])
     assert problems == [] and report == view.report
     assert len(writer.writes) == 3
 
@@ -274,7 +274,7 @@ async def test_run_lists_the_nodes_pods_and_writes_the_report(aiohttp_server: An
         stop.set()
         await asyncio.wait_for(task, 10)
     assert "spec.nodeName=gpu-1" in api.pod_queries
-    parsed, problems = parse_agent_report(api.annotations[AGENT_REPORT_ANNOTATION])
+    parsed, problems = AgentReport.decode(api.annotations[AGENT_REPORT_ANNOTATION])
     assert problems == [] and parsed is not None
     assert parsed.placements == {UID: {"server": ("0",)}}
 

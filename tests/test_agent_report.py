@@ -10,7 +10,7 @@ import pytest
 
 from agent.podresources import ContainerDevices, PodDevices
 from agent.processes import ProcessOwner
-from agent.report import AgentView, OverUse, PodInfo, build_view, devices_of, report_text
+from agent.report import AgentView, OverUse, PodInfo, build_view, devices_of
 from tests.agent_support import (
     H100_BYTES,
     H100_TIME_SLICED,
@@ -21,8 +21,9 @@ from tests.agent_support import (
     recording,
     snapshot_of,
 )
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.demand.model import Vram
-from vramguard.inventory import AGENT_REPORT_ANNOTATION, Sharing, parse_agent_report, read_inventory
+from vramguard.inventory import Sharing, read_inventory
 from vramguard.ledger import Claim, Ledger, PodRef
 
 GPU = "nvidia.com/gpu"
@@ -74,7 +75,7 @@ def h100_view(**overrides: Any) -> AgentView:
 
 def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
     view = h100_view()
-    data = json.loads(report_text(view.report))
+    data = json.loads(view.report.encode())
     assert data == {
         "version": 1,
         "gpus": [
@@ -90,7 +91,7 @@ def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
         # 64 MiB) for the ledger to count. The vLLM pods use their 0.3 within the tolerance: left out.
         "used": {UIDS["trainer"]: {"1": 41024 * MiB}},
     }
-    parsed, problems = parse_agent_report(report_text(view.report))
+    parsed, problems = AgentReport.decode(view.report.encode())
     assert problems == [] and parsed == view.report
     assert view.overuse == (
         OverUse(UIDS["trainer"], "ml", "trainer", "1", int(Fraction(3, 10) * H100_BYTES), 40962 * MiB),
@@ -98,7 +99,7 @@ def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
 
 
 def test_report_text_is_compact_and_stable() -> None:
-    first, second = report_text(h100_view().report), report_text(h100_view().report)
+    first, second = h100_view().report.encode(), h100_view().report.encode()
     assert first == second and " " not in first and "\n" not in first
 
 
@@ -167,7 +168,7 @@ def test_a_container_on_a_device_nvml_cannot_see_keeps_an_unknown_placement() ->
 
 def test_without_nvml_the_report_is_empty_and_valid() -> None:
     view = build_view(None, H100_KUBELET, node_pods(), None)
-    assert json.loads(report_text(view.report)) == {"version": 1, "gpus": [], "pods": {}}
+    assert json.loads(view.report.encode()) == {"version": 1, "gpus": [], "pods": {}}
     assert "NVML unavailable: no device is measured" in view.notes
 
 
@@ -217,7 +218,7 @@ def test_the_report_lets_the_ledger_place_more_than_the_conservative_rule() -> N
 
     view = h100_view()
     informed = Ledger(headrooms)
-    inventory = read_inventory(time_sliced_node(report_text(view.report)))
+    inventory = read_inventory(time_sliced_node(view.report.encode()))
     assert inventory.notes == ()
     assert [(d.memory_bytes, d.foreign_bytes) for d in inventory.devices] == [(H100_BYTES, 0),
                                                                              (H100_BYTES, 2048 * MiB)]

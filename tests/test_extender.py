@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from extender.app import NOT_SYNCED, build_app
 from extender.verbs import Verbs
 from tests.podspecs import container
-from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, slim_node, slim_pod
+from vramguard.cluster import ClusterState, slim_node, slim_pod
+from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.io.http import Readiness
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.findings import EVENT_REASON, FINDINGS_ANNOTATION, FindingsReporter
+from extender.findings import EVENT_REASON, FindingsReporter
 from tests.test_extender import FakeKube, gpu_node, make, vllm_pod
-from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL
+from vramguard.codecs import CLASS_FINDINGS_ANNOTATION as FINDINGS_ANNOTATION
+from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 
 
 class EventKube(FakeKube):

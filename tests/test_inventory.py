@@ -9,16 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vramguard.inventory import (
-    AGENT_REPORT_ANNOTATION,
-    AgentReport,
-    Gpu,
-    ReportedGpu,
-    human_product,
-    mig_profile_bytes,
-    parse_agent_report,
-    read_inventory,
-)
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport, ReportedGpu
+from vramguard.inventory import Gpu, human_product, mig_profile_bytes, read_inventory
 from vramguard.quantity import MiB
 
 H100 = {
@@ -224,7 +216,7 @@ def test_agent_report_overrides_memory_and_places_pods() -> None:
 
 def test_explicit_report_wins_over_annotation() -> None:
     annotated = json.dumps({"version": 1, "pods": {"uid-a": {"c": ["0"]}}})
-    report = AgentReport(gpus=(ReportedGpu("0", foreign_bytes=7),), placements={"uid-b": {"c": ("1",)}})
+    report = AgentReport(gpus=(ReportedGpu(id="0", foreign_bytes=7),), placements={"uid-b": {"c": ("1",)}})
     inventory = read_inventory(node(TWO_GPUS, report=annotated), report)
     assert inventory.placements == {"uid-b": {"c": ("1",)}}
     assert inventory.devices[0].foreign_bytes == 7
@@ -241,7 +233,7 @@ JUNK_REPORTS = [
 
 @pytest.mark.parametrize(("text", "reason"), JUNK_REPORTS)
 def test_unusable_report_is_ignored_with_a_reason(text: str, reason: str) -> None:
-    report, problems = parse_agent_report(text)
+    report, problems = AgentReport.decode(text)
     assert report is None
     assert any(reason in p for p in problems)
     inventory = read_inventory(node(TWO_GPUS, report=text))

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from vramguard.cluster import ClusterState
-from vramguard.inventory import AGENT_REPORT_ANNOTATION
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, agent_lease_name
 from vramguard.lease import (
     AgentLease,
-    agent_lease_name,
     distrust_reason,
     format_micro_time,
     lease_body,

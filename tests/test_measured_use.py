@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vramguard.codecs import AGENT_REPORT_ANNOTATION
 from vramguard.demand.model import Vram
-from vramguard.inventory import AGENT_REPORT_ANNOTATION, Gpu, NodeInventory, Sharing, read_inventory
+from vramguard.inventory import Gpu, NodeInventory, Sharing, read_inventory
 from vramguard.ledger import MEASURED_TOLERANCE_BYTES, Claim, Ledger, PodRef, over_use
 from vramguard.quantity import GiB, MiB
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.demand.model import ContainerDemand, PodDemand, Vram
 from vramguard.inventory import Gpu, NodeInventory, read_inventory
 from vramguard.ledger import Claim, Ledger, PodRef
@@ -21,7 +22,7 @@ from vramguard.placement import (
     pod_claims,
     score_node,
 )
-from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, ClassChoice, Policy, default_policy
+from vramguard.policy import ClassChoice, Policy, default_policy
 from vramguard.quantity import GiB
 
 POLICY = default_policy()

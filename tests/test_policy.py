@@ -8,17 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.demand.model import Vram
-from vramguard.policy import (
-    ENFORCE_LABEL,
-    QOS_CLASS_LABEL,
-    Policy,
-    PolicyError,
-    PolicyFile,
-    default_policy,
-    load_policy,
-    parse_vram_limit,
-)
+from vramguard.policy import Policy, PolicyError, PolicyFile, default_policy, load_policy, parse_vram_limit
 from vramguard.quantity import GiB
 
 MINIMAL = """

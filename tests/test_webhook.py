@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from tests.podspecs import container, pod
 from vramguard.admission import SUPPORTED_KINDS
+from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.io.http import Readiness
-from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL, Policy, PolicyFile, default_policy
+from vramguard.policy import Policy, PolicyFile, default_policy
 from webhook.app import BODY_LIMIT, PolicySource, WebhookState, create_webhook_app
 from webhook.state import FanOut
 

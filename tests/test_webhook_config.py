@@ -12,7 +12,8 @@ import yaml
 
 from tests.test_manifests import CHART, MANIFESTS, NAMESPACE, helm_command
 from vramguard.cli import main
-from vramguard.policy import ENFORCE_LABEL, Policy, default_policy
+from vramguard.codecs import ENFORCE_LABEL
+from vramguard.policy import Policy, default_policy
 from vramguard.webhook_config import WebhookTarget, render, webhook_configuration
 
 SHIPPED = MANIFESTS / "webhook" / "validating-webhook.yaml"

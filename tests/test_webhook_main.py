@@ -16,11 +16,12 @@ import pytest
 from aiohttp import web
 
 from tests.podspecs import container, pod
+from vramguard.codecs import ENFORCE_LABEL
 from vramguard.io import certs
 from vramguard.io.kube import Connection
 from vramguard.io.server import RunningServer, ServerSettings
 from vramguard.io.tls import load_server_tls
-from vramguard.policy import ENFORCE_LABEL, Policy
+from vramguard.policy import Policy
 from webhook.app import PolicySource
 from webhook.main import POD_FIELD_SELECTOR, WebhookSettings, run_webhook
 

@@ -64,18 +64,19 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Literal
 
+from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION, is_vramguard_key
 from vramguard.demand import DemandOptions, PodDemand, Vram, derive_pod_demand
-from vramguard.demand.annotations import PREFIX, VRAM
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger
 from vramguard.placement import filter_node, pod_claims
-from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Enforcement, Policy, QosClass
+from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes
 
 __all__ = [
@@ -238,15 +239,66 @@ class Subject:
     """The requester's groups (``request.userInfo.groups``)."""
 
 
+class Code(StrEnum):
+    """Which rule an admission :class:`Finding` is about: for tools and tests; the text is for people."""
+
+    ENFORCEMENT_LABEL = "enforcement-label"
+    """The namespace's enforcement label names no mode (a note)."""
+    DEMAND_ERROR = "demand-error"
+    """The pod's VRAM cannot be derived: a bad declaration or engine flag, a conflict."""
+    DEMAND_WARNING = "demand-warning"
+    """Something the demand model assumed or could not see (a note)."""
+    DEVICE_COUNT = "device-count"
+    """More GPU devices than any node offers."""
+    ENV_ONLY_ENGINE = "env-only-engine"
+    """The class does not trust an engine recognised only from environment variables (a note)."""
+    SCHEDULER = "scheduler"
+    """The pod's scheduler does not call vramguard."""
+    DIRECT_PLACEMENT = "direct-placement"
+    """``spec.nodeName`` places the pod past the scheduler onto a node it does not fit."""
+    CLASS_LABEL = "class-label"
+    """A class label names no class, or one the namespace's class does not allow."""
+    CONFLICT = "conflict"
+    """An engine claims more than the declaration or the MPS limit, once the GPU's size is known."""
+    IMPLICIT_DEFAULT = "implicit-default"
+    """The class forbids relying on an engine's default memory share."""
+    UNKNOWN_VRAM = "unknown-vram"
+    """The class rejects pods whose VRAM is unknown."""
+    MAX_VRAM = "max-vram"
+    """A container reserves more per GPU than its class allows."""
+    MPS_LIMIT = "mps-limit"
+    """The class requires an MPS pinned memory limit."""
+    SHARING = "sharing"
+    """The class does not allow the sharing strategy the pod would get."""
+    RESOURCE_MISSING = "resource-missing"
+    """No node offers the GPU resource yet (a note)."""
+    QUOTA = "quota"
+    """The namespace's VRAM quota."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem found by a review: which rule, and the message for people.
+
+    Whether it denies is the review's answer (:attr:`Decision.problems` or :attr:`Decision.remarks`):
+    an update is not refused for a problem its old object had too, so it becomes a remark.
+    """
+
+    code: Code
+    message: str
+    container: str | None = None
+    """The container it is about, when it is about one."""
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The answer to one review, ready to encode as an AdmissionResponse."""
 
     allowed: bool
     mode: Enforcement
-    violations: tuple[str, ...] = ()
+    problems: tuple[Finding, ...] = ()
     """What would deny the object (denied only in ``enforce`` mode)."""
-    notes: tuple[str, ...] = ()
+    remarks: tuple[Finding, ...] = ()
     """What never denies but is returned as warnings."""
     message: str | None = None
     """The denial message (``allowed`` is false)."""
@@ -258,6 +310,16 @@ class Decision:
     """The claims of one pod, as the quota counts them (for the webhook's pending admissions)."""
     pods: int = 1
     """How many such pods the object makes (replicas of a workload, 1 for a Pod)."""
+
+    @property
+    def violations(self) -> tuple[str, ...]:
+        """The messages of :attr:`problems`."""
+        return tuple(f.message for f in self.problems)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The messages of :attr:`remarks`."""
+        return tuple(f.message for f in self.remarks)
 
 
 def demand_options(policy: Policy) -> DemandOptions:
@@ -377,7 +439,7 @@ class AdmissionRules:
         annotations = {
             k: v
             for k, v in _mapping(metadata.get("annotations")).items()
-            if isinstance(k, str) and k.startswith(PREFIX)
+            if is_vramguard_key(k)
         }
         try:
             text = json.dumps([template.get("spec"), annotations], separators=(",", ":"))
@@ -412,7 +474,7 @@ class AdmissionRules:
 
         found = _Findings()
         if mode_problem is not None:
-            found.note(mode_problem)
+            found.note(Code.ENFORCEMENT_LABEL, mode_problem)
         choice = self._class(template, cluster, found)
         demand, claims = self._believed(demand, claims, choice, found)
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
@@ -437,17 +499,20 @@ class AdmissionRules:
         found: _Findings,
     ) -> None:
         for error in demand.errors:
-            found.violate(error)
+            found.violate(Code.DEMAND_ERROR, error)
         devices = sum(c.gpus for c in demand.containers)
         if devices > MAX_DEVICES_PER_POD:
             found.violate(
+                Code.DEVICE_COUNT,
                 f"the pod asks for {devices} GPU devices in all; no node offers more than {MAX_DEVICES_PER_POD}"
             )
         implicit = {c.name: _implicit_default(c) for c in demand.containers}
         disallowed = {name for name, engine in implicit.items() if engine and not choice.qos.allow_implicit_defaults}
+        # Where the class forbids an engine's default, the violation below replaces the warning.
+        replaced = {c.default_warning for c in demand.containers if c.name in disallowed}
         for warning in demand.warnings:
-            if not any(warning.startswith(f"container {name} relies on ") for name in disallowed):
-                found.note(warning)
+            if warning not in replaced:
+                found.note(Code.DEMAND_WARNING, warning)
         for container in demand.containers:
             offer = offers.get(container.resource)
             self._conflicts(container, offer, found)
@@ -474,8 +539,10 @@ class AdmissionRules:
             return demand, claims
         for name in guesses:
             found.note(
+                Code.ENV_ONLY_ENGINE,
                 f"container {name}: class {choice.name} does not trust engines recognised only from "
-                f"environment variables; its VRAM counts as unknown unless declared ({VRAM}.{name})"
+                f"environment variables; its VRAM counts as unknown unless declared ({VRAM_ANNOTATION}.{name})",
+                container=name,
             )
         believed = demand.distrusting_env_only()
         return believed, quota_claims(believed)
@@ -487,6 +554,7 @@ class AdmissionRules:
         wired = self.policy.schedulers
         if name not in wired:
             found.violate(
+                Code.SCHEDULER,
                 f"spec.schedulerName {name} does not call vramguard, so nothing would check this pod's GPU "
                 f"memory; set spec.schedulerName: {wired[0]} (policy schedulers: {', '.join(wired)})"
             )
@@ -515,12 +583,15 @@ class AdmissionRules:
             whole_gpu = ClassChoice(choice.name, qos, choice.source)
         uid = _mapping(subject.obj.get("metadata")).get("uid")
         if cluster.held_back is not None:
-            found.violate(f"spec.nodeName {node} places the pod past the scheduler: {cluster.held_back}")
+            found.violate(
+                Code.DIRECT_PLACEMENT, f"spec.nodeName {node} places the pod past the scheduler: {cluster.held_back}"
+            )
             return
         claims = pod_claims(demand, whole_gpu, uid if isinstance(uid, str) else "")
         verdict = filter_node(cluster.ledger, node, claims, whole_gpu)
         if not verdict.ok:
             found.violate(
+                Code.DIRECT_PLACEMENT,
                 f"spec.nodeName {node} places the pod past the scheduler and it does not fit there: "
                 f"{verdict.message}"
             )
@@ -531,17 +602,20 @@ class AdmissionRules:
         asked = labels.get(QOS_CLASS_LABEL)
         if asked is not None and asked not in self.policy.classes:
             found.violate(
+                Code.CLASS_LABEL,
                 f"label {QOS_CLASS_LABEL}={asked} names no class; use one of {', '.join(self.policy.classes)}"
             )
         elif asked is not None and choice.name != asked:
             allowed = self.policy.pod_classes_under(choice.name)
             found.violate(
+                Code.CLASS_LABEL,
                 f"label {QOS_CLASS_LABEL}={asked} is not allowed in namespace class {choice.name}; "
                 f"use one of {', '.join(allowed)} (a namespace admin sets the namespace's class)"
             )
         namespace_class = (cluster.namespace_labels or {}).get(QOS_CLASS_LABEL)
         if namespace_class is not None and namespace_class not in self.policy.classes:
             found.note(
+                Code.CLASS_LABEL,
                 f"namespace label {QOS_CLASS_LABEL}={namespace_class} names no class; "
                 f"using class {choice.name}"
             )
@@ -553,10 +627,10 @@ class AdmissionRules:
         if offer is None or not offer.sized:
             return
         for problem in container.conflicts(offer.smallest_bytes):
-            found.violate(problem)
+            found.violate(Code.CONFLICT, problem, container=container.name)
         if offer.largest_bytes != offer.smallest_bytes:
             for problem in container.conflicts(offer.largest_bytes):
-                found.note(problem)
+                found.note(Code.CONFLICT, problem, container=container.name)
 
     @staticmethod
     def _implicit(container: ContainerDemand, engine: str | None, choice: ClassChoice, found: _Findings) -> None:
@@ -564,8 +638,10 @@ class AdmissionRules:
             return
         share = f"{float(container.claim.fraction):g}" if container.claim and container.claim.fraction else "?"
         found.violate(
+            Code.IMPLICIT_DEFAULT,
             f"container {container.name} relies on {engine}'s default {_DEFAULT_KNOB[engine]} ({share} of the "
-            f"GPU); {_DEFAULT_FIX[engine]} (class {choice.name})"
+            f"GPU); {_DEFAULT_FIX[engine]} (class {choice.name})",
+            container=container.name,
         )
 
     @staticmethod
@@ -573,8 +649,10 @@ class AdmissionRules:
         if container.reservation is not None or container.errors or choice.qos.unknown_vram != "reject":
             return
         found.violate(
+            Code.UNKNOWN_VRAM,
             f"container {container.name}: VRAM unknown and class {choice.name} rejects that; declare it, "
-            f"e.g. annotation {VRAM}.{container.name}: 16Gi"
+            f"e.g. annotation {VRAM_ANNOTATION}.{container.name}: 16Gi",
+            container=container.name,
         )
 
     @staticmethod
@@ -594,14 +672,18 @@ class AdmissionRules:
         largest = offer.largest_bytes if offer is not None and offer.sized else None
         over = held.exceeds(limit, smallest)
         if over:
-            found.violate(_max_vram_message(container, choice, held, limit, limit_text, smallest))
+            message = _max_vram_message(container, choice, held, limit, limit_text, smallest)
+            found.violate(Code.MAX_VRAM, message, container=container.name)
         elif over is None:
             found.note(
+                Code.MAX_VRAM,
                 f"container {container.name}: cannot check max_vram_per_gpu {limit_text}: "
-                f"no node offers {container.resource} with a known size"
+                f"no node offers {container.resource} with a known size",
+                container=container.name,
             )
         elif largest is not None and largest != smallest and held.exceeds(limit, largest):
-            found.note(_max_vram_message(container, choice, held, limit, limit_text, largest))
+            message = _max_vram_message(container, choice, held, limit, limit_text, largest)
+            found.note(Code.MAX_VRAM, message, container=container.name)
 
     @staticmethod
     def _mps_limit(container: ContainerDemand, choice: ClassChoice, found: _Findings) -> None:
@@ -612,7 +694,10 @@ class AdmissionRules:
         if reservation is not None and reservation.bytes is not None:
             per_gpu = f"{-(-reservation.bytes // GiB)}G"
         example = ",".join(f"{i}={per_gpu}" for i in range(min(container.gpus, 4)))
-        found.violate(f"container {container.name}: class {choice.name} requires env {MEM_LIMIT}, e.g. {example}")
+        found.violate(
+            Code.MPS_LIMIT, f"container {container.name}: class {choice.name} requires env {MEM_LIMIT}, e.g. {example}",
+            container=container.name,
+        )
 
     def _sharing(
         self,
@@ -626,26 +711,35 @@ class AdmissionRules:
         resource = container.resource
         if resource.startswith(tuple(self.policy.gpu_resource_prefixes)) and "mig" not in allowed:
             found.violate(
+                Code.SHARING,
                 f"container {container.name}: class {choice.name} does not allow MIG ({resource}); "
-                f"{self._classes_allowing({'mig'})}"
+                f"{self._classes_allowing({'mig'})}",
+                container=container.name,
             )
             return
         if resource.endswith(".shared") and not allowed & {"time-slicing", "mps"}:
             found.violate(
+                Code.SHARING,
                 f"container {container.name}: class {choice.name} does not allow shared GPUs ({resource}); "
-                f"{self._classes_allowing({'time-slicing', 'mps'})}"
+                f"{self._classes_allowing({'time-slicing', 'mps'})}",
+                container=container.name,
             )
             return
         if offer is None:
             where = f"its node offers no {resource}" if bound else f"no node offers {resource} yet"
-            found.note(f"container {container.name}: {where}; the pod cannot run until one does")
+            found.note(
+                Code.RESOURCE_MISSING, f"container {container.name}: {where}; the pod cannot run until one does",
+                container=container.name,
+            )
             return
         if offer.sharing and not offer.sharing & allowed:
             where = "its node offers" if bound else "nodes offer"
             offered = " or ".join(_SHARING_WORDS.get(s, s) for s in sorted(offer.sharing))
             found.violate(
+                Code.SHARING,
                 f"container {container.name}: {where} {resource} only as {offered} GPUs, which class "
-                f"{choice.name} does not allow (it allows {', '.join(choice.qos.sharing)})"
+                f"{choice.name} does not allow (it allows {', '.join(choice.qos.sharing)})",
+                container=container.name,
             )
 
     def _classes_allowing(self, strategies: set[str]) -> str:
@@ -670,11 +764,13 @@ class AdmissionRules:
         per_pod, unsized = claims_bytes(claims, offers)
         for resource in unsized:
             found.note(
+                Code.QUOTA,
                 f"namespace {subject.namespace} VRAM quota: no node offers {resource} with a known size, "
                 "so this pod's share of it is not counted"
             )
         if usage.unsized:
             found.note(
+                Code.QUOTA,
                 f"namespace {subject.namespace} VRAM quota: {len(usage.unsized)} pod(s) cannot be sized "
                 "(no node offers their GPU resource) and are not counted"
             )
@@ -683,6 +779,7 @@ class AdmissionRules:
             total = usage.bytes + per_pod
             if total > quota:
                 found.violate(
+                    Code.QUOTA,
                     f"namespace {ns} would hold {quantity_text(total)} of its {limit} VRAM quota "
                     f"(this pod {quantity_text(per_pod)}, {usage.pods} other pod(s) {quantity_text(usage.bytes)})"
                 )
@@ -694,12 +791,14 @@ class AdmissionRules:
             total = usage.bytes + workload
             if total > quota:
                 found.violate(
+                    Code.QUOTA,
                     f"namespace {ns} would hold {quantity_text(total)} of its {limit} VRAM quota "
                     f"({pods} pod(s) x {quantity_text(per_pod)}, {usage.pods} other pod(s) "
                     f"{quantity_text(usage.bytes)})"
                 )
         elif workload > quota:
             found.violate(
+                Code.QUOTA,
                 f"{subject.kind} needs {quantity_text(workload)} of VRAM ({pods} pod(s) x {quantity_text(per_pod)}), "
                 f"more than namespace {ns}'s {limit} VRAM quota"
             )
@@ -743,13 +842,15 @@ class AdmissionRules:
         before = set(old_found.violations)
         for violation in [v for v in found.violations if v in before]:
             found.violations.remove(violation)
-            found.note(violation)
+            found.notes.append(violation)
 
     def _decide(
         self, mode: Enforcement, choice: ClassChoice, found: _Findings, claims: tuple[Claim, ...], pods: int
     ) -> Decision:
-        violations = tuple(dict.fromkeys(found.violations))
-        notes = tuple(n for n in dict.fromkeys(found.notes) if n not in violations)
+        problems = tuple(dict.fromkeys(found.violations))
+        remarks = tuple(n for n in dict.fromkeys(found.notes) if n not in problems)
+        # The response's texts are rendered here, from the findings, and only here.
+        violations = tuple(f.message for f in problems)
         warnings: list[str] = []
         annotations: dict[str, str] = {}
         message: str | None = None
@@ -762,12 +863,12 @@ class AdmissionRules:
         elif violations:
             annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(violations)
             annotations[AUDIT_CLASS_KEY] = choice.name
-        warnings.extend(notes)
+        warnings.extend(f.message for f in remarks)
         return Decision(
             allowed=allowed,
             mode=mode,
-            violations=violations,
-            notes=notes,
+            problems=problems,
+            remarks=remarks,
             message=message,
             warnings=_fit_warnings(warnings),
             audit_annotations=annotations,
@@ -785,7 +886,7 @@ def _max_vram_message(
         whole = f" of {format_bytes(device)}" if device is not None and limit.bytes is not None else ""
         return (
             f"container {container.name}: VRAM unknown, so it holds a whole GPU{whole}, above class "
-            f"{choice.name}'s max_vram_per_gpu {limit_text}; declare {VRAM}.{container.name}"
+            f"{choice.name}'s max_vram_per_gpu {limit_text}; declare {VRAM_ANNOTATION}.{container.name}"
         )
     amount = f"{held.describe()} per GPU"
     if device is not None and held.fraction is not None and limit.bytes is not None:
@@ -825,14 +926,14 @@ def _audit_value(violations: Sequence[str]) -> str:
 
 @dataclass(slots=True)
 class _Findings:
-    violations: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    violations: list[Finding] = field(default_factory=list)
+    notes: list[Finding] = field(default_factory=list)
 
-    def violate(self, message: str) -> None:
-        self.violations.append(message)
+    def violate(self, code: Code, message: str, container: str | None = None) -> None:
+        self.violations.append(Finding(code, message, container))
 
-    def note(self, message: str) -> None:
-        self.notes.append(message)
+    def note(self, code: Code, message: str, container: str | None = None) -> None:
+        self.notes.append(Finding(code, message, container))
 
 
 def _implicit_default(container: ContainerDemand) -> str | None:

@@ -17,18 +17,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vramguard.codecs import (
+    AGENT_REPORT_ANNOTATION,
+    PLACEMENT_ANNOTATION,
+    VRAM_ANNOTATION,
+    Placement,
+    agent_lease_nodes,
+    is_vramguard_key,
+)
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
-from vramguard.inventory import AGENT_REPORT_ANNOTATION, NodeInventory, read_inventory
-from vramguard.lease import AGENT_LEASE_PREFIX, DEFAULT_AGENT_NAMESPACE, MAX_LEASE_NAME, AgentLeases
+from vramguard.inventory import NodeInventory, read_inventory
+from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Ledger, PodRef
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
 
-PLACEMENT_ANNOTATION = "vramguard.io/placement"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 JSON = dict[str, Any]
-VRAM_ANNOTATION_PREFIX = "vramguard.io/vram"
-"""Demand reads only these annotations (``vramguard.io/vram`` and ``vramguard.io/vram.<container>``)."""
 CACHED_DEMANDS = 4096
 """Distinct pod templates whose demand and claims are kept: replicas share one entry."""
 
@@ -74,7 +79,7 @@ def slim_pod(pod: Mapping[str, Any]) -> JSON:
             "namespace": metadata.get("namespace"),
             "resourceVersion": metadata.get("resourceVersion"),
             "labels": metadata.get("labels"),
-            "annotations": {k: v for k, v in annotations.items() if k.startswith("vramguard.io/")}
+            "annotations": {k: v for k, v in annotations.items() if is_vramguard_key(k)}
             if isinstance(annotations, dict) else None,
         },
         "spec": slim_spec,
@@ -95,7 +100,7 @@ def slim_node(node: Mapping[str, Any]) -> JSON:
             "uid": metadata.get("uid"),
             "resourceVersion": metadata.get("resourceVersion"),
             "labels": metadata.get("labels"),
-            "annotations": {k: v for k, v in annotations.items() if k.startswith("vramguard.io/")}
+            "annotations": {k: v for k, v in annotations.items() if is_vramguard_key(k)}
             if isinstance(annotations, dict) else None,
         },
         "spec": {"taints": spec.get("taints") if isinstance(spec, dict) else None},
@@ -300,13 +305,13 @@ class ClusterState:
 
     def _upsert_lease(self, lease: JSON) -> None:
         name = self.agent_leases.upsert(lease)
-        if name is not None and name.startswith(AGENT_LEASE_PREFIX):
-            self.refresh_agent_reports(_lease_node(name, self._reported))
+        if name is not None:
+            self.refresh_agent_reports(agent_lease_nodes(name, self._reported))
 
     def _delete_lease(self, lease: JSON) -> None:
         name = self.agent_leases.delete(lease)
-        if name is not None and name.startswith(AGENT_LEASE_PREFIX):
-            self.refresh_agent_reports(_lease_node(name, self._reported))
+        if name is not None:
+            self.refresh_agent_reports(agent_lease_nodes(name, self._reported))
 
     def _replace_leases(self, leases: list[JSON]) -> None:
         self.agent_leases.replace(leases)
@@ -350,7 +355,8 @@ class ClusterState:
             whole_gpu = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
             choice = ClassChoice(choice.name, whole_gpu, choice.source)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        recorded = _recorded_placement(annotations.get(PLACEMENT_ANNOTATION) if isinstance(annotations, dict) else None)
+        placement = annotations.get(PLACEMENT_ANNOTATION) if isinstance(annotations, dict) else None
+        recorded = Placement.decode(placement).containers
         return self._pod_claims(pod, choice, pod_key(pod).uid, recorded)
 
     def _upsert_pod(self, pod: JSON) -> None:
@@ -435,14 +441,6 @@ class _Delegate:
         self.delete = delete
 
 
-def _lease_node(lease: str, nodes: Mapping[str, Any]) -> list[str]:
-    """The node a Lease name belongs to; every node when the name was shortened with a hash."""
-    node = lease.removeprefix(AGENT_LEASE_PREFIX)
-    if node in nodes:
-        return [node]
-    return list(nodes) if len(lease) == MAX_LEASE_NAME else []
-
-
 def pod_priority(pod: Mapping[str, Any]) -> int:
     """``spec.priority`` (set by the API server from the PriorityClass), 0 when absent or not an int."""
     spec = pod.get("spec")
@@ -468,7 +466,7 @@ def _template_key(pod: Mapping[str, Any]) -> str:
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     declared = (
-        sorted((k, v) for k, v in annotations.items() if isinstance(k, str) and k.startswith(VRAM_ANNOTATION_PREFIX))
+        sorted((k, v) for k, v in annotations.items() if isinstance(k, str) and k.startswith(VRAM_ANNOTATION))
         if isinstance(annotations, dict)
         else None
     )
@@ -476,20 +474,3 @@ def _template_key(pod: Mapping[str, Any]) -> str:
     if not isinstance(spec, dict):
         return json.dumps([declared, repr(spec)], default=repr)
     return json.dumps([declared, spec.get("initContainers"), spec.get("containers")], default=repr)
-
-
-def _recorded_placement(value: Any) -> dict[str, tuple[str, ...]]:
-    if not isinstance(value, str):
-        return {}
-    try:
-        decoded = json.loads(value)
-    except ValueError:
-        return {}
-    containers = decoded.get("containers") if isinstance(decoded, dict) else None
-    if not isinstance(containers, dict):
-        return {}
-    return {
-        str(name): tuple(str(d) for d in devices)
-        for name, devices in containers.items()
-        if isinstance(devices, list)
-    }

@@ -35,12 +35,12 @@ labels alone decide, which is the conservative reading.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.quantity import MiB, QuantityError, parse_quantity
 
 Sharing = Literal["none", "time-slicing", "mps", "mig"]
@@ -48,8 +48,6 @@ SHARING_STRATEGIES: tuple[Sharing, ...] = ("none", "time-slicing", "mps", "mig")
 
 LABEL_PREFIX = "nvidia.com/"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
-AGENT_REPORT_ANNOTATION = "vramguard.io/gpus"
-AGENT_REPORT_VERSION = 1
 
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
@@ -85,38 +83,6 @@ class Gpu:
         if self.mig_profile is not None:
             return f"MIG {self.mig_profile} #{self.index} ({self.product})"
         return f"GPU {self.index} ({self.product})"
-
-
-@dataclass(frozen=True, slots=True)
-class ReportedGpu:
-    """What the agent measured on one device."""
-
-    id: str
-    memory_bytes: int | None = None
-    foreign_bytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class AgentReport:
-    """The node agent's report (annotation ``vramguard.io/gpus``), format version 1.
-
-    JSON shape::
-
-        {"version": 1,
-         "gpus": [{"id": "0", "memory_bytes": 85520809984, "foreign_bytes": 0}, ...],
-         "pods": {"<pod uid>": {"<container>": ["0", "1"]}},
-         "used": {"<pod uid>": {"0": 21474836480}}}
-
-    Device ids are :attr:`Gpu.id` values. ``pods`` lists the devices each container really holds,
-    as the kubelet's PodResources API reports them. ``used`` (optional; readers that predate it
-    ignore it) is the memory NVML measured for each GPU pod's processes on each device.
-    """
-
-    version: int = AGENT_REPORT_VERSION
-    gpus: tuple[ReportedGpu, ...] = ()
-    placements: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
-    used: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """Per pod UID, per device id: bytes its processes use there, as measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +157,7 @@ def read_inventory(
             distrusted = distrust
             notes.append(distrust)
         elif annotation is not None:
-            report, problems = parse_agent_report(annotation)
+            report, problems = AgentReport.decode(annotation)
             notes.extend(problems)
     placements: Mapping[str, Mapping[str, tuple[str, ...]]] = {}
     measured: Mapping[str, Mapping[str, int]] = {}
@@ -354,93 +320,6 @@ def _string_map(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def parse_agent_report(text: str) -> tuple[AgentReport | None, list[str]]:
-    """Read the agent's JSON report; junk is skipped with a reason, never raised.
-
-    Returns ``(None, reasons)`` when nothing usable is left (not JSON, unknown version).
-    """
-    problems: list[str] = []
-    try:
-        data = json.loads(text)
-    except (ValueError, TypeError) as exc:
-        return None, [f"agent report ignored: not JSON ({exc})"]
-    if not isinstance(data, Mapping):
-        return None, ["agent report ignored: not a JSON object"]
-    version = data.get("version")
-    if version != AGENT_REPORT_VERSION or isinstance(version, bool):
-        return None, [
-            f"agent report ignored: version {version!r} is not {AGENT_REPORT_VERSION}, "
-            "the version this vramguard reads"
-        ]
-    gpus: list[ReportedGpu] = []
-    raw_gpus = data.get("gpus", [])
-    if not isinstance(raw_gpus, list):
-        problems.append("agent report: 'gpus' is not a list; ignored")
-        raw_gpus = []
-    for position, entry in enumerate(raw_gpus):
-        reported = _reported_gpu(entry, position, problems)
-        if reported is not None:
-            gpus.append(reported)
-    placements: dict[str, dict[str, tuple[str, ...]]] = {}
-    raw_pods = data.get("pods", {})
-    if not isinstance(raw_pods, Mapping):
-        problems.append("agent report: 'pods' is not an object; ignored")
-        raw_pods = {}
-    for uid, containers in raw_pods.items():
-        if not isinstance(containers, Mapping):
-            problems.append(f"agent report: pod {uid}: not an object of containers; ignored")
-            continue
-        per_container: dict[str, tuple[str, ...]] = {}
-        for container, ids in containers.items():
-            if isinstance(ids, list) and all(isinstance(i, str) for i in ids):
-                per_container[str(container)] = tuple(ids)
-            else:
-                problems.append(f"agent report: pod {uid} container {container}: not a list of ids; ignored")
-        placements[str(uid)] = per_container
-    used = _used(data.get("used", {}), problems)
-    return AgentReport(AGENT_REPORT_VERSION, tuple(gpus), placements, used), problems
-
-
-def _used(raw: Any, problems: list[str]) -> dict[str, dict[str, int]]:
-    """The report's ``used`` section: pod UID -> device id -> bytes; junk is skipped with a reason."""
-    if not isinstance(raw, Mapping):
-        problems.append("agent report: 'used' is not an object; ignored")
-        return {}
-    used: dict[str, dict[str, int]] = {}
-    for uid, devices in raw.items():
-        if not isinstance(devices, Mapping):
-            problems.append(f"agent report: used[{uid}]: not an object of devices; ignored")
-            continue
-        per_device: dict[str, int] = {}
-        for device, amount in devices.items():
-            if _byte_count(amount):
-                per_device[str(device)] = amount
-            else:
-                problems.append(f"agent report: used[{uid}][{device}]={amount!r} is not a byte count; ignored")
-        if per_device:
-            used[str(uid)] = per_device
-    return used
-
-
-def _reported_gpu(entry: Any, position: int, problems: list[str]) -> ReportedGpu | None:
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
-        problems.append(f"agent report: gpus[{position}] has no string 'id'; ignored")
-        return None
-    memory = entry.get("memory_bytes")
-    foreign = entry.get("foreign_bytes", 0)
-    if memory is not None and not _byte_count(memory):
-        problems.append(f"agent report: gpus[{position}].memory_bytes={memory!r} is not a byte count; ignored")
-        memory = None
-    if not _byte_count(foreign):
-        problems.append(f"agent report: gpus[{position}].foreign_bytes={foreign!r} is not a byte count; ignored")
-        foreign = 0
-    return ReportedGpu(entry["id"], memory, foreign)
-
-
-def _byte_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _apply_report(

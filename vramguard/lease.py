@@ -1,6 +1,6 @@
 """The node agent's liveness: one ``coordination.k8s.io/v1`` Lease per node, renewed every cycle.
 
-The agent renews its node's Lease (namespace of the agent, name :func:`agent_lease_name`) every
+The agent renews its node's Lease (namespace of the agent, name :func:`vramguard.codecs.agent_lease_name`) every
 interval and patches the Node's ``vramguard.io/gpus`` annotation only when the report changes, so
 a quiet node costs one small Lease write per interval instead of a Node update that every Node
 watcher (the scheduler included) would receive.
@@ -20,29 +20,23 @@ Pure: times are seconds since the epoch, passed in by the caller (no clock is re
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from vramguard.codecs import agent_lease_name
+
 __all__ = [
-    "AGENT_LEASE_PREFIX",
     "DEFAULT_AGENT_NAMESPACE",
-    "MAX_LEASE_NAME",
     "AgentLease",
     "AgentLeases",
-    "agent_lease_name",
     "distrust_reason",
     "format_micro_time",
     "lease_body",
     "parse_lease",
     "parse_micro_time",
 ]
-
-AGENT_LEASE_PREFIX = "vramguard-agent-"
-MAX_LEASE_NAME = 253
-
 
 @dataclass(frozen=True, slots=True)
 class AgentLease:
@@ -54,15 +48,6 @@ class AgentLease:
     """Seconds since the epoch; ``None`` when absent or not a time."""
     duration: int | None
     """``leaseDurationSeconds``; ``None`` when absent or not a positive integer."""
-
-
-def agent_lease_name(node: str) -> str:
-    """The Lease name of ``node``'s agent: ``vramguard-agent-<node>``, hashed when too long."""
-    name = AGENT_LEASE_PREFIX + node
-    if len(name) <= MAX_LEASE_NAME:
-        return name
-    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
-    return f"{name[:MAX_LEASE_NAME - 17]}-{digest}"
 
 
 def format_micro_time(when: float) -> str:

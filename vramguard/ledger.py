@@ -49,6 +49,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from fractions import Fraction
 from itertools import accumulate
 
@@ -67,6 +68,59 @@ def over_use(claimed: int, used: int) -> int:
     excess = used - claimed
     return excess if excess > MEASURED_TOLERANCE_BYTES else 0
 
+
+
+class Invariant(StrEnum):
+    """Which part of the rule (or of the ledger's own bookkeeping) an :class:`InvariantViolation` breaks."""
+
+    REPLICAS_HELD = "replicas-held"
+    """A resource's claims hold more replicas than its devices have."""
+    KNOWN_CLAIMS = "known-claims"
+    """A device has more claims placed on it than replicas."""
+    OVER_BUDGET = "over-budget"
+    """A device may hold more than its budget (the worst case over unknown placements)."""
+    MPS_SHARE = "mps-share"
+    """Claims of unknown placement above one MPS replica's share."""
+    RESOURCE_MISSING = "resource-missing"
+    """A bound pod asks for a resource its node does not offer."""
+    COUNTERS = "counters"
+    """Bookkeeping: a device's running counters disagree with a recount of its pods."""
+    UNKNOWN_LIST = "unknown-list"
+    """Bookkeeping: a resource's list of unplaced claims disagrees with a recount."""
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantViolation:
+    """One violation found by :meth:`Ledger.invariant_violations`: what, where, and the numbers."""
+
+    invariant: Invariant
+    node: str
+    subject: str
+    """The resource, the device's label, or the pod (``namespace/name (uid)``)."""
+    numbers: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        """The violation for people: ``n GPU 0 (H100): may hold 90 GiB (...), budget 80 GiB (...)``."""
+        n = self.numbers
+        where = f"{self.node} {self.subject}"
+        match self.invariant:
+            case Invariant.REPLICAS_HELD:
+                return f"{where}: {n['held']} replicas held, {n['replicas']} exist"
+            case Invariant.KNOWN_CLAIMS:
+                return f"{where}: {n['claims']} known claims, {n['replicas']} replicas"
+            case Invariant.OVER_BUDGET:
+                return (f"{where}: may hold {format_bytes(n['worst'])} ({n['worst']} B), "
+                        f"budget {format_bytes(n['budget'])} ({n['budget']} B)")
+            case Invariant.MPS_SHARE:
+                return f"{where}: {n['claims']} claims above one MPS replica's share"
+            case Invariant.RESOURCE_MISSING:
+                return f"pod {self.subject} asks for resources node {self.node} lacks"
+            case Invariant.COUNTERS:
+                return (f"{where}: counters say {n['bytes']} B in {n['replicas']} replicas, "
+                        f"recount {n['recount_bytes']} B in {n['recount_replicas']}")
+            case Invariant.UNKNOWN_LIST:
+                return f"{where}: {n['listed']} unknown claims listed, recount {n['recount']}"
 
 @dataclass(frozen=True, slots=True)
 class Claim:
@@ -744,23 +798,29 @@ class Ledger:
         return totals
 
     def check_invariants(self) -> list[str]:
-        """Every violation of the rule, and every counter that disagrees with a recount (for tests)."""
-        violations: list[str] = []
+        """:meth:`invariant_violations`, as messages (for tests and ``plan``)."""
+        return [violation.message for violation in self.invariant_violations()]
+
+    def invariant_violations(self) -> list[InvariantViolation]:
+        """Every violation of the rule, and every counter that disagrees with a recount."""
+        violations: list[InvariantViolation] = []
         for name, node in self._nodes.items():
             for group in node.groups.values():
                 used = len(group.unknown) + sum(d.known_slots for d in group.devices)
                 if used > group.slots:
-                    violations.append(f"{name} {group.resource}: {used} replicas held, {group.slots} exist")
+                    violations.append(InvariantViolation(
+                        Invariant.REPLICAS_HELD, name, group.resource, {"held": used, "replicas": group.slots}
+                    ))
                 for device in group.devices:
                     violations.extend(_device_violations(name, group, device))
             violations.extend(self._recount(name, node))
         for uid, record in self._records.items():
             state = self._nodes.get(record.node)
             if state is not None and len(record.held) != len(record.claims):
-                violations.append(f"pod {record.pod} ({uid}) asks for resources node {record.node} lacks")
+                violations.append(InvariantViolation(Invariant.RESOURCE_MISSING, record.node, f"{record.pod} ({uid})"))
         return violations
 
-    def _recount(self, name: str, node: _Node) -> list[str]:
+    def _recount(self, name: str, node: _Node) -> list[InvariantViolation]:
         known = {d: device.gpu.foreign_bytes for d, device in node.devices.items()}
         slots = dict.fromkeys(node.devices, 0)
         unknown = dict.fromkeys(node.groups, 0)
@@ -774,13 +834,15 @@ class Ledger:
                     known[device_id] += node.devices[device_id].claim_bytes(claim)
                     slots[device_id] += 1
         wrong = [
-            f"{name} {d}: counters say {device.known_bytes} B in {device.known_slots} replicas, "
-            f"recount {known[d]} B in {slots[d]}"
+            InvariantViolation(Invariant.COUNTERS, name, d, {
+                "bytes": device.known_bytes, "replicas": device.known_slots,
+                "recount_bytes": known[d], "recount_replicas": slots[d],
+            })
             for d, device in node.devices.items()
             if (device.known_bytes, device.known_slots) != (known[d], slots[d])
         ]
         wrong += [
-            f"{name} {r}: {len(g.unknown)} unknown claims listed, recount {unknown[r]}"
+            InvariantViolation(Invariant.UNKNOWN_LIST, name, r, {"listed": len(g.unknown), "recount": unknown[r]})
             for r, g in node.groups.items()
             if len(g.unknown) != unknown[r]
         ]
@@ -871,22 +933,22 @@ def _resolve(node: _Node, uid: str | None, claims: Iterable[Claim]) -> list[_Pla
     return placed
 
 
-def _device_violations(node: str, group: _Group, device: _Device) -> list[str]:
+def _device_violations(node: str, group: _Group, device: _Device) -> list[InvariantViolation]:
     found = []
     free_slots = device.gpu.replicas - device.known_slots
     if free_slots < 0:
-        found.append(f"{node} {device.gpu.label}: {device.known_slots} known claims, {device.gpu.replicas} replicas")
+        numbers = {"claims": device.known_slots, "replicas": device.gpu.replicas}
+        found.append(InvariantViolation(Invariant.KNOWN_CLAIMS, node, device.gpu.label, numbers))
     prefix = group.unknown_prefix(device)
     worst = device.known_bytes + prefix[max(0, min(free_slots, len(prefix) - 1))]
     if worst > device.budget:
-        found.append(
-            f"{node} {device.gpu.label}: may hold {format_bytes(worst)} ({worst} B), "
-            f"budget {format_bytes(device.budget)} ({device.budget} B)"
-        )
+        found.append(InvariantViolation(
+            Invariant.OVER_BUDGET, node, device.gpu.label, {"worst": worst, "budget": device.budget}
+        ))
     if device.gpu.sharing == "mps":
         over = [c for _, c in group.unknown if device.claim_bytes(c) > device.whole]
         if over:
-            found.append(f"{node} {device.gpu.label}: {len(over)} claims above one MPS replica's share")
+            found.append(InvariantViolation(Invariant.MPS_SHARE, node, device.gpu.label, {"claims": len(over)}))
     return found
 
 

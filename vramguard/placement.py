@@ -14,18 +14,17 @@ cache), and it never under-reserves whichever devices the init container gets.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from vramguard.codecs import VRAM_ANNOTATION, ClassFindingRecord, Placement
 from vramguard.demand.model import PodDemand, Vram
 from vramguard.inventory import Gpu, Sharing
 from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, ResourceOffer, Shortfall
 from vramguard.policy import ClassChoice
 from vramguard.quantity import GiB, MiB, format_bytes
 
-VRAM_ANNOTATION = "vramguard.io/vram"
 MAX_SCORE = 10
 _SHARING_ADJECTIVE = {"none": "unshared", "time-slicing": "time-slicing", "mps": "MPS", "mig": "MIG"}
 _SHARING_OFFER = {"none": "whole GPUs", "time-slicing": "time-slicing", "mps": "MPS", "mig": "MIG instances"}
@@ -73,10 +72,16 @@ class ClassFinding:
         offered = ", ".join(_SHARING_OFFER[s] for s in self.forbidden)
         return f"class {self.class_name} does not allow {kinds} GPUs (node offers {offered})"
 
+    def record(self) -> ClassFindingRecord:
+        """The finding as recorded on the pod (:data:`vramguard.codecs.CLASS_FINDINGS_ANNOTATION`)."""
+        return ClassFindingRecord(
+            rule=str(self.rule), class_name=self.class_name, resource=self.resource,
+            sharing=self.forbidden, message=self.message,
+        )
+
     def to_json(self) -> dict[str, object]:
         """The finding as data (annotations, ``-o json``)."""
-        return {"rule": str(self.rule), "class": self.class_name, "resource": self.resource,
-                "sharing": list(self.forbidden), "message": self.message}
+        return self.record().model_dump(mode="json", by_alias=True)
 
 
 class Verdict(StrEnum):
@@ -181,7 +186,7 @@ class Assignment:
 
     def annotation(self) -> str:
         """The decision as compact JSON, for the pod's ``vramguard.io/`` annotation."""
-        return json.dumps({"node": self.node, "containers": dict(self.containers)}, separators=(",", ":"))
+        return Placement(node=self.node, containers=self.containers).encode()
 
 
 def pod_claims(demand: PodDemand, choice: ClassChoice, uid: str = "") -> PodClaims:

@@ -29,12 +29,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.demand.model import Vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
 from vramguard.quantity import QuantityError, parse_bytes
 
-QOS_CLASS_LABEL = "vramguard.io/qos-class"
-ENFORCE_LABEL = "vramguard.io/enforce"
 DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
 
 Enforcement = Literal["enforce", "warn", "audit"]

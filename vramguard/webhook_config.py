@@ -38,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from vramguard.policy import ENFORCE_LABEL, Policy
+from vramguard.codecs import ENFORCE_LABEL, webhook_name
+from vramguard.policy import Policy
 
 __all__ = [
     "WebhookTarget",
@@ -130,11 +131,11 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
         }
         creates = ["CREATE"] if kind.name == "pods" else ["CREATE", "UPDATE"]
         entries: list[tuple[str, str, list[str], dict[str, Any] | None]] = [
-            (f"{kind.name}.vramguard.io", "Fail", creates, fail_selector),
-            (f"{kind.name}-unenforced.vramguard.io", "Ignore", creates, ignore_selector),
+            (webhook_name(kind.name), "Fail", creates, fail_selector),
+            (webhook_name(f"{kind.name}-unenforced"), "Ignore", creates, ignore_selector),
         ]
         if kind.name == "pods":
-            entries.append(("pod-updates.vramguard.io", "Ignore", ["UPDATE"], None))
+            entries.append((webhook_name("pod-updates"), "Ignore", ["UPDATE"], None))
         for name, failure, operations, selector in entries:
             expressions = [excluded, *([selector] if selector is not None else [])]
             webhooks.append({

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent.nvml import NvmlUnavailable, PynvmlBackend, Snapshot, take_snapshot
 from agent.processes import owner_of
 from agent.recorded import snapshot_to_json
-from agent.report import build_view, owners_for, report_json, snapshot_pids
+from agent.report import build_view, owners_for, snapshot_pids
 
 CUDA_SUCCESS = 0
 
@@ -75,7 +75,7 @@ def report(taken: Snapshot) -> dict[str, Any]:
     """The report with the kubelet listing no pod, and processes attributed through /proc."""
     owners = owners_for(snapshot_pids(taken), partial(owner_of, proc_root=Path("/proc")))
     view = build_view(taken, [], {}, owners)
-    return {"report": report_json(view.report), "foreign_bytes": dict(view.foreign), "notes": list(view.notes)}
+    return {"report": view.report.to_json(), "foreign_bytes": dict(view.foreign), "notes": list(view.notes)}
 
 
 def device_used(taken: Snapshot, index: int) -> int | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.cli.webhook import parse_listen
+from vramguard.codecs import AGENT_REPORT_ANNOTATION
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
 _PROG = "vramguard agent"
@@ -29,10 +30,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``agent`` sub-command."""
     parser = subparsers.add_parser(
         "agent",
-        help="run the node agent: NVML + kubelet PodResources -> node annotation vramguard.io/gpus",
+        help=f"run the node agent: NVML + kubelet PodResources -> node annotation {AGENT_REPORT_ANNOTATION}",
         description=(
             "Every --interval seconds: read the GPUs through NVML, ask the kubelet's PodResources API which "
-            "container holds which device, and write the report to this Node's vramguard.io/gpus annotation "
+            f"container holds which device, and write the report to this Node's {AGENT_REPORT_ANNOTATION} annotation "
             "when it changed (at most every --min-write-interval seconds). Serves /healthz, /readyz and "
             "/metrics. A failing source (no NVML, no kubelet socket, a lost GPU) leaves the agent running; "
             "the report then says only what is known. With --once: take one reading, print it as JSON, exit."
@@ -128,7 +129,7 @@ def _one_reading(nvml: Any, podresources: Any, proc_root: Path | None) -> dict[s
     from agent.podresources import PodResourcesUnavailable  # noqa: PLC0415
     from agent.processes import owner_of  # noqa: PLC0415
     from agent.recorded import snapshot_to_json  # noqa: PLC0415
-    from agent.report import build_view, owners_for, report_json, snapshot_pids  # noqa: PLC0415
+    from agent.report import build_view, owners_for, snapshot_pids  # noqa: PLC0415
 
     errors: dict[str, str] = {}
     snapshot = None
@@ -155,7 +156,7 @@ def _one_reading(nvml: Any, podresources: Any, proc_root: Path | None) -> dict[s
              "containers": {c.name: {r: list(ids) for r, ids in c.devices} for c in p.containers}}
             for p in pod_devices or ()
         ] if pod_devices is not None else None,
-        "report": report_json(view.report),
+        "report": view.report.to_json(),
         "foreign_bytes": dict(view.foreign),
         "notes": list(view.notes),
         "errors": errors,

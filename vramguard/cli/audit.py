@@ -34,6 +34,7 @@ from typing import Any
 from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Operation, Subject
 from vramguard.cli import kubectl_vram
 from vramguard.cluster import ClusterState
+from vramguard.ledger import Invariant
 from vramguard.placement import class_findings
 from vramguard.policy import Policy, PolicyError
 from vramguard.report import GpuRow, gpu_table, render_table
@@ -189,7 +190,9 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
 
     state = kubectl_vram.build_state(snapshot, policy)
     report = AuditReport(policy_source, gpus=kubectl_vram.node_rows(state))
-    report.ledger_problems = [p for p in state.ledger.check_invariants() if "counters say" not in p]
+    report.ledger_problems = [
+        v.message for v in state.ledger.invariant_violations() if v.invariant is not Invariant.COUNTERS
+    ]
 
     report.placements = placement_findings(state, snapshot.bound_pods)
 

@@ -11,23 +11,17 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 
+from vramguard.codecs import vram_annotation
 from vramguard.demand.model import Vram
 from vramguard.engines.base import Findings
 from vramguard.quantity import MiB, QuantityError, parse_bytes
 
-PREFIX = "vramguard.io/"
-VRAM = PREFIX + "vram"
 _PLAIN_NUMBER = re.compile(r"^\s*(?:\d+\.\d*|\.\d+|\d+)\s*$", re.ASCII)
-
-
-def container_key(container: str) -> str:
-    """The annotation that declares the VRAM of one container."""
-    return f"{VRAM}.{container}"
 
 
 def declared_vram(annotations: Mapping[str, str], container: str, found: Findings) -> Vram | None:
     """The declaration that applies to ``container``, recording evidence or an error."""
-    for key in (container_key(container), VRAM):
+    for key in (vram_annotation(container), vram_annotation()):
         value = annotations.get(key)
         if value is None:
             continue

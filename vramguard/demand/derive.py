@@ -8,6 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from vramguard import engines
+from vramguard.codecs import VRAM_ANNOTATION, vram_annotation
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
 from vramguard.demand.model import ContainerDemand, EngineClaim, PodDemand
@@ -111,12 +112,13 @@ def derive_container_demand(
         mps_limit=mps.limit_bytes,
         sm_percent=mps.sm_percent,
         implicit_default=claim.implicit_default if claim is not None else False,
+        default_warning=claim.default_warning if claim is not None else None,
         env_only=claim.env_only if claim is not None else False,
     )
     if demand.reservation is None and claim is None and not found.errors:
         found.warn(
-            "no known engine and no vramguard.io/vram annotation, so its VRAM is unknown; "
-            f"declare it, e.g. vramguard.io/vram.{name}: 16Gi"
+            f"no known engine and no {VRAM_ANNOTATION} annotation, so its VRAM is unknown; "
+            f"declare it, e.g. {vram_annotation(name)}: 16Gi"
         )
     found.errors.extend(demand.conflicts(None))
     return replace(
@@ -199,7 +201,7 @@ def _engine_claim(
     if len(claims) > 1:
         found.warn(
             f"starts {len(claims)} engine processes; vramguard counts the largest claim, declare "
-            "vramguard.io/vram if they run at the same time"
+            f"{VRAM_ANNOTATION} if they run at the same time"
         )
     return max(claims, key=_claim_size)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.quantity import format_bytes
 
 
@@ -61,6 +62,8 @@ class EngineClaim:
     errors: tuple[str, ...] = ()
     implicit_default: bool = False
     """The VRAM comes from the engine's built-in default, not from anything the spec says."""
+    default_warning: str | None = None
+    """The warning (among ``warnings``) that says so, which a class forbidding defaults replaces."""
     env_only: bool = False
     """The engine was recognised only from environment variables (JAX), which any container can set."""
 
@@ -84,6 +87,8 @@ class ContainerDemand:
     sm_percent: int | None = None
     implicit_default: bool = False
     """The engine's claim is its built-in default (vLLM's 0.92, TGI's 1.0, JAX's 0.75)."""
+    default_warning: str | None = None
+    """The warning (among ``warnings``) that the claim is the engine's default (see :class:`EngineClaim`)."""
     env_only: bool = False
     """The engine was recognised only from environment variables (see :attr:`EngineClaim.env_only`)."""
     evidence: tuple[str, ...] = ()
@@ -110,7 +115,7 @@ class ContainerDemand:
         if self.claim is None:
             return problems
         for bound, label in (
-            (self.declared, "its vramguard.io/vram declaration"),
+            (self.declared, f"its {VRAM_ANNOTATION} declaration"),
             (Vram(bytes=self.mps_limit) if self.mps_limit is not None else None,
              "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
         ):

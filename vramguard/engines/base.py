@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
@@ -113,6 +114,8 @@ class Findings:
     evidence: list[str]
     warnings: list[str]
     errors: list[str]
+    default_warning: str | None = None
+    """The warning that the VRAM comes from the engine's built-in default (also in ``warnings``)."""
 
     @classmethod
     def for_container(cls, container: str) -> Findings:
@@ -122,6 +125,11 @@ class Findings:
     def warn(self, message: str) -> None:
         """Record a warning about the container."""
         self.warnings.append(f"container {self.container}: {message}")
+
+    def relies_on_default(self, message: str) -> None:
+        """Record the warning that the container relies on the engine's default memory share."""
+        self.warnings.append(message)
+        self.default_warning = message
 
     def error(self, message: str) -> None:
         """Record an error about the container."""
@@ -136,7 +144,7 @@ class Findings:
         if reference is not None:
             self.warn(
                 f"{flag.evidence()}: {reference} is not a literal env value in the spec, "
-                "so vramguard cannot read it; set the value literally or declare vramguard.io/vram"
+                f"so vramguard cannot read it; set the value literally or declare {VRAM_ANNOTATION}"
             )
             return None
         value = parse_fraction(flag.value)

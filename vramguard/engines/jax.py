@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Vram
 from vramguard.engines.base import Findings, env_flag
@@ -46,7 +47,7 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
         found.evidence.append(f"{PREALLOCATE}={env.literal(PREALLOCATE)}" if _is_false(
             env.literal(PREALLOCATE)) else f"{ALLOCATOR}=platform")
         found.warn(
-            "JAX allocates on demand, so its peak VRAM is unknown; declare it with vramguard.io/vram"
+            f"JAX allocates on demand, so its peak VRAM is unknown; declare it with {VRAM_ANNOTATION}"
         )
         vram = None
     else:

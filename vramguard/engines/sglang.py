@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Vram
 from vramguard.engines.base import Findings, Options
@@ -48,7 +49,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     if fraction_flag is None:
         found.warn(
             "relies on SGLang's default --mem-fraction-static, which depends on the GPU's size; "
-            "set it explicitly or declare vramguard.io/vram"
+            f"set it explicitly or declare {VRAM_ANNOTATION}"
         )
     else:
         fraction = found.fraction(fraction_flag)

@@ -41,7 +41,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     implicit = flag is None
     if flag is None:
         found.evidence.append("TGI default --cuda-memory-fraction 1.0")
-        found.warnings.append(
+        found.relies_on_default(
             f"container {container} relies on TGI's default --cuda-memory-fraction (1.0: the whole "
             "GPU); set it explicitly to share the GPU"
         )
@@ -52,6 +52,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
     gpus = found.count(shards) if shards is not None else None
     return EngineClaim(
-        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
+        default_warning=found.default_warning,
     )
 

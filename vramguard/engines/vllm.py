@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Vram
 from vramguard.engines.base import Findings, Options
@@ -59,7 +60,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         found.evidence.append(kv_bytes.evidence())
         found.warn(
             f"{kv_bytes.name} sizes the KV cache directly, so vLLM ignores --gpu-memory-utilization "
-            "and its total VRAM is unknown; declare it with the vramguard.io/vram annotation"
+            f"and its total VRAM is unknown; declare it with the {VRAM_ANNOTATION} annotation"
         )
         vram = None
     elif utilization is not None:
@@ -70,14 +71,15 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         found.evidence.append(config.evidence() if config else "--config")
         found.warn(
             "--gpu-memory-utilization may be set in the --config file, which vramguard cannot read; "
-            "pass it on the command line or declare vramguard.io/vram"
+            f"pass it on the command line or declare {VRAM_ANNOTATION}"
         )
         vram = None
     else:
         vram = Vram(fraction=_implicit_default(image, found))
         implicit = True
     return EngineClaim(
-        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
+        default_warning=found.default_warning,
     )
 
 
@@ -108,7 +110,7 @@ def _implicit_default(image: str, found: Findings) -> Fraction:
     else:
         default, why = DEFAULT_SINCE_0_21, f"image tag {image_tag(image)}"
     found.evidence.append(f"vLLM default --gpu-memory-utilization {float(default):g} ({why})")
-    found.warnings.append(
+    found.relies_on_default(
         f"container {found.container} relies on vLLM's default --gpu-memory-utilization "
         f"({float(default):g} of the GPU); set it explicitly"
     )
