@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cachetools import LRUCache
 
 from extender.findings import FindingsReporter, findings_annotations
 from extender.wire import pod_problem
@@ -44,6 +45,7 @@ from vramguard.policy import ClassChoice
 logger = logging.getLogger(__name__)
 
 CACHED_POD_SHAPES = 256
+"""Pod shapes whose verdicts, scores and last outcome are kept, least recently used dropped first."""
 SLICE_NODES = 16
 """Nodes decided between two looks at the clock."""
 SLICE_SECONDS = 0.001
@@ -159,11 +161,11 @@ class Verbs:
         self.slice_seconds = slice_seconds
         # Verdicts per pod shape (claims + class) and node, valid while the node's generation holds:
         # replicas of one Deployment share a shape, so a scheduling wave reuses almost every verdict.
-        self._verdicts: OrderedDict[Hashable, dict[str, _CachedVerdict]] = OrderedDict()
-        self._scores: OrderedDict[Hashable, dict[str, tuple[int | None, int]]] = OrderedDict()
+        self._verdicts: LRUCache[Hashable, dict[str, _CachedVerdict]] = LRUCache(CACHED_POD_SHAPES)
+        self._scores: LRUCache[Hashable, dict[str, tuple[int | None, int]]] = LRUCache(CACHED_POD_SHAPES)
         # The last outcome per pod shape: the next filter of that shape only revisits the nodes that
         # changed since (a scheduling wave changes a few nodes per pod), not all 5,000.
-        self._snapshots: OrderedDict[Hashable, _Snapshot] = OrderedDict()
+        self._snapshots: LRUCache[Hashable, _Snapshot] = LRUCache(CACHED_POD_SHAPES)
         self.findings: FindingsReporter | None = None
         """Reports class rules let through at bind (set by the app, which owns the metrics)."""
         # When each reservation still in flight had its Binding created (monotonic seconds), and the
@@ -190,14 +192,10 @@ class Verbs:
         return (claims.claims, claims.init, claims.refusal, choice.name, choice.enforcement, self.state.policy_version)
 
     @staticmethod
-    def _cache(store: OrderedDict[Hashable, Any], shape: Hashable) -> Any:
-        entry = store.get(shape)
+    def _cache(store: LRUCache[Hashable, Any], shape: Hashable) -> Any:
+        entry = store.get(shape)  # a hit makes the shape the most recently used
         if entry is None:
             entry = store[shape] = {}
-            while len(store) > CACHED_POD_SHAPES:
-                store.popitem(last=False)
-        else:
-            store.move_to_end(shape)
         return entry
 
     async def filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
@@ -260,9 +258,6 @@ class Verbs:
 
     def _keep_snapshot(self, shape: Hashable, snapshot: _Snapshot) -> None:
         self._snapshots[shape] = snapshot
-        self._snapshots.move_to_end(shape)
-        while len(self._snapshots) > CACHED_POD_SHAPES:
-            self._snapshots.popitem(last=False)
 
     async def _verdicts_for(
         self,

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cachetools import LRUCache
 
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.inventory import AGENT_REPORT_ANNOTATION, NodeInventory, read_inventory
@@ -30,7 +31,8 @@ JSON = dict[str, Any]
 VRAM_ANNOTATION_PREFIX = "vramguard.io/vram"
 """Demand reads only these annotations (``vramguard.io/vram`` and ``vramguard.io/vram.<container>``)."""
 CACHED_DEMANDS = 4096
-"""Distinct pod templates whose demand and claims are kept: replicas share one entry."""
+"""Distinct pod templates whose demand and claims are kept (least recently used dropped first):
+replicas share one entry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +168,8 @@ class ClusterState:
         self.leases = _Delegate(self._replace_leases, self._upsert_lease, self._delete_lease)
         # Derived once per pod template, not per pod: replicas of a Deployment share their demand and
         # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
-        self._demands: OrderedDict[str, PodDemand] = OrderedDict()
-        self._claims: OrderedDict[tuple[object, ...], PodClaims] = OrderedDict()
+        self._demands: LRUCache[str, PodDemand] = LRUCache(CACHED_DEMANDS)
+        self._claims: LRUCache[tuple[object, ...], PodClaims] = LRUCache(CACHED_DEMANDS)
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -226,16 +228,12 @@ class ClusterState:
             if recorded:
                 shared = PodClaims("", apply_intended(shared.claims, recorded), shared.init, shared.refusal)
             self._claims[key] = shared
-            if len(self._claims) > CACHED_DEMANDS:
-                self._claims.popitem(last=False)
         return PodClaims(uid, shared.claims, shared.init, shared.refusal)
 
     def _demand(self, pod: Mapping[str, Any], template: str) -> PodDemand:
         demand = self._demands.get(template)
         if demand is None:
             demand = self._demands[template] = derive_pod_demand(pod, self.options)
-            if len(self._demands) > CACHED_DEMANDS:
-                self._demands.popitem(last=False)
         return demand
 
     # -- nodes ----------------------------------------------------------------------------------
