@@ -26,8 +26,8 @@ from cachetools import LRUCache
 
 from extender.findings import FindingsReporter, findings_annotations
 from extender.wire import pod_problem
-from vramguard.admission import MAX_DEVICES_PER_POD
 from vramguard.cluster import PLACEMENT_ANNOTATION, ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
+from vramguard.demand import MAX_DEVICES
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import (
@@ -180,7 +180,7 @@ class Verbs:
         key = pod_key(pod)
         choice = self.state.choose_class(pod)
         devices = self.state.devices_asked(pod)
-        largest = min(self.state.largest_node_devices(), MAX_DEVICES_PER_POD)
+        largest = min(self.state.largest_node_devices(), MAX_DEVICES)
         if devices > largest:
             return key, PodClaims(key.uid, refusal=(
                 f"the pod asks for {devices} GPU devices at once; no node offers more than {largest}"
@@ -379,7 +379,7 @@ class Verbs:
         if assignment is None:
             return f"node {node} is not known to vramguard"
         chosen = PodClaims(claims.uid, assignment.claims, claims.init, claims.refusal)
-        fit = self.state.ledger.reserve(node, key.ref(), chosen.claims)
+        fit = self.state.ledger.reserve(node, key, chosen.claims)
         if not fit.ok:
             return f"{node}: {describe_fit(fit, chosen.claims)}"
         self.state.begin_bind(node, key, chosen)

@@ -35,17 +35,8 @@ CACHED_DEMANDS = 4096
 replicas share one entry."""
 
 
-@dataclass(frozen=True, slots=True)
-class PodKey:
-    """What identifies a pod in messages and the ledger."""
-
-    uid: str
-    namespace: str
-    name: str
-
-    def ref(self) -> PodRef:
-        """The ledger's reference."""
-        return PodRef(self.uid, self.namespace, self.name)
+PodKey = PodRef
+"""What identifies a pod in messages and the ledger: the ledger's reference."""
 
 
 def pod_key(pod: Mapping[str, Any]) -> PodKey:
@@ -360,7 +351,7 @@ class ClusterState:
             return
         self.in_flight.pop(key.uid, None)
         claims = self.bound_claims(pod)
-        self.ledger.hold(node, key.ref(), claims.claims)
+        self.ledger.hold(node, key, claims.claims)
         self._bound[key.uid] = node
         self.priorities[key.uid] = pod_priority(pod)
 
@@ -407,7 +398,7 @@ class ClusterState:
 
     def begin_bind(self, node: str, pod: PodKey, claims: PodClaims) -> None:
         """Remember a reservation bind made, until the watch shows the pod bound (or bind fails)."""
-        self.in_flight[pod.uid] = (node, pod.ref(), claims)
+        self.in_flight[pod.uid] = (node, pod, claims)
 
     def abort_bind(self, uid: str) -> None:
         """Bind failed: release what it reserved, unless the watch already shows the pod bound."""

@@ -112,11 +112,38 @@ class _Group:
 
 @dataclass(frozen=True, slots=True)
 class ResourceOffer:
-    """What a node offers under one GPU resource, for the checks that do not depend on holdings."""
+    """What one node, or the whole cluster, offers under one GPU resource: device sizes, sharing, and
+    which nodes; for the checks that do not depend on holdings."""
 
-    sharing: frozenset[Sharing]
-    sizeless: Gpu | None
+    smallest_bytes: int
+    """Memory of the smallest device of known size (0: no size known)."""
+    largest_bytes: int
+    largest_whole_bytes: int
+    """The most a claim of unknown VRAM holds on one device: the device, or one MPS replica's share."""
+    sharing: frozenset[Sharing] = frozenset()
+    node_labels: tuple[Mapping[str, str], ...] = ()
+    """Labels of each node offering the resource (for a DaemonSet's ``nodeSelector``)."""
+    sizeless: Gpu | None = None
     """A device whose memory size is unknown, if any."""
+
+    @classmethod
+    def of(cls, gpus: Iterable[Gpu], node_labels: tuple[Mapping[str, str], ...] = ()) -> ResourceOffer:
+        """The offer of ``gpus`` (one resource's devices, of one node or many)."""
+        gpus = tuple(gpus)
+        sized = [g for g in gpus if g.memory_bytes > 0]
+        return cls(
+            smallest_bytes=min((g.memory_bytes for g in sized), default=0),
+            largest_bytes=max((g.memory_bytes for g in sized), default=0),
+            largest_whole_bytes=max((whole_share(g, g.memory_bytes) for g in sized), default=0),
+            sharing=frozenset(g.sharing for g in gpus),
+            node_labels=node_labels,
+            sizeless=next((g for g in gpus if g.memory_bytes == 0), None),
+        )
+
+    @property
+    def sized(self) -> bool:
+        """Whether any device offering the resource has a known memory size."""
+        return self.largest_bytes > 0
 
 
 @dataclass(slots=True)
@@ -215,7 +242,7 @@ class Ledger:
             devices[gpu.id] = device
             by_resource.setdefault(gpu.resource, []).append(device)
         groups = {resource: _Group(resource, group, self._shape(group)) for resource, group in by_resource.items()}
-        offers = {r: ResourceOffer(g.sharing, g.sizeless) for r, g in groups.items()}
+        offers = {r: ResourceOffer.of(d.gpu for d in g.devices) for r, g in groups.items()}
         node = _Node(inventory, groups, devices, 0, offers)
         self._touch(node)
         self._nodes[inventory.node] = node
