@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from extender.findings import EVENT_REASON, FINDINGS_ANNOTATION, FindingsReporter
-from tests.test_extender import FakeKube, gpu_node, make, vllm_pod
+from tests.builders import gpu_node, vllm_pod
+from tests.test_extender import FakeKube, make
 from vramguard.policy import ENFORCE_LABEL, QOS_CLASS_LABEL
 
 

@@ -9,7 +9,8 @@ import pytest
 
 import extender.verbs
 import vramguard.cluster
-from tests.test_extender import gpu_node, make, vllm_pod
+from tests.builders import gpu_node, vllm_pod
+from tests.test_extender import make
 
 
 def test_claims_of_a_template_in_use_survive_newer_templates(monkeypatch: pytest.MonkeyPatch) -> None:
