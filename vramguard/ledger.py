@@ -87,7 +87,7 @@ class _Device:
 class _Group:
     """The devices behind one resource on one node, and the claims whose device is unknown."""
 
-    __slots__ = ("cache", "devices", "resource", "shape", "sharing", "sizeless", "sizes", "slots", "unknown")
+    __slots__ = ("cache", "devices", "resource", "shape", "sharing", "sizes", "slots", "unknown")
 
     def __init__(self, resource: str, devices: list[_Device], shape: int) -> None:
         self.resource = resource
@@ -97,7 +97,6 @@ class _Group:
         self.sizes = tuple(dict.fromkeys(d.size for d in devices))
         self.slots = sum(d.gpu.replicas for d in devices)
         self.sharing = frozenset(d.gpu.sharing for d in devices)
-        self.sizeless = next((d.gpu for d in devices if d.gpu.memory_bytes == 0), None)
         self.unknown: list[tuple[str, Claim]] = []
         self.cache = GroupCache()
 
