@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from e2e import gpu_nodes
-from tests import builders
 from vramguard.cli import kubectl_vram
 from vramguard.cli.kubectl_vram import ClusterSnapshot, build_state, choose_policy, node_rows, pod_holdings
 from vramguard.policy import Policy, PolicyError, default_policy
@@ -23,9 +22,19 @@ def node(spec: gpu_nodes.GPUNodeSpec) -> dict[str, Any]:
     return {**gpu_nodes.node_manifest(spec), "status": gpu_nodes.node_status(spec)}
 
 
-def vllm_pod(name: str, utilization: float, node_name: str | None, namespace: str = "default") -> dict[str, Any]:
-    """A vLLM pod asking for one GPU, bound to ``node_name`` when given."""
-    return builders.vllm_pod(name, str(utilization), node_name, namespace)
+def vllm_pod(name: str, utilization: float, node_name: str | None, namespace: str = "default",
+             **annotations: str) -> dict[str, Any]:
+    """A bound vLLM pod asking for one GPU."""
+    spec: dict[str, Any] = {"containers": [{
+        "name": "vllm", "image": "vllm/vllm-openai:v0.22.0",
+        "args": ["--model", "m", "--gpu-memory-utilization", str(utilization)],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations},
+            "spec": spec, "status": {"phase": "Running"}}
 
 
 def snapshot(*pods: dict[str, Any]) -> ClusterSnapshot:
