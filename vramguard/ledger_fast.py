@@ -47,7 +47,7 @@ from collections.abc import Callable, Hashable
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from vramguard.ledger_rule import FITS, Claim, Fit, Shortfall, worst_case
+from vramguard.ledger_rule import FITS, Claim, Fit, Shortfall
 from vramguard.quantity import format_bytes
 
 if TYPE_CHECKING:
@@ -121,9 +121,11 @@ class Summary:
         self.whole = whole
         self.overfull = any(s < 0 for _, s, _ in rows)
         """More known claims than replicas on some device (pods bound without vramguard)."""
+        # worst_case(0, s - j, theirs), inlined: this is built once per node change, for every row and j.
+        last = len(theirs) - 1
         most = max((s for _, s, _ in rows), default=0)
         self.least = [
-            min(room - worst_case(0, s - j, theirs) for _, s, room in rows if s >= max(j, 1)) for j in range(most + 1)
+            min(room - theirs[min(s - j, last)] for _, s, room in rows if s >= max(j, 1)) for j in range(most + 1)
         ] if most >= 1 else []
 
     @classmethod
@@ -317,6 +319,7 @@ def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, 
         problems.append(f"pod needs {count} {group.resource}, node has {group.slots} ({free} free)")
         return tuple(problems), ()
     theirs = summary.theirs
+    last = len(theirs) - 1  # theirs[min(k, last)] below is worst_case(0, k, theirs), inlined
     for device, free_slots, room in summary.rows:
         gpu = device.gpu
         slots = free_slots - count if single else free_slots
@@ -334,14 +337,14 @@ def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, 
                 )
                 continue
         if single:
-            rest = worst_case(0, slots, theirs)
+            rest = theirs[min(slots, last)]
             if ours[count] + rest > room:
                 shortfalls.append(
                     Shortfall(gpu, device.budget, room - rest, ours[count], count, summary.unknown_pods)
                 )
             continue
         for j in range(min(slots, count) + 1):
-            rest = worst_case(0, slots - j, theirs)
+            rest = theirs[min(slots - j, last)]
             if ours[j] + rest <= room:
                 continue
             if j == 0:
