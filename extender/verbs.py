@@ -18,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache
+
 from extender.findings import FindingsReporter, findings_annotations
 from extender.wire import pod_problem
-from vramguard.admission import MAX_DEVICES_PER_POD
 from vramguard.cluster import ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
+from vramguard.demand import MAX_DEVICES
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import (
@@ -45,6 +46,7 @@ from vramguard.policy import ClassChoice
 logger = logging.getLogger(__name__)
 
 CACHED_POD_SHAPES = 256
+"""Pod shapes whose verdicts, scores and last outcome are kept, least recently used dropped first."""
 SLICE_NODES = 16
 """Nodes decided between two looks at the clock."""
 SLICE_SECONDS = 0.001
@@ -160,11 +162,11 @@ class Verbs:
         self.slice_seconds = slice_seconds
         # Verdicts per pod shape (claims + class) and node, valid while the node's generation holds:
         # replicas of one Deployment share a shape, so a scheduling wave reuses almost every verdict.
-        self._verdicts: OrderedDict[Hashable, dict[str, _CachedVerdict]] = OrderedDict()
-        self._scores: OrderedDict[Hashable, dict[str, tuple[int | None, int]]] = OrderedDict()
+        self._verdicts: LRUCache[Hashable, dict[str, _CachedVerdict]] = LRUCache(CACHED_POD_SHAPES)
+        self._scores: LRUCache[Hashable, dict[str, tuple[int | None, int]]] = LRUCache(CACHED_POD_SHAPES)
         # The last outcome per pod shape: the next filter of that shape only revisits the nodes that
         # changed since (a scheduling wave changes a few nodes per pod), not all 5,000.
-        self._snapshots: OrderedDict[Hashable, _Snapshot] = OrderedDict()
+        self._snapshots: LRUCache[Hashable, _Snapshot] = LRUCache(CACHED_POD_SHAPES)
         self.findings: FindingsReporter | None = None
         """Reports class rules let through at bind (set by the app, which owns the metrics)."""
         # When each reservation still in flight had its Binding created (monotonic seconds), and the
@@ -179,7 +181,7 @@ class Verbs:
         key = pod_key(pod)
         choice = self.state.choose_class(pod)
         devices = self.state.devices_asked(pod)
-        largest = min(self.state.largest_node_devices(), MAX_DEVICES_PER_POD)
+        largest = min(self.state.largest_node_devices(), MAX_DEVICES)
         if devices > largest:
             return key, PodClaims(key.uid, refusal=(
                 f"the pod asks for {devices} GPU devices at once; no node offers more than {largest}"
@@ -191,14 +193,10 @@ class Verbs:
         return (claims.claims, claims.init, claims.refusal, choice.name, choice.enforcement, self.state.policy_version)
 
     @staticmethod
-    def _cache(store: OrderedDict[Hashable, Any], shape: Hashable) -> Any:
-        entry = store.get(shape)
+    def _cache(store: LRUCache[Hashable, Any], shape: Hashable) -> Any:
+        entry = store.get(shape)  # a hit makes the shape the most recently used
         if entry is None:
             entry = store[shape] = {}
-            while len(store) > CACHED_POD_SHAPES:
-                store.popitem(last=False)
-        else:
-            store.move_to_end(shape)
         return entry
 
     async def filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
@@ -261,9 +259,6 @@ class Verbs:
 
     def _keep_snapshot(self, shape: Hashable, snapshot: _Snapshot) -> None:
         self._snapshots[shape] = snapshot
-        self._snapshots.move_to_end(shape)
-        while len(self._snapshots) > CACHED_POD_SHAPES:
-            self._snapshots.popitem(last=False)
 
     async def _verdicts_for(
         self,
@@ -385,7 +380,7 @@ class Verbs:
         if assignment is None:
             return f"node {node} is not known to vramguard"
         chosen = PodClaims(claims.uid, assignment.claims, claims.init, claims.refusal)
-        fit = self.state.ledger.reserve(node, key.ref(), chosen.claims)
+        fit = self.state.ledger.reserve(node, key, chosen.claims)
         if not fit.ok:
             return f"{node}: {describe_fit(fit, chosen.claims)}"
         self.state.begin_bind(node, key, chosen)

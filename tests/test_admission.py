@@ -628,10 +628,17 @@ def test_more_gpus_than_any_node_offers_costs_nothing_and_is_refused(count: str)
     assert len(decision.claims) <= 1024
 
 
-def test_a_pod_asking_for_more_devices_than_any_node_has_gets_no_claims() -> None:
-    obj = pod(*(container(f"c{i}", gpus="1024") for i in range(5)), annotations={"vramguard.io/vram": "1Gi"})
+@pytest.mark.parametrize(
+    ("containers", "gpus"),
+    [pytest.param(5, 1024, id="each-container-at-the-cap"), pytest.param(2, 513, id="just-over-the-cap-in-all")],
+)
+def test_a_pod_asking_for_more_devices_than_any_node_has_gets_no_claims(containers: int, gpus: int) -> None:
+    """One cap for a container and for the pod in all: no node hands out more devices."""
+    asking = (container(f"c{i}", gpus=str(gpus)) for i in range(containers))
+    obj = pod(*asking, annotations={"vramguard.io/vram": "1Gi"})
     decision = review(obj)
-    assert "the pod asks for 5120 GPU devices in all; no node offers more than 4096" in decision.violations
+    asked = containers * gpus
+    assert f"the pod asks for {asked} GPU devices in all; no node offers more than 1024" in decision.violations
     assert decision.claims == ()
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.test_extender import gpu_node, make, schedule, vllm_pod
+from tests.builders import gpu_node, vllm_pod
+from tests.test_extender import make, schedule
 
 
 async def test_verdict_for_a_pod_being_bound_is_not_reused_for_its_twin() -> None:

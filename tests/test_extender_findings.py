@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from extender.findings import EVENT_REASON, FindingsReporter
-from tests.test_extender import FakeKube, gpu_node, make, vllm_pod
+from tests.builders import gpu_node, vllm_pod
+from tests.test_extender import FakeKube, make
 from vramguard.codecs import CLASS_FINDINGS_ANNOTATION as FINDINGS_ANNOTATION
 from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 

@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry
 
 from extender.metrics import ExtenderMetrics
 from extender.verbs import Verbs
+from tests.builders import gpu_node, vllm_pod
 from tests.fake_api import FakeApi, event
-from tests.test_extender import FakeKube, gpu_node, vllm_pod
+from tests.test_extender import FakeKube
 from vramguard.cluster import ClusterState, slim_pod
 from vramguard.io.http import Readiness
 from vramguard.io.kube import (

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 from extender.app import build_app
 from extender.preemption import mark_unhelpable, preempt
 from extender.verbs import Verbs
-from tests.test_extender import gpu_node, make, vllm_pod
+from tests.builders import gpu_node, vllm_pod
+from tests.test_extender import make
 from vramguard.cluster import ClusterState, slim_pod
 from vramguard.demand.model import ContainerDemand, PodDemand, Vram
 from vramguard.inventory import read_inventory

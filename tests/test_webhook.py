@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
+from tests import builders
 from tests.podspecs import container, pod
 from vramguard.admission import SUPPORTED_KINDS
 from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
@@ -43,17 +44,8 @@ ClientFactory = Callable[[web.Application], Awaitable[Client]]
 
 def gpu_node(name: str, *, memory_mib: int = 81920, gpus: int = 2, replicas: int = 4,
              sharing: str = "time-slicing") -> dict[str, Any]:
-    """A Node as GPU Feature Discovery and the device plugin show it."""
-    return {
-        "metadata": {"name": name, "labels": {
-            "nvidia.com/gpu.count": str(gpus),
-            "nvidia.com/gpu.memory": str(memory_mib),
-            "nvidia.com/gpu.replicas": str(replicas),
-            "nvidia.com/gpu.sharing-strategy": sharing,
-            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-        }},
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus * replicas)}},
-    }
+    """A node of A100s (two by default)."""
+    return builders.gpu_node(name, gpus, replicas, memory_mib, "NVIDIA-A100-SXM4-80GB", sharing)
 
 
 def vllm_pod(utilization: str = "0.3", *, name: str = "p", namespace: str = "default",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.builders import gpu_node
 from tests.podspecs import container, pod
 from vramguard.admission import NamespaceUsage, quota_claims
 from vramguard.demand import DEFAULT_OPTIONS, derive_pod_demand
@@ -22,13 +23,7 @@ class Clock:
 
 def node(name: str, memory_mib: int, *, replicas: int = 4, sharing: str = "time-slicing",
          labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": {
-            "nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": str(memory_mib),
-            "nvidia.com/gpu.replicas": str(replicas), "nvidia.com/gpu.sharing-strategy": sharing,
-            **(labels or {})}},
-        "status": {"allocatable": {"nvidia.com/gpu": str(replicas)}},
-    }
+    return gpu_node(name, 1, replicas, memory_mib, sharing=sharing, labels=labels)
 
 
 def gpu_pod(uid: str, *, namespace: str = "team-a", vram: str = "0.5", node_name: str = "",

@@ -69,12 +69,12 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION, is_vramguard_key
-from vramguard.demand import DemandOptions, PodDemand, Vram, derive_pod_demand
+from vramguard.demand import MAX_DEVICES, DemandOptions, PodDemand, Vram, derive_pod_demand
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.inventory import Gpu, NodeInventory
-from vramguard.ledger import Claim, Ledger
+from vramguard.ledger import Claim, Ledger, ResourceOffer
 from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes
@@ -120,8 +120,6 @@ MAX_WARNINGS = 16
 # Audit annotation keys: a qualified name without a prefix (the API server adds "<webhook>/").
 AUDIT_WOULD_DENY_KEY = "would-deny"
 AUDIT_CLASS_KEY = "qos-class"
-# More GPU devices than any node hands one pod (8 GPUs x 7 MIG instances, or x 128 replicas).
-MAX_DEVICES_PER_POD = 4096
 # Pod templates whose demand is remembered (the replicas of a workload share one).
 DEMAND_CACHE_SIZE = 2048
 # Audit events are kept small; the violations are cut past this many characters.
@@ -144,25 +142,6 @@ _SHARING_WORDS = {"none": "exclusive", "time-slicing": "time-sliced", "mps": "MP
 _WHOLE_DEVICE = ClassChoice("quota", QosClass(sharing=("none",)), "default")
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceOffer:
-    """What the cluster's nodes offer under one GPU resource: device sizes, sharing, which nodes."""
-
-    smallest_bytes: int
-    """Memory of the smallest device of known size (0: no size known)."""
-    largest_bytes: int
-    largest_whole_bytes: int
-    """The most a claim of unknown VRAM holds on one device: the device, or one MPS replica's share."""
-    sharing: frozenset[str] = frozenset()
-    node_labels: tuple[Mapping[str, str], ...] = ()
-    """Labels of each node offering the resource (for a DaemonSet's ``nodeSelector``)."""
-
-    @property
-    def sized(self) -> bool:
-        """Whether any device offering the resource has a known memory size."""
-        return self.largest_bytes > 0
-
-
 def offers_from_inventories(
     inventories: Iterable[NodeInventory], labels: Mapping[str, Mapping[str, str]] | None = None
 ) -> dict[str, ResourceOffer]:
@@ -176,22 +155,7 @@ def offers_from_inventories(
         for resource in inventory.resources():
             devices.setdefault(resource, []).extend(inventory.devices_for(resource))
             nodes.setdefault(resource, []).append((labels or {}).get(inventory.node, {}))
-    offers: dict[str, ResourceOffer] = {}
-    for resource, gpus in devices.items():
-        sized = [g for g in gpus if g.memory_bytes > 0]
-        offers[resource] = ResourceOffer(
-            smallest_bytes=min((g.memory_bytes for g in sized), default=0),
-            largest_bytes=max((g.memory_bytes for g in sized), default=0),
-            largest_whole_bytes=max((_whole_share(g) for g in sized), default=0),
-            sharing=frozenset(g.sharing for g in gpus),
-            node_labels=tuple(nodes[resource]),
-        )
-    return offers
-
-
-def _whole_share(gpu: Gpu) -> int:
-    # The device plugin caps an MPS replica at its share of the device; elsewhere it is the device.
-    return gpu.memory_bytes // gpu.replicas if gpu.sharing == "mps" else gpu.memory_bytes
+    return {resource: ResourceOffer.of(gpus, tuple(nodes[resource])) for resource, gpus in devices.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,11 +294,11 @@ def demand_options(policy: Policy) -> DemandOptions:
 def quota_claims(demand: PodDemand) -> tuple[Claim, ...]:
     """A pod's claims as the quota counts them: unknown VRAM holds a whole device.
 
-    One claim per device. The demand model caps each container (1024 devices); a pod whose
-    containers ask for more than :data:`MAX_DEVICES_PER_POD` in all gets none (and a violation):
+    One claim per device. The demand model caps each container at :data:`MAX_DEVICES`; a pod whose
+    containers ask for more than that in all gets none (and a violation):
     a 1 MiB pod of ten thousand such containers must not cost gigabytes of claims.
     """
-    if sum(c.gpus for c in demand.containers) > MAX_DEVICES_PER_POD:
+    if sum(c.gpus for c in demand.containers) > MAX_DEVICES:
         return ()
     return pod_claims(demand, _WHOLE_DEVICE).claims
 
@@ -501,10 +465,10 @@ class AdmissionRules:
         for error in demand.errors:
             found.violate(Code.DEMAND_ERROR, error)
         devices = sum(c.gpus for c in demand.containers)
-        if devices > MAX_DEVICES_PER_POD:
+        if devices > MAX_DEVICES:
             found.violate(
                 Code.DEVICE_COUNT,
-                f"the pod asks for {devices} GPU devices in all; no node offers more than {MAX_DEVICES_PER_POD}"
+                f"the pod asks for {devices} GPU devices in all; no node offers more than {MAX_DEVICES}"
             )
         implicit = {c.name: _implicit_default(c) for c in demand.containers}
         disallowed = {name for name, engine in implicit.items() if engine and not choice.qos.allow_implicit_defaults}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from cachetools import LRUCache
 
 from vramguard.codecs import (
     AGENT_REPORT_ANNOTATION,
@@ -35,20 +36,12 @@ from vramguard.policy import ClassChoice, Policy
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 JSON = dict[str, Any]
 CACHED_DEMANDS = 4096
-"""Distinct pod templates whose demand and claims are kept: replicas share one entry."""
+"""Distinct pod templates whose demand and claims are kept (least recently used dropped first):
+replicas share one entry."""
 
 
-@dataclass(frozen=True, slots=True)
-class PodKey:
-    """What identifies a pod in messages and the ledger."""
-
-    uid: str
-    namespace: str
-    name: str
-
-    def ref(self) -> PodRef:
-        """The ledger's reference."""
-        return PodRef(self.uid, self.namespace, self.name)
+PodKey = PodRef
+"""What identifies a pod in messages and the ledger: the ledger's reference."""
 
 
 def pod_key(pod: Mapping[str, Any]) -> PodKey:
@@ -171,8 +164,8 @@ class ClusterState:
         self.leases = _Delegate(self._replace_leases, self._upsert_lease, self._delete_lease)
         # Derived once per pod template, not per pod: replicas of a Deployment share their demand and
         # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
-        self._demands: OrderedDict[str, PodDemand] = OrderedDict()
-        self._claims: OrderedDict[tuple[object, ...], PodClaims] = OrderedDict()
+        self._demands: LRUCache[str, PodDemand] = LRUCache(CACHED_DEMANDS)
+        self._claims: LRUCache[tuple[object, ...], PodClaims] = LRUCache(CACHED_DEMANDS)
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -231,16 +224,12 @@ class ClusterState:
             if recorded:
                 shared = PodClaims("", apply_intended(shared.claims, recorded), shared.init, shared.refusal)
             self._claims[key] = shared
-            if len(self._claims) > CACHED_DEMANDS:
-                self._claims.popitem(last=False)
         return PodClaims(uid, shared.claims, shared.init, shared.refusal)
 
     def _demand(self, pod: Mapping[str, Any], template: str) -> PodDemand:
         demand = self._demands.get(template)
         if demand is None:
             demand = self._demands[template] = derive_pod_demand(pod, self.options)
-            if len(self._demands) > CACHED_DEMANDS:
-                self._demands.popitem(last=False)
         return demand
 
     # -- nodes ----------------------------------------------------------------------------------
@@ -368,7 +357,7 @@ class ClusterState:
             return
         self.in_flight.pop(key.uid, None)
         claims = self.bound_claims(pod)
-        self.ledger.hold(node, key.ref(), claims.claims)
+        self.ledger.hold(node, key, claims.claims)
         self._bound[key.uid] = node
         self.priorities[key.uid] = pod_priority(pod)
 
@@ -415,7 +404,7 @@ class ClusterState:
 
     def begin_bind(self, node: str, pod: PodKey, claims: PodClaims) -> None:
         """Remember a reservation bind made, until the watch shows the pod bound (or bind fails)."""
-        self.in_flight[pod.uid] = (node, pod.ref(), claims)
+        self.in_flight[pod.uid] = (node, pod, claims)
 
     def abort_bind(self, uid: str) -> None:
         """Bind failed: release what it reserved, unless the watch already shows the pod bound."""

@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
-from vramguard.demand.model import Vram
+from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
 from vramguard.quantity import QuantityError, parse_bytes
 
@@ -42,7 +42,6 @@ UnknownVram = Literal["whole-gpu", "reject"]
 
 # A class is chosen by a label value, so its name must be a valid label value.
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_PLAIN_NUMBER = re.compile(r"^(?:\d+\.\d*|\.\d+|\d+)$")
 
 
 class PolicyError(ValueError):
@@ -59,19 +58,17 @@ Quantity = Annotated[str, BeforeValidator(_text)]
 
 def parse_vram_limit(text: str) -> Vram:
     """A quantity (``40Gi``) or a fraction of the GPU (``0.5``, ``1``), as the annotation reads it."""
-    text = text.strip()
-    if _PLAIN_NUMBER.match(text) and ("." in text or Fraction(text) <= 1):
-        fraction = Fraction(text)
-        if not 0 < fraction <= 1:
-            raise ValueError(f"{text}: a fraction of the GPU must be in (0, 1]")
-        return Vram(fraction=fraction)
     try:
-        count = parse_bytes(text)
-    except QuantityError as exc:
-        raise ValueError(f"{text!r} is neither a quantity (like 40Gi) nor a fraction (like 0.5)") from exc
-    if count == 0:
-        raise ValueError(f"{text!r} is zero")
-    return Vram(bytes=count)
+        return parse_vram(text)
+    except VramError as exc:
+        text = text.strip()
+        match exc.reason:
+            case "fraction":
+                raise ValueError(f"{text}: a fraction of the GPU must be in (0, 1]") from None
+            case "junk":
+                raise ValueError(f"{text!r} is neither a quantity (like 40Gi) nor a fraction (like 0.5)") from None
+            case "small":
+                raise ValueError(f"{text!r} is under 1Mi; write a unit, for example 40Gi") from None
 
 
 class _Strict(BaseModel):

@@ -7,16 +7,11 @@ decimal point is a fraction of the GPU; anything else is a Kubernetes quantity o
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from fractions import Fraction
 
 from vramguard.codecs import vram_annotation
-from vramguard.demand.model import Vram
+from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.engines.base import Findings
-from vramguard.quantity import MiB, QuantityError, parse_bytes
-
-_PLAIN_NUMBER = re.compile(r"^\s*(?:\d+\.\d*|\.\d+|\d+)\s*$", re.ASCII)
 
 
 def declared_vram(annotations: Mapping[str, str], container: str, found: Findings) -> Vram | None:
@@ -37,19 +32,14 @@ def parse_declaration(value: object, key: str, found: Findings) -> Vram | None:
     if not isinstance(value, str) or not value.strip():
         found.error(f"annotation {key} is empty; set a quantity such as 12Gi or a fraction such as 0.25")
         return None
-    text = value.strip()
-    if _PLAIN_NUMBER.match(text) and ("." in text or Fraction(text) <= 1):
-        fraction = Fraction(text)
-        if not 0 < fraction <= 1:
-            found.error(f"annotation {key}={value}: a fraction of the GPU must be in (0, 1]")
-            return None
-        return Vram(fraction=fraction)
     try:
-        count = parse_bytes(text)
-    except QuantityError:
-        found.error(f"annotation {key}={value} is neither a quantity (like 12Gi) nor a fraction (like 0.25)")
+        return parse_vram(value)
+    except VramError as exc:
+        match exc.reason:
+            case "fraction":
+                found.error(f"annotation {key}={value}: a fraction of the GPU must be in (0, 1]")
+            case "junk":
+                found.error(f"annotation {key}={value} is neither a quantity (like 12Gi) nor a fraction (like 0.25)")
+            case "small":
+                found.error(f"annotation {key}={value} is under 1Mi; write a unit, for example 12Gi")
         return None
-    if count < MiB:
-        found.error(f"annotation {key}={value} is under 1Mi; write a unit, for example 12Gi")
-        return None
-    return Vram(bytes=count)

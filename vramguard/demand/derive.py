@@ -20,7 +20,9 @@ from vramguard.quantity import QuantityError, parse_quantity
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
 MAX_DEVICES = 1024
-"""More GPU devices than any node offers (8 GPUs x 16 replicas is already rare)."""
+"""The most GPU devices one pod may hold, per container and in all: more than any node hands out
+(8 GPUs x 128 time-slicing replicas; 8 x 16 is already rare, MIG gives at most 7 per GPU). Every
+later step makes one claim per device, so this bounds what an absurd request costs."""
 
 
 @dataclass(frozen=True, slots=True)

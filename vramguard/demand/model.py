@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Literal
 
 from vramguard.codecs import VRAM_ANNOTATION
-from vramguard.quantity import format_bytes
+from vramguard.quantity import MiB, QuantityError, format_bytes, parse_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,41 @@ class Vram:
             return f"{float(self.fraction):g} of the GPU"
         assert self.bytes is not None
         return format_bytes(self.bytes)
+
+
+LEAST_VRAM_BYTES = MiB
+"""The least VRAM a reservation or a limit may name in bytes: less is a number whose unit was left out
+(``12`` meant as ``12Gi``), and no GPU workload fits in it."""
+_PLAIN_NUMBER = re.compile(r"^(?:\d+\.\d*|\.\d+|\d+)$", re.ASCII)
+
+
+class VramError(ValueError):
+    """Text that is not VRAM per GPU. ``reason``: ``"fraction"`` (a fraction outside (0, 1]),
+    ``"small"`` (bytes under :data:`LEAST_VRAM_BYTES`) or ``"junk"`` (neither a quantity nor a
+    fraction); callers word the message for where the text came from."""
+
+    def __init__(self, text: str, reason: Literal["fraction", "small", "junk"]) -> None:
+        super().__init__(f"{text!r}: {reason}")
+        self.reason = reason
+
+
+def parse_vram(text: str) -> Vram:
+    """VRAM per GPU, as the ``vramguard.io/vram`` annotation and a class's ``max_vram_per_gpu`` write it:
+    a plain number up to 1 (``0.25``, ``1``) or with a decimal point is a fraction of the GPU, anything
+    else a Kubernetes quantity of bytes (``12Gi``). Raises :class:`VramError`."""
+    text = text.strip()
+    if _PLAIN_NUMBER.match(text) and ("." in text or Fraction(text) <= 1):
+        fraction = Fraction(text)
+        if not 0 < fraction <= 1:
+            raise VramError(text, "fraction")
+        return Vram(fraction=fraction)
+    try:
+        count = parse_bytes(text)
+    except QuantityError:
+        raise VramError(text, "junk") from None
+    if count < LEAST_VRAM_BYTES:
+        raise VramError(text, "small")
+    return Vram(bytes=count)
 
 
 @dataclass(frozen=True, slots=True)
