@@ -21,7 +21,10 @@ CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/vramguard/image
 DEFAULT_BASE=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
 STANDIN_PACKAGES=python3,python3-venv,python-is-python3,ca-certificates
 STANDIN_SUITE=bookworm
-STANDIN_TAG=localhost/vramguard-python-standin:$STANDIN_SUITE-$(printf '%s %s' "$STANDIN_SUITE" "$STANDIN_PACKAGES" | sha256sum | cut -c1-12)
+# The tag names the recipe (suite, packages, and the mmdebstrap options below: bump STANDIN_RECIPE
+# when changing them), so a changed recipe makes a new base and an unchanged one is reused.
+STANDIN_RECIPE=2
+STANDIN_TAG=localhost/vramguard-python-standin:$STANDIN_SUITE-$(printf '%s %s %s' "$STANDIN_RECIPE" "$STANDIN_SUITE" "$STANDIN_PACKAGES" | sha256sum | cut -c1-12)
 
 log() { printf 'image: %s\n' "$*" >&2; }
 
@@ -77,7 +80,10 @@ standin_base() {
         log "no registry: making the stand-in base $STANDIN_TAG with mmdebstrap ($STANDIN_SUITE: $STANDIN_PACKAGES)"
         local tar
         tar=$(mktemp --suffix=.tar)
+        # Without documentation, manual pages and translations, as the official slim images.
         mmdebstrap --quiet --variant=minbase --mode=root --include="$STANDIN_PACKAGES" \
+            --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+            --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
             "$STANDIN_SUITE" "$tar" ${DEBIAN_MIRROR:-} >&2
         "$ENGINE" import \
             --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
