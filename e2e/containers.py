@@ -161,3 +161,12 @@ def inspect(name: str) -> dict[str, Any]:
     result = subprocess.run([engine(), "inspect", name], capture_output=True, text=True, timeout=60, check=True)
     inspected: list[dict[str, Any]] = json.loads(result.stdout)
     return inspected[0]
+
+
+def main_process_status(name: str) -> dict[str, str]:
+    """``/proc/1/status`` of a running container (the service itself), as field -> value."""
+    result = subprocess.run(
+        [engine(), "exec", name, "cat", "/proc/1/status"], capture_output=True, text=True, timeout=60, check=True
+    )
+    fields = (line.partition(":") for line in result.stdout.splitlines())
+    return {key: value.strip() for key, _, value in fields}

@@ -61,13 +61,18 @@ def image_cluster(
 
 @pytest.mark.parametrize("service", ["extender", "webhook"])
 def test_service_runs_as_the_chart_runs_it(image_cluster: Cluster, service: services.ServiceName) -> None:
-    inspected = containers.inspect(containers.container_name(service, image_cluster.directory))
+    name = containers.container_name(service, image_cluster.directory)
+    inspected = containers.inspect(name)
     host = inspected["HostConfig"]
     assert inspected["State"]["Running"]
-    assert inspected["Config"]["User"] == "65532:65532"
     assert host["ReadonlyRootfs"] is True
     assert host["NetworkMode"] == "host"
-    assert not inspected["EffectiveCaps"], "no capability is left to the service"
+    # What the service process itself runs with: non-root, no capabilities at all, no new privileges.
+    status = containers.main_process_status(name)
+    assert status["Uid"].split() == ["65532"] * 4
+    assert status["Gid"].split() == ["65532"] * 4
+    assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0
+    assert status["NoNewPrivs"] == "1"
     mounts = {mount["Destination"]: mount for mount in inspected["Mounts"]}
     for target in (containers.TLS_MOUNT, containers.POLICY_MOUNT):
         assert not mounts[target]["RW"], f"{target} is mounted read-only"
