@@ -124,6 +124,20 @@ cmd_build() {
 
 run_image() { "$ENGINE" run --rm --read-only --tmpfs /tmp --cap-drop ALL --user 65532:65532 --network none "$@"; }
 
+locked_packages() {
+    sed -n 's/^\([a-z0-9][^= ]*\)==\([^ ;\\]*\).*/\1==\2/p' requirements.lock
+    echo "vramguard==$VERSION"
+}
+
+installed_packages() {
+    run_image --entrypoint python "$IMAGE" -c '
+import importlib.metadata, re
+for dist in importlib.metadata.distributions():
+    print(re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower() + "==" + dist.version)'
+}
+
+installed_matches_lock() { diff -u <(locked_packages | sort) <(installed_packages | sort); }
+
 cmd_check() {
     have_image "$IMAGE" || { log "no image $IMAGE: run make image first"; exit 1; }
     local failed=0 out
@@ -143,6 +157,8 @@ found = [c for c in ("gcc", "cc", "c++", "g++", "clang", "pip", "pip3") if shuti
 found += [m for m in ("pip", "setuptools", "pkg_resources", "ensurepip") if importlib.util.find_spec(m)]
 found += glob.glob("/usr/share/python-wheels/*")
 sys.exit(f"left in the image: {found}" if found else 0)'
+    # So that the SBOM made from the lock (scripts/lock.sh sbom) lists what the image holds.
+    check "installed packages are exactly requirements.lock's and vramguard" installed_matches_lock
     check "bytecode is hash-based" run_image --entrypoint python "$IMAGE" -c '
 import glob, sys
 pycs = glob.glob("/opt/vramguard/lib/python3*/site-packages/**/*.pyc", recursive=True)
