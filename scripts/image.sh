@@ -16,7 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n1)
-IMAGE=${IMAGE:-vramguard:$VERSION}
+# ARCH=arm64 builds for linux/arm64 (GH200/GB200 nodes); on an amd64 machine that needs QEMU's
+# user-mode emulation registered with binfmt_misc (Debian: apt-get install qemu-user-static).
+HOST_ARCH=$(uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
+ARCH=${ARCH:-$HOST_ARCH}
+if [[ $ARCH == "$HOST_ARCH" ]]; then IMAGE=${IMAGE:-vramguard:$VERSION}; else IMAGE=${IMAGE:-vramguard:$VERSION-$ARCH}; fi
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/vramguard/image
 DEFAULT_BASE=$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
 STANDIN_PACKAGES=python3,python3-venv,python-is-python3,ca-certificates
@@ -24,7 +28,7 @@ STANDIN_SUITE=bookworm
 # The tag names the recipe (suite, packages, and the mmdebstrap options below: bump STANDIN_RECIPE
 # when changing them), so a changed recipe makes a new base and an unchanged one is reused.
 STANDIN_RECIPE=2
-STANDIN_TAG=localhost/vramguard-python-standin:$STANDIN_SUITE-$(printf '%s %s %s' "$STANDIN_RECIPE" "$STANDIN_SUITE" "$STANDIN_PACKAGES" | sha256sum | cut -c1-12)
+STANDIN_TAG=localhost/vramguard-python-standin:$STANDIN_SUITE-$ARCH-$(printf '%s %s %s' "$STANDIN_RECIPE" "$STANDIN_SUITE" "$STANDIN_PACKAGES" | sha256sum | cut -c1-12)
 
 log() { printf 'image: %s\n' "$*" >&2; }
 
@@ -81,11 +85,11 @@ standin_base() {
         local tar
         tar=$(mktemp --suffix=.tar)
         # Without documentation, manual pages and translations, as the official slim images.
-        mmdebstrap --quiet --variant=minbase --mode=root --include="$STANDIN_PACKAGES" \
+        mmdebstrap --quiet --variant=minbase --mode=root --architectures="$ARCH" --include="$STANDIN_PACKAGES" \
             --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
             "$STANDIN_SUITE" "$tar" ${DEBIAN_MIRROR:-} >&2
-        "$ENGINE" import \
+        "$ENGINE" import --os linux --arch "$ARCH" \
             --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
             --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tar" "$STANDIN_TAG" > /dev/null
         rm -f "$tar"
@@ -97,7 +101,8 @@ standin_base() {
 # can be pulled, else the local stand-in.
 base_image() {
     if [[ -n ${PYTHON_IMAGE:-} ]]; then echo "$PYTHON_IMAGE"; return; fi
-    if have_image "$DEFAULT_BASE" || timeout "${PULL_TIMEOUT:-60}" "$ENGINE" pull -q "$DEFAULT_BASE" > /dev/null 2>&1; then
+    if { [[ $ARCH == "$HOST_ARCH" ]] && have_image "$DEFAULT_BASE"; } \
+        || timeout "${PULL_TIMEOUT:-60}" "$ENGINE" pull -q --platform "linux/$ARCH" "$DEFAULT_BASE" > /dev/null 2>&1; then
         echo "$DEFAULT_BASE"; return
     fi
     log "cannot pull $DEFAULT_BASE (no registry reachable?)"
@@ -112,7 +117,7 @@ cmd_build() {
     git diff --quiet HEAD 2> /dev/null || revision="$revision-dirty"
     source=${IMAGE_SOURCE:-$(git remote get-url origin 2> /dev/null || echo unknown)}
     args=(--build-arg "PYTHON_IMAGE=$base" --build-arg "VERSION=$VERSION" --build-arg "REVISION=$revision"
-          --build-arg "SOURCE=$source" -t "$IMAGE")
+          --build-arg "SOURCE=$source" --platform "linux/$ARCH" -t "$IMAGE")
     if [[ $ENGINE == podman ]]; then
         args+=(--pull=never --layers)
         [[ -d /etc/ssl/certs ]] && args+=(--volume /etc/ssl/certs:/etc/ssl/certs:ro)
