@@ -73,7 +73,7 @@ RUN groupadd --system --gid 65532 vramguard \
  && rm -rf /usr/share/python-wheels /usr/local/bin/pip* /usr/local/lib/python3*/ensurepip /usr/lib/python3*/ensurepip
 
 COPY --from=builder /opt/vramguard /opt/vramguard
-COPY LICENSE /usr/share/doc/vramguard/LICENSE
+COPY --from=builder /src/LICENSE /usr/share/doc/vramguard/LICENSE
 
 # NVIDIA_VISIBLE_DEVICES=void: no GPU unless a pod asks; the agent's DaemonSet sets "all" so the
 # NVIDIA container runtime injects libnvidia-ml (the "utility" capability) for NVML.
