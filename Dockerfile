@@ -19,8 +19,8 @@
 # stand-in scripts/image.sh makes with mmdebstrap): --build-arg PYTHON_IMAGE=...
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
-# --- builder: install the locked dependencies, then vramguard, into a virtualenv ---------------
-FROM ${PYTHON_IMAGE} AS builder
+# --- dependencies: the locked dependencies in a virtualenv ------------------------------------
+FROM ${PYTHON_IMAGE} AS dependencies
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -41,15 +41,16 @@ RUN /opt/pip/bin/pip --python /opt/vramguard/bin/python install --no-compile --n
  && rm -rf /opt/vramguard/lib/python3*/site-packages/kubernetes/aio \
  && /opt/vramguard/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/vramguard/lib
 
+# --- builder: vramguard itself, on top of its dependencies -----------------------------------
+FROM dependencies AS builder
+
 # The code: the packages .dockerignore lets through (its allowlist is the one list of them).
-# Only vramguard's own files are compiled here, so this layer holds nothing of the dependencies.
+# Only vramguard's own files are compiled and staged under /app (scripts/stage_app.py), so the
+# runtime's last layer holds nothing of the dependencies.
 COPY . /src
 WORKDIR /src
 RUN /opt/pip/bin/pip --python /opt/vramguard/bin/python install --no-compile --no-deps . \
- && /opt/vramguard/bin/python -c "import compileall, importlib.metadata, py_compile, sys; \
-        files = [f.locate() for f in importlib.metadata.files('vramguard') if f.suffix == '.py']; \
-        mode = py_compile.PycInvalidationMode.UNCHECKED_HASH; \
-        sys.exit(not all(compileall.compile_file(f, quiet=1, invalidation_mode=mode) for f in files))" \
+ && /opt/vramguard/bin/python scripts/stage_app.py /app \
  && /opt/vramguard/bin/vramguard --help > /dev/null
 
 # --- runtime ------------------------------------------------------------------------------------
@@ -72,7 +73,9 @@ RUN groupadd --system --gid 65532 vramguard \
  && (python -m pip uninstall --yes --quiet pip setuptools wheel 2> /dev/null || true) \
  && rm -rf /usr/share/python-wheels /usr/local/bin/pip* /usr/local/lib/python3*/ensurepip /usr/lib/python3*/ensurepip
 
-COPY --from=builder /opt/vramguard /opt/vramguard
+# Two layers: the dependencies (unchanged while requirements.lock is), then vramguard (~1 MB).
+COPY --from=dependencies /opt/vramguard /opt/vramguard
+COPY --from=builder /app/ /
 COPY --from=builder /src/LICENSE /usr/share/doc/vramguard/LICENSE
 
 # NVIDIA_VISIBLE_DEVICES=void: no GPU unless a pod asks; the agent's DaemonSet sets "all" so the

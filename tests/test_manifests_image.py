@@ -39,8 +39,10 @@ def stages() -> list[list[tuple[str, str]]]:
 
 
 def test_multi_stage_from_pinned_python_slim() -> None:
-    images = [rest.split()[0] for keyword, rest in instructions() if keyword == "FROM"]
-    assert len(images) >= 2
+    froms = [rest.split() for keyword, rest in instructions() if keyword == "FROM"]
+    names = {words[-1] for words in froms if len(words) == 3 and words[1].upper() == "AS"}
+    images = [words[0] for words in froms if words[0] not in names]
+    assert len(froms) >= 2 and images
     for image in images:
         resolved = re.sub(r"\$\{(\w+)\}", lambda m: build_args()[m[1]], image)
         assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?@sha256:[0-9a-f]{64}", resolved), resolved
@@ -49,7 +51,7 @@ def test_multi_stage_from_pinned_python_slim() -> None:
 def test_runtime_copies_only_the_built_environment() -> None:
     runtime = stages()[-1]
     copies = [rest for keyword, rest in runtime if keyword == "COPY"]
-    assert copies and all(c.startswith("--from=builder ") for c in copies)
+    assert copies and all(c.startswith(("--from=builder ", "--from=dependencies ")) for c in copies)
     assert not any(keyword == "RUN" and "pip install" in rest for keyword, rest in runtime)
 
 
@@ -85,7 +87,7 @@ def test_every_package_is_copied() -> None:
     """The builder copies the build context; .dockerignore's allowlist lets every package through."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
-    copied = {rest.split()[0].rstrip("/") for keyword, rest in stages()[0] if keyword == "COPY"}
+    copied = {rest.split()[0].rstrip("/") for stage in stages()[:-1] for keyword, rest in stage if keyword == "COPY"}
     assert "." in copied
     ignore = (ROOT / ".dockerignore").read_text()
     for package in packages:
@@ -100,16 +102,22 @@ def test_no_syntax_directive() -> None:
 def test_locked_dependencies_are_installed_in_a_layer_before_the_code() -> None:
     builder = stages()[0]
     lock_copy = builder.index(("COPY", "requirements.lock /src/requirements.lock"))
-    code_copy = next(i for i, (keyword, rest) in enumerate(builder) if keyword == "COPY" and rest.startswith(". "))
     installs = [i for i, (keyword, rest) in enumerate(builder) if keyword == "RUN" and "--require-hashes" in rest]
-    assert installs and lock_copy < installs[0] < code_copy
+    assert installs and lock_copy < installs[0]
     assert "-r /src/requirements.lock" in builder[installs[0]][1]
+    # The code comes in a later stage, built on this one; the runtime copies the two apart.
+    assert not any(keyword == "COPY" and rest.startswith(". ") for keyword, rest in builder)
+    assert stages()[1][0] == ("FROM", "dependencies AS builder")
+    assert any(keyword == "COPY" and rest.startswith(". ") for keyword, rest in stages()[1])
+    runtime_copies = [rest for keyword, rest in stages()[-1] if keyword == "COPY"]
+    assert runtime_copies[:2] == ["--from=dependencies /opt/vramguard /opt/vramguard", "--from=builder /app/ /"]
 
 
 def test_bytecode_is_hash_based() -> None:
-    runs = " ".join(rest for keyword, rest in stages()[0] if keyword == "RUN")
+    runs = " ".join(rest for stage in stages()[:2] for keyword, rest in stage if keyword == "RUN")
     assert "--invalidation-mode unchecked-hash" in runs
-    assert "UNCHECKED_HASH" in runs
+    assert "scripts/stage_app.py" in runs
+    assert "PycInvalidationMode.UNCHECKED_HASH" in (ROOT / "scripts" / "stage_app.py").read_text()
     assert all("--no-compile" in match for match in re.findall(r"pip [^&]*install[^&]*", runs))
 
 
