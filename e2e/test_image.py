@@ -34,7 +34,7 @@ def image() -> str:
     image = containers.image_from_environment()
     reason = None
     if image is None:
-        reason = f"${containers.IMAGE_ENV} is not set (make image; eval $(scripts/image.sh env))"
+        reason = f"${containers.IMAGE_ENV} is not set (make image-e2e, or env $(scripts/image.sh env) pytest ...)"
     elif not containers.image_present(image):
         reason = f"no image {image} in {containers.engine()} (make image)"
     if reason is not None:
