@@ -15,6 +15,8 @@
 # The base: PYTHON_IMAGE, the official python image pinned by tag and by the digest of its
 # multi-architecture index (linux/amd64 and linux/arm64). Check it where a registry is reachable:
 #   docker buildx imagetools inspect python:3.11.14-slim-bookworm   (the "Digest:" line)
+# (the project's CI machines reach no container registry: there the digest is not re-checked and
+# the build runs on the stand-in base).
 # Any Debian-based image with Python 3.11+ and the venv module works (a registry mirror, or the
 # stand-in scripts/image.sh makes with mmdebstrap): --build-arg PYTHON_IMAGE=...
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
