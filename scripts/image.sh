@@ -170,6 +170,9 @@ pycs = glob.glob("/opt/vramguard/lib/python3*/site-packages/**/*.pyc", recursive
 stamped = [p for p in pycs if int.from_bytes(open(p, "rb").read(8)[4:8], "little") == 0]
 sys.exit(f"{len(stamped)} of {len(pycs)} .pyc files are timestamp-based, e.g. {stamped[:3]}" if stamped or not pycs else 0)'
     if [[ $failed != 0 ]]; then log "image checks failed"; exit 1; fi
+    local managers
+    managers=$(run_image --entrypoint sh "$IMAGE" -c 'for c in dpkg apt-get apt; do command -v $c; done' | tr '\n' ' ' || true)
+    [[ -n $managers ]] && log "note: the Debian base keeps its own package tools ($managers), usable by root only; the service runs as 65532"
     cmd_size
 }
 
