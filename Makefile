@@ -11,7 +11,7 @@ HELM_VERSION := v3.22.0
 KUSTOMIZE_VERSION := v5.7.1
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: test unit e2e lint demo bench tools clean
+.PHONY: test unit e2e lint demo bench tools clean lock lock-check audit sbom image image-check image-e2e
 
 test: lint unit e2e  ## all tests: lint, unit, end-to-end on a real control plane
 
@@ -46,6 +46,28 @@ demo: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/python -m bench.demand
 	$(BIN)/python -m bench.webhook
+
+# --- the image (scripts/image.sh, scripts/lock.sh) ------------------------------------------------
+lock: $(INSTALLED)  ## regenerate requirements.lock (hashed, all transitive runtime dependencies)
+	VENV=$(VENV) scripts/lock.sh compile
+
+lock-check: $(INSTALLED)  ## fail if requirements.lock does not match pyproject.toml
+	VENV=$(VENV) scripts/lock.sh check
+
+audit: $(INSTALLED)  ## known vulnerabilities of the locked packages (PyPI's advisory data)
+	VENV=$(VENV) scripts/lock.sh audit
+
+sbom: $(INSTALLED)  ## CycloneDX SBOM of the image's packages: dist/vramguard-VERSION.cdx.json
+	VENV=$(VENV) scripts/lock.sh sbom
+
+image:  ## build vramguard:VERSION with Docker or podman (a local stand-in base where no registry is reachable)
+	scripts/image.sh build
+
+image-check: image lock-check audit sbom  ## what CI verifies of the image
+	scripts/image.sh check
+
+image-e2e: $(INSTALLED) tools image  ## the services run from the image on a real control plane
+	env $$(scripts/image.sh env) $(BIN)/python -m pytest e2e/test_image.py
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

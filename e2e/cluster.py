@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from e2e import build, kube, services
+from e2e import build, containers, kube, services
 from e2e.certs import CertificateAuthority, KeyPair, service_account_keys
 from e2e.procs import (
     ManagedProcess,
@@ -86,6 +86,8 @@ class ClusterConfig:
     service_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """Extra command-line arguments per vramguard service, e.g. ``{"extender": ["--max-watch-event-bytes", "1Mi"]}``."""
     manifests: Path = services.MANIFESTS
+    image: str | None = None
+    """Run the extender and webhook as containers of this image (see ``e2e.containers``), not processes."""
     detach: bool = False
     """Let the processes outlive this Python process (the command line does this)."""
     timeout: float = 120.0
@@ -159,6 +161,7 @@ class Cluster:
         policy: Path | None = None,
         vramguard_command: Sequence[str] | None = None,
         service_args: Mapping[str, Sequence[str]] | None = None,
+        image: str | None = None,
         detach: bool = False,
         timeout: float = 120.0,
     ) -> Cluster:
@@ -172,6 +175,7 @@ class Cluster:
                 policy=policy,
                 vramguard_command=vramguard_command,
                 service_args=dict(service_args or {}),
+                image=image,
                 detach=detach,
                 timeout=timeout,
             )
@@ -300,7 +304,7 @@ class Cluster:
                 raise
 
     def _prepare_directory(self) -> None:
-        for stale in ("etcd", "pki", "config", "pids", "logs"):
+        for stale in ("etcd", "pki", "config", "pids", "logs", "containers"):
             shutil.rmtree(self.directory / stale, ignore_errors=True)
         for sub in ("pki", "config", "pids", "logs"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
@@ -535,6 +539,8 @@ class Cluster:
         return available
 
     def _command(self) -> list[str] | None:
+        if self.config.image:
+            return containers.help_command(self.config.image)
         if self.config.vramguard_command:
             return list(self.config.vramguard_command)
         return services.vramguard_command()
@@ -566,18 +572,34 @@ class Cluster:
         pair: KeyPair = self.ca.issue_localhost_server(f"vramguard-{name}")
         cert, key = self.pki / f"{name}.crt", self.pki / f"{name}.key"
         pair.write(cert, key)
-        argv = services.service_argv(
-            command,
-            name,
-            port=port,
-            tls_cert=cert,
-            tls_key=key,
-            kubeconfig=kubeconfig,
-            policy=self.config.policy or self._wired_policy(),
-            # The extender's verbs bind pods: only kube-scheduler's client certificate gets an answer.
-            client_ca=self.pki / "ca.crt" if name == "extender" else None,
-            ops_port=ops_port,
-        )
+        policy = self.config.policy or self._wired_policy()
+        if self.config.image:
+            argv = containers.run_argv(
+                self.config.image,
+                name,
+                name=containers.container_name(name, self.directory),
+                state_dir=self.directory / "containers" / name,
+                port=port,
+                ops_port=ops_port,
+                tls=(cert, key),
+                ca_cert=self.pki / "ca.crt",
+                kubeconfig=kubeconfig,
+                policy=policy,
+                root=self.config.manifests,
+            )
+        else:
+            argv = services.service_argv(
+                command,
+                name,
+                port=port,
+                tls_cert=cert,
+                tls_key=key,
+                kubeconfig=kubeconfig,
+                policy=policy,
+                # The extender's verbs bind pods: only kube-scheduler's client certificate gets an answer.
+                client_ca=self.pki / "ca.crt" if name == "extender" else None,
+                ops_port=ops_port,
+            )
         argv += self.config.service_args.get(name, ())
         proc = self._spawn(f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
@@ -685,6 +707,8 @@ class Cluster:
             for pid_file in (self.directory / "pids").glob("*.pid"):
                 pid_file.unlink()
         self.processes = []
+        if self.config.image:
+            containers.remove([containers.container_name(name, self.directory) for name in services.SERVICES])
         if errors or left:
             raise RuntimeError(f"processes left behind in {self.directory}: {left} {errors}")
 
