@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from vramguard.demand.commandline import ContainerEnv
-from vramguard.demand.model import EngineClaim, Vram
+from vramguard.demand.model import EngineClaim, Parallel, Vram
 from vramguard.engines.base import Findings, Options, env_flag
 from vramguard.engines.launchers import program
 
@@ -50,8 +50,9 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         fraction = found.fraction(flag)
         vram = Vram(fraction=fraction) if fraction is not None else None
     shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
-    gpus = found.count(shards) if shards is not None else None
+    count = found.count(shards) if shards is not None else None
+    parallel = Parallel(count, (shards.evidence(),)) if shards is not None and count is not None else None
     return EngineClaim(
-        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
+        NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit
     )
 
