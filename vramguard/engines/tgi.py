@@ -17,6 +17,8 @@ from vramguard.engines.launchers import program
 
 NAME = "tgi"
 LAUNCHER = "text-generation-launcher"
+ENTRYPOINT_SCRIPTS = frozenset({"tgi-entrypoint.sh"})
+"""TGI's own image runs the launcher through this script, which passes its arguments on."""
 MEMORY_FRACTION = ("--cuda-memory-fraction",)
 MEMORY_FRACTION_ENV = "CUDA_MEMORY_FRACTION"
 NUM_SHARD = ("--num-shard",)
@@ -26,7 +28,7 @@ DEFAULT_FRACTION = Fraction(1)
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
     """The launcher's arguments if ``argv`` starts TGI, else ``None``."""
-    if program(argv) == LAUNCHER:
+    if program(argv) == LAUNCHER or program(argv) in ENTRYPOINT_SCRIPTS:
         return list(argv[1:])
     return None
 
