@@ -32,6 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from vramguard.demand.model import Vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
 from vramguard.quantity import QuantityError, parse_bytes
+from vramguard.workloads import WorkloadKind
 
 QOS_CLASS_LABEL = "vramguard.io/qos-class"
 ENFORCE_LABEL = "vramguard.io/enforce"
@@ -176,6 +177,18 @@ class Policy(_Strict):
     binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
     direct_placement: DirectPlacement = Field(default_factory=DirectPlacement)
     """Requesters allowed to place GPU pods directly (``spec.nodeName``) past the ledger (webhook)."""
+    workload_kinds: tuple[WorkloadKind, ...] = ()
+    """Custom resources that run pods, with their pod templates and replica fields (see
+    :mod:`vramguard.workloads`)."""
+
+    @field_validator("workload_kinds")
+    @classmethod
+    def _unique_kinds(cls, value: tuple[WorkloadKind, ...]) -> tuple[WorkloadKind, ...]:
+        seen = [(k.group, k.kind) for k in value]
+        twice = sorted({f"{kind}.{group}" for group, kind in seen if seen.count((group, kind)) > 1})
+        if twice:
+            raise ValueError(f"workload kinds named twice: {', '.join(twice)}")
+        return value
 
     @field_validator("classes")
     @classmethod
