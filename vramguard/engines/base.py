@@ -199,6 +199,10 @@ def parallel_layout(
             written.append(flag.evidence())
     node_count: int | None = None
     node_flag = options.last(nodes)
+    if node_flag is not None and node_flag.value is not None and unresolved_reference(node_flag.value):
+        # ``--nnodes $(LWS_GROUP_SIZE)``: set when the pod is created; the group's size says it.
+        found.evidence.append(node_flag.evidence())
+        node_flag = None
     if node_flag is not None:
         node_count = found.count(node_flag)
         if node_count is None:
