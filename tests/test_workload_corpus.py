@@ -7,6 +7,7 @@ come out with its pods at full scale, and each GPU container with its engine, de
 from __future__ import annotations
 
 from pathlib import Path
+
 import pytest
 
 from vramguard.admission import workload_pods

@@ -17,6 +17,7 @@ from vramguard.workloads import object_parts, parts_demand, template_parts
 
 OPTIONS = DemandOptions()
 VLLM = "vllm/vllm-openai:v0.21.0"
+RAY_WORKER = "ray start --address=$(LWS_LEADER_ADDRESS) --block"
 
 
 def gpu_container(name: str = "main", gpus: int = 1, **extra: Any) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def lws(size: Any, replicas: Any = 1, leader_args: list[str] | None = None, gpus
                 "size": size,
                 "leaderTemplate": {"spec": {"containers": [gpu_container("leader", gpus, args=args)]}},
                 "workerTemplate": {"spec": {"containers": [
-                    gpu_container("worker", gpus, command=["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS) --block"])
+                    gpu_container("worker", gpus, command=["sh", "-c", RAY_WORKER])
                 ]}},
             },
         },
@@ -155,7 +156,7 @@ def test_bad_workload_kinds_are_refused_at_load(entry: dict[str, Any], message: 
 def test_a_kind_named_twice_is_refused() -> None:
     entry = {"group": "g", "kind": "K", "resource": "ks", "versions": ["v1"],
              "templates": [{"name": "t", "path": "spec.t"}]}
-    with pytest.raises(PolicyError, match="named twice: K.g"):
+    with pytest.raises(PolicyError, match=r"named twice: K\.g"):
         policy_with(yaml.safe_dump({"workload_kinds": [entry, entry]}))
 
 
@@ -221,7 +222,8 @@ def test_explain_text_says_skipped() -> None:
 @pytest.mark.parametrize("command", ["explain", "plan"])
 def test_one_bad_document_does_not_hide_the_others(command: str, tmp_path: Path) -> None:
     path = tmp_path / "mixed.yaml"
-    path.write_text(POD + "---\nkind: Pod\nmetadata: {name: [broken\n---\n- 1\n---\n" + POD.replace("name: ok", "name: ok2"))
+    broken = "---\nkind: Pod\nmetadata: {name: [broken\n---\n- 1\n---\n"
+    path.write_text(POD + broken + POD.replace("name: ok", "name: ok2"))
     result = cli(command, "-o", "json", str(path), stdin="")
     assert result.returncode == 2
     assert f"{path}: document 2: not valid YAML or JSON at line " in result.stderr
