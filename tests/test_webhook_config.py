@@ -45,6 +45,11 @@ WARN_DEFAULT = {
     "cronjobs.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
     "cronjobs-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
 }
+# Every namespaced workload kind of the policy gets the same pair of entries.
+EXTRA_KINDS = [f"{k.resource}.{k.group}" for k in default_policy().workload_kinds if k.namespaced]
+for _name in EXTRA_KINDS:
+    WARN_DEFAULT[f"{_name}.vramguard.io"] = ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",)))
+    WARN_DEFAULT[f"{_name}-unenforced.vramguard.io"] = ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",)))
 ENFORCE_DEFAULT = {
     name: (failure, operations, None if selector is None else
            (("NotIn", ("warn", "audit")) if failure == "Fail" else ("In", ("warn", "audit"))))
@@ -71,7 +76,7 @@ def test_every_namespace_meets_exactly_one_create_entry_and_fails_closed_only_wh
     policy = default_policy().model_copy(update={"enforcement": mode})
     labels = {ENFORCE_LABEL: label} if label is not None else {}
     effective, _ = policy.enforcement_for(labels)
-    for kind in ("pods", "workloads", "cronjobs"):
+    for kind in ("pods", "workloads", "cronjobs", *EXTRA_KINDS):
         chosen = [w for w in webhook_configuration(policy)["webhooks"]
                   if w["name"].startswith(f"{kind}.") or w["name"].startswith(f"{kind}-unenforced.")]
         matching = [w for w in chosen if selects(enforce_expression(w), labels)]

@@ -63,7 +63,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -77,6 +77,7 @@ from vramguard.ledger import Claim, Ledger
 from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import QOS_CLASS_LABEL, ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes
+from vramguard.workloads import TemplatePart, workload_parts
 
 __all__ = [
     "AUDIT_CLASS_KEY",
@@ -313,6 +314,15 @@ def workload_pods(kind: str, obj: Mapping[str, Any], daemonset_nodes: int | None
     return 1
 
 
+PART_KIND = "ReplicaSet"
+"""How one pod template of a custom workload is reviewed: as that many replicas of it."""
+
+
+def _part_object(obj: Mapping[str, Any], part: TemplatePart) -> dict[str, Any]:
+    """One template of a custom workload as a ReplicaSet of its pods, keeping the owner's metadata."""
+    return {"metadata": obj.get("metadata"), "spec": {"replicas": part.pods, "template": part.template}}
+
+
 def _count(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
@@ -405,7 +415,8 @@ class AdmissionRules:
             return Decision(True, mode)
         template = pod_template(subject.obj, subject.kind)
         if template is None:
-            return Decision(True, mode)
+            parts = workload_parts(subject.obj, self.policy.workload_kinds, subject.kind)
+            return self._review_parts(subject, parts, cluster) if parts else Decision(True, mode)
         demand, claims = self._derive(template)
         if not demand.wants_gpu:
             return Decision(True, mode)
@@ -422,6 +433,53 @@ class AdmissionRules:
         if subject.operation == "UPDATE" and subject.old is not None:
             self._spare_old_violations(subject, cluster, found)
         return self._decide(mode, choice, found, claims, pods)
+
+    def _review_parts(self, subject: Subject, parts: Sequence[TemplatePart], cluster: ClusterView) -> Decision:
+        """Review each pod template of a custom workload as a replicated workload of its own.
+
+        Each part is checked like a ReplicaSet of ``part.pods`` replicas; the answers are merged,
+        every message naming its template, and the object is refused when any part is.
+        """
+        old_parts = {
+            p.name: p for p in workload_parts(subject.old, self.policy.workload_kinds, subject.kind)
+        } if subject.old is not None else {}
+        decisions: list[tuple[str, Decision]] = []
+        for part in parts:
+            old = old_parts.get(part.name)
+            decision = self.review(
+                replace(
+                    subject,
+                    kind=PART_KIND,
+                    obj=_part_object(subject.obj, part),
+                    old=_part_object(subject.old, old) if subject.old is not None and old is not None else None,
+                ),
+                cluster,
+            )
+            if decision.wants_gpu:
+                decisions.append((f"{subject.kind} {part.name}: ", decision))
+        if not decisions:
+            return Decision(True, self.policy.enforcement_for(cluster.namespace_labels)[0])
+        first = decisions[0][1]
+        violations = tuple(prefix + v for prefix, d in decisions for v in d.violations)
+        annotations: dict[str, str] = {}
+        for _, d in decisions:
+            for key, value in d.audit_annotations.items():
+                annotations[key] = f"{annotations[key]}; {value}" if key in annotations else value
+        allowed = all(d.allowed for _, d in decisions)
+        return Decision(
+            allowed=allowed,
+            mode=first.mode,
+            violations=violations,
+            notes=tuple(prefix + n for prefix, d in decisions for n in d.notes),
+            message=None if allowed else denial_message(
+                [prefix + v for prefix, d in decisions if not d.allowed for v in d.violations]
+            ),
+            warnings=_fit_warnings([w for _, d in decisions for w in d.warnings]),
+            audit_annotations=annotations,
+            qos_class=first.qos_class,
+            wants_gpu=True,
+            pods=sum(d.pods for _, d in decisions),
+        )
 
     # -- the rules -------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
+from vramguard.demand.derive import GROUP_SIZE_ANNOTATION
 from vramguard.demand.objects import pod_template
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "serving_runtimes",
     "template_parts",
     "unread_warning",
+    "workload_parts",
 ]
 
 _PATH = re.compile(r"^@?(?:\.?[A-Za-z_][\w-]*|\.?\*)(?:\.(?:[A-Za-z_][\w-]*|\*))*$")
@@ -115,6 +117,8 @@ class WorkloadKind(_Strict):
     templates: tuple[TemplateSpec, ...] = Field(min_length=1)
     group_size: str | None = None
     """The field giving the pods one engine spans (LeaderWorkerSet's ``spec.leaderWorkerTemplate.size``)."""
+    namespaced: bool = True
+    """Cluster-scoped kinds (ClusterServingRuntime) are read by the CLI but not sent to the webhook."""
 
     @field_validator("group_size")
     @classmethod
@@ -175,6 +179,8 @@ def template_parts(
             pods = 1
             for factor in spec.replicas:
                 pods = min(pods * _factor(obj, element, factor), MAX_PODS)
+            if group_size is not None:
+                template = _with_group_size(template, group_size)
             name = spec.name if label is None else f"{spec.name}[{label}]"
             parts.append(TemplatePart(name, template, pods, group_size, spec.engine_from))
     return parts
@@ -309,6 +315,16 @@ def _as_template(
     return {"metadata": dict(inherited), "spec": {"containers": [container]}}
 
 
+def _with_group_size(template: Mapping[str, Any], size: int) -> Mapping[str, Any]:
+    """The template with the group size its pods will carry (as LeaderWorkerSet annotates them)."""
+    metadata = template.get("metadata") if isinstance(template.get("metadata"), Mapping) else {}
+    assert isinstance(metadata, Mapping)
+    annotations = metadata.get("annotations") if isinstance(metadata.get("annotations"), Mapping) else {}
+    assert isinstance(annotations, Mapping)
+    stamped = {**annotations, GROUP_SIZE_ANNOTATION: str(size)}
+    return {**template, "metadata": {**metadata, "annotations": stamped}}
+
+
 def merge_runtime(runtime: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
     """A model's container merged into its serving runtime's, as KServe does.
 
@@ -340,7 +356,7 @@ def parts_demand(parts: Sequence[TemplatePart], options: DemandOptions) -> list[
     names another, takes that template's engine claim: a LeaderWorkerSet's workers only join the
     Ray cluster or the distributed run the leader's command starts, with the same flags.
     """
-    demands = [derive_pod_demand(part.template, options, part.group_size) for part in parts]
+    demands = [derive_pod_demand(part.template, options) for part in parts]
     by_name = {part.name: demand for part, demand in reversed(list(zip(parts, demands, strict=True)))}
     for index, part in enumerate(parts):
         source = by_name.get(part.engine_from) if part.engine_from is not None else None
@@ -425,6 +441,17 @@ def object_parts(
     has_version = isinstance(obj.get("apiVersion"), str)
     entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
     return template_parts(obj, entry, runtimes) if entry is not None else None
+
+
+def workload_parts(
+    obj: Mapping[str, Any] | None, kinds: Sequence[WorkloadKind], kind: str
+) -> list[TemplatePart]:
+    """The templates of a custom workload under review (the webhook names its kind), else ``[]``."""
+    if obj is None:
+        return []
+    has_version = isinstance(obj.get("apiVersion"), str)
+    entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
+    return template_parts(obj, entry) if entry is not None else []
 
 
 def unread_warning(obj: Mapping[str, Any], is_gpu: Any) -> str | None:

@@ -52,7 +52,7 @@ class Options:
                 if underscores and name.startswith("--"):
                     name = name.replace("_", "-")
                 if sep:
-                    self._found[name] = (index, Flag(written, value))
+                    self._found[name] = (index, Flag(written, value, "="))
                 elif index + 1 < count and _is_value(args[index + 1]):
                     self._found[name] = (index, Flag(written, args[index + 1]))
                     index += 1
