@@ -108,3 +108,16 @@ def test_default_policy_is_readable() -> None:
         "LeaderWorkerSet", "RayCluster", "RayService", "RayJob", "InferenceService", "ServingRuntime",
         "ClusterServingRuntime", "JobSet", "PyTorchJob", "MPIJob",
     }
+
+
+def test_the_demand_cache_tells_groups_of_different_sizes_apart() -> None:
+    same_rules = rules()
+
+    def verdict(obj: dict[str, Any]) -> bool:
+        subject = Subject(obj["kind"], "CREATE", "serving", obj)
+        return same_rules.review(subject, ClusterView({ENFORCE_LABEL: "enforce"}, OFFERS, None, None)).allowed
+
+    bad = corpus("lws-vllm-nnodes.yaml")
+    bad["spec"]["leaderWorkerTemplate"]["size"] = 4
+    assert not verdict(bad)
+    assert verdict(corpus("lws-vllm-nnodes.yaml"))

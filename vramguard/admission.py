@@ -69,6 +69,7 @@ from typing import Any, Literal
 
 from vramguard.demand import DemandOptions, PodDemand, Vram, derive_pod_demand
 from vramguard.demand.annotations import PREFIX, VRAM
+from vramguard.demand.derive import GROUP_SIZE_ANNOTATION
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
@@ -381,13 +382,14 @@ class AdmissionRules:
 
         The replicas of a workload arrive with the same spec, and an UPDATE carries the old spec
         too; reading the spec as JSON costs a tenth of deriving its demand. The key holds all that
-        the derivation reads (the spec and the ``vramguard.io/`` annotations), so a hit is exact.
+        the derivation reads (the spec, the ``vramguard.io/`` annotations and the group size of a
+        LeaderWorkerSet's pods), so a hit is exact.
         """
         metadata = _mapping(template.get("metadata"))
         annotations = {
             k: v
             for k, v in _mapping(metadata.get("annotations")).items()
-            if isinstance(k, str) and k.startswith(PREFIX)
+            if isinstance(k, str) and (k.startswith(PREFIX) or k == GROUP_SIZE_ANNOTATION)
         }
         try:
             text = json.dumps([template.get("spec"), annotations], separators=(",", ":"))
