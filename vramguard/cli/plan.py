@@ -99,7 +99,7 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
     namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
     options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
     runtimes = serving_runtimes(objects)
-    pods = [pod for obj in objects for pod in _pods_of(obj, policy, options, runtimes, plan)]
+    pods = [pod for obj in _last_of_each_name(objects, plan) for pod in _pods_of(obj, policy, options, runtimes, plan)]
     # Pods already on a node hold their GPUs before anything is placed, as in a running cluster.
     pods.sort(key=lambda pod: not pod.node)
     for pod in pods:
@@ -113,7 +113,37 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
                 "free": row.budget - row.worst_bytes, "pods": list(row.pods),
             })
     plan.notes.extend(ledger.check_invariants())
+    if any(g["reserved"] > 0 and not g["pods"] for g in plan.gpus):
+        plan.notes.append(CONSERVATIVE_NOTE)
     return plan
+
+
+CONSERVATIVE_NOTE = (
+    "memory is reserved on GPUs without pods because the device plugin, not the scheduler, picks "
+    "the device of each pod, so its claim is held on every device of its node it could get (the "
+    "conservative rule); in a cluster the node agent's report narrows it to the device it got"
+)
+
+
+def _last_of_each_name(objects: list[Mapping[str, Any]], plan: Plan) -> list[Mapping[str, Any]]:
+    """The objects, each name kept once: as ``kubectl apply`` would, the last one wins."""
+    last: dict[tuple[str, str, str], int] = {}
+    for index, obj in enumerate(objects):
+        metadata = _meta(obj)
+        if not metadata.get("name") or obj.get("kind") in ("Node", "Namespace"):
+            continue
+        key = (str(obj.get("kind")), str(metadata.get("namespace") or "default"), str(metadata["name"]))
+        if key in last:
+            plan.notes.append(
+                f"{key[0]} {key[1]}/{key[2]} appears more than once; only the last one is planned, "
+                "as kubectl apply would keep it"
+            )
+        last[key] = index
+    kept = set(last.values())
+    return [
+        obj for index, obj in enumerate(objects)
+        if index in kept or not _meta(obj).get("name") or obj.get("kind") in ("Node", "Namespace")
+    ]
 
 
 def _place(plan: Plan, ledger: Ledger, pod: _Pod, claims: PodClaims, choice: ClassChoice) -> None:
