@@ -121,3 +121,29 @@ def test_the_demand_cache_tells_groups_of_different_sizes_apart() -> None:
     bad["spec"]["leaderWorkerTemplate"]["size"] = 4
     assert not verdict(bad)
     assert verdict(corpus("lws-vllm-nnodes.yaml"))
+
+
+def test_quota_counts_the_templates_together() -> None:
+    # Each template fits on its own: leaders 2 x 8 x 73.6Gi = 1177.6Gi, workers (no engine of their
+    # own: a whole 80Gi device each, as their pods will be counted) 2 x 8 x 80Gi = 1280Gi; together
+    # they do not.
+    decision = review(corpus("lws-vllm-ray.yaml"), quota="2000Gi")
+    assert not decision.allowed
+    assert decision.message is not None
+    assert "LeaderWorkerSet leader:" not in decision.message
+    assert "namespace serving would hold 2457.6Gi of its 2000Gi VRAM quota (LeaderWorkerSet at full scale" in (
+        decision.message
+    )
+
+
+@pytest.mark.parametrize("mode", ["warn", "audit"])
+def test_whole_quota_in_modes_that_admit(mode: str) -> None:
+    obj = corpus("lws-vllm-ray.yaml")
+    subject = Subject(obj["kind"], "CREATE", "serving", obj)
+    view = ClusterView({ENFORCE_LABEL: mode}, OFFERS, None, NamespaceUsage(0, 0))
+    decision = rules("2000Gi").review(subject, view)
+    assert decision.allowed
+    if mode == "warn":
+        assert decision.warnings[0].startswith("would deny: namespace serving would hold 2457.6Gi")
+    else:
+        assert "namespace serving would hold 2457.6Gi" in decision.audit_annotations["would-deny"]

@@ -462,25 +462,57 @@ class AdmissionRules:
         if not decisions:
             return Decision(True, self.policy.enforcement_for(cluster.namespace_labels)[0])
         first = decisions[0][1]
-        violations = tuple(prefix + v for prefix, d in decisions for v in d.violations)
+        whole = self._whole_quota(subject, decisions, cluster)
+        violations = tuple(prefix + v for prefix, d in decisions for v in d.violations) + whole
         annotations: dict[str, str] = {}
         for _, d in decisions:
             for key, value in d.audit_annotations.items():
                 annotations[key] = f"{annotations[key]}; {value}" if key in annotations else value
-        allowed = all(d.allowed for _, d in decisions)
+        warnings = [w for _, d in decisions for w in d.warnings]
+        if whole and first.mode == "warn":
+            warnings[:0] = [f"would deny: {v}" for v in whole]
+        elif whole and first.mode == "audit":
+            annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(
+                [annotations[AUDIT_WOULD_DENY_KEY], *whole] if AUDIT_WOULD_DENY_KEY in annotations else whole
+            )
+            annotations.setdefault(AUDIT_CLASS_KEY, first.qos_class or "")
+        refused = [prefix + v for prefix, d in decisions if not d.allowed for v in d.violations]
+        if whole and first.mode == "enforce":
+            refused += whole
+        allowed = not refused
         return Decision(
             allowed=allowed,
             mode=first.mode,
             violations=violations,
             notes=tuple(prefix + n for prefix, d in decisions for n in d.notes),
-            message=None if allowed else denial_message(
-                [prefix + v for prefix, d in decisions if not d.allowed for v in d.violations]
-            ),
-            warnings=_fit_warnings([w for _, d in decisions for w in d.warnings]),
+            message=None if allowed else denial_message(refused),
+            warnings=_fit_warnings(warnings),
             audit_annotations=annotations,
             qos_class=first.qos_class,
             wants_gpu=True,
             pods=sum(d.pods for _, d in decisions),
+        )
+
+    def _whole_quota(
+        self, subject: Subject, decisions: Sequence[tuple[str, Decision]], cluster: ClusterView
+    ) -> tuple[str, ...]:
+        """The namespace quota for all the templates of a custom workload together, at full scale.
+
+        Each template was checked on its own; together they may still exceed the quota.
+        """
+        quota = self.quota_bytes(subject.namespace)
+        usage = cluster.usage
+        if quota is None or usage is None or len(decisions) < 2 or _controlled(subject.obj):
+            return ()
+        offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
+        workload = sum(claims_bytes(d.claims, offers)[0] * d.pods for _, d in decisions)
+        total = workload + (usage.bytes if subject.operation == "CREATE" else 0)
+        if total <= quota:
+            return ()
+        return (
+            f"namespace {subject.namespace} would hold {quantity_text(total)} of its {quantity_text(quota)} "
+            f"VRAM quota ({subject.kind} at full scale {quantity_text(workload)}, "
+            f"{usage.pods if subject.operation == 'CREATE' else 0} other pod(s))",
         )
 
     # -- the rules -------------------------------------------------------------------------------
