@@ -230,3 +230,17 @@ def test_one_bad_document_does_not_hide_the_others(command: str, tmp_path: Path)
     assert f"{path}: document 3: expected a Kubernetes object" in result.stderr
     assert "ok2" in result.stdout and '"ok"' in result.stdout.replace("default/ok", '"ok"')
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("model_format", "engine"),
+    [pytest.param("huggingface", "vllm", id="huggingface-runs-the-hf-server"),
+     pytest.param("pytorch", None, id="other-formats-are-not-guessed")],
+)
+def test_kserve_model_without_runtime(model_format: str, engine: str | None) -> None:
+    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "m"},
+            "spec": {"predictor": {"model": {"modelFormat": {"name": model_format}, "args": ["--model_id=x"],
+                                             "resources": {"limits": {"nvidia.com/gpu": 1}}}}}}
+    parts = object_parts(isvc, default_policy().workload_kinds)
+    assert parts is not None
+    assert parts_demand(parts, OPTIONS)[0].containers[0].engine == engine

@@ -24,6 +24,11 @@ webhook always agree. Pod UPDATEs stay ``Ignore`` everywhere: an outage must nev
 a finalizer or garbage collection, and an update cannot add a GPU to a pod (its containers'
 resources are immutable).
 
+**Custom workloads.** Every namespaced kind of the policy's ``workload_kinds`` gets the same pair
+of entries, registered for the versions the policy names (a version the cluster does not serve
+matches nothing). Its matchCondition follows each pod template path with ``has()`` guards, and
+stops at a ``*`` (a list or map of templates): such objects are sent whenever that part exists.
+
 **matchConditions** send only objects that ask for a GPU resource of the policy (its
 ``gpu_resources`` and ``gpu_resource_prefixes``) in a container's or init container's limits or
 requests. Each expression guards every field with ``has()``, so it never errors, and checks

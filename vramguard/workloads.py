@@ -85,6 +85,8 @@ class TemplateSpec(_Strict):
     """The name a ``container`` form gets (KServe names it ``kserve-container``)."""
     default_image: str | None = None
     """The image a ``container`` form without one runs (the project's runtime for it)."""
+    default_image_formats: tuple[str, ...] = ()
+    """The ``modelFormat.name`` values ``default_image`` serves (empty: any)."""
     replicas: tuple[str, ...] = ()
     """Factors whose product is the number of pods of this template (``spec.replicas``, ``size - 1``)."""
     engine_from: str | None = None
@@ -310,7 +312,9 @@ def _as_template(
     if runtime is not None:
         container = merge_runtime(runtime, container)
     elif not isinstance(container.get("image"), str) and spec.default_image is not None:
-        container["image"] = spec.default_image
+        format_name = model_format.get("name") if isinstance(model_format, Mapping) else None
+        if not spec.default_image_formats or format_name in spec.default_image_formats:
+            container["image"] = spec.default_image
     container.setdefault("name", spec.container_name)
     return {"metadata": dict(inherited), "spec": {"containers": [container]}}
 
