@@ -244,3 +244,14 @@ def test_kserve_model_without_runtime(model_format: str, engine: str | None) -> 
     parts = object_parts(isvc, default_policy().workload_kinds)
     assert parts is not None
     assert parts_demand(parts, OPTIONS)[0].containers[0].engine == engine
+
+
+@pytest.mark.parametrize(
+    ("extra", "kinds"),
+    [pytest.param("", 10, id="omitted-means-the-shipped-kinds"),
+     pytest.param("workload_kinds: []\n", 0, id="empty-reads-none")],
+)
+def test_a_policy_without_workload_kinds_reads_the_shipped_ones(extra: str, kinds: int) -> None:
+    # The shipped webhook configuration registers the shipped kinds whatever policy is in force.
+    policy = Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\n" + extra)
+    assert len(policy.workload_kinds) == kinds

@@ -16,6 +16,7 @@ invalid: a bad edit must never take a service down.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import re
@@ -159,6 +160,14 @@ class ClassChoice:
     holds in every mode)."""
 
 
+@functools.lru_cache(maxsize=1)
+def shipped_workload_kinds() -> tuple[WorkloadKind, ...]:
+    """The ``workload_kinds`` of the shipped policy, the default of a policy that omits them."""
+    text = importlib.resources.files("vramguard").joinpath(DEFAULT_POLICY_RESOURCE).read_text("utf-8")
+    data = yaml.safe_load(text)
+    return tuple(WorkloadKind.model_validate(kind) for kind in data.get("workload_kinds") or ())
+
+
 class Policy(_Strict):
     """The whole policy file."""
 
@@ -177,9 +186,10 @@ class Policy(_Strict):
     binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
     direct_placement: DirectPlacement = Field(default_factory=DirectPlacement)
     """Requesters allowed to place GPU pods directly (``spec.nodeName``) past the ledger (webhook)."""
-    workload_kinds: tuple[WorkloadKind, ...] = ()
+    workload_kinds: tuple[WorkloadKind, ...] = Field(default_factory=shipped_workload_kinds)
     """Custom resources that run pods, with their pod templates and replica fields (see
-    :mod:`vramguard.workloads`)."""
+    :mod:`vramguard.workloads`). Omitted: the shipped policy's list, which the shipped webhook
+    configuration registers; ``[]`` reads none."""
 
     @field_validator("workload_kinds")
     @classmethod
