@@ -29,7 +29,7 @@ cluster).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -189,7 +189,7 @@ def template_parts(
 
 
 def gpu_request_paths(
-    value: Any, is_gpu: Any, path: str = "", depth: int = 0, found: list[str] | None = None
+    value: Any, is_gpu: Callable[[str], bool], path: str = "", depth: int = 0, found: list[str] | None = None
 ) -> list[str]:
     """Where a GPU resource is asked for anywhere in an object (``spec.x.resources.limits``).
 
@@ -426,7 +426,7 @@ def serving_runtimes(objects: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[
 def object_parts(
     obj: Mapping[str, Any],
     kinds: Sequence[WorkloadKind],
-    builtin_pods: Any = None,
+    builtin_pods: Callable[[str, Mapping[str, Any]], int] | None = None,
     runtimes: Mapping[str, Mapping[str, Any]] | None = None,
     kind: str | None = None,
 ) -> list[TemplatePart] | None:
@@ -458,7 +458,7 @@ def workload_parts(
     return template_parts(obj, entry) if entry is not None else []
 
 
-def unread_warning(obj: Mapping[str, Any], is_gpu: Any) -> str | None:
+def unread_warning(obj: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> str | None:
     """A warning for an object of a kind vramguard does not read that asks for a GPU somewhere."""
     paths = gpu_request_paths(obj, is_gpu)
     if not paths:
