@@ -177,3 +177,22 @@ def test_chart_ships_the_admission_policies_with_the_admin_groups_of_its_values(
         "expression"]
     assert "g in ['platform', 'system:masters']" in condition
     assert policies("webhook.admissionPolicies.enabled=false") == {}
+
+
+def condition_of(name: str) -> str:
+    config = webhook_configuration(default_policy())
+    webhook = next(w for w in config["webhooks"] if w["name"] == f"{name}.vramguard.io")
+    expression: str = webhook["matchConditions"][0]["expression"]
+    return expression
+
+
+def test_custom_kinds_are_registered_with_a_gpu_condition_per_template() -> None:
+    lws = condition_of("leaderworkersets.leaderworkerset.x-k8s.io")
+    assert "has(object.spec.leaderWorkerTemplate.leaderTemplate.spec.containers)" in lws
+    assert "has(object.spec.leaderWorkerTemplate.workerTemplate.spec.containers)" in lws
+    # A path through `*` is sent whenever its list exists; the webhook reads the templates.
+    assert "has(object.spec.workerGroupSpecs)" in condition_of("rayclusters.ray.io")
+    isvc = condition_of("inferenceservices.serving.kserve.io")
+    assert "object.spec.predictor.model.resources.limits.exists(r, r == 'nvidia.com/gpu'" in isvc
+    names = [w["name"] for w in webhook_configuration(default_policy())["webhooks"]]
+    assert not any("clusterservingruntimes" in n for n in names)  # cluster-scoped: not sent
