@@ -132,7 +132,7 @@ DENIED = [
     ),
     pytest.param(
         pod(vllm("vllm", "--gpu-memory-utilization", "0.3", "-tp", "2")),
-        "container vllm: vLLM will use 2 GPU(s) (its parallel sizes multiplied) but the container requests "
+        "container vllm: vLLM: -tp 2 = 2 GPUs, but the container requests "
         "1 nvidia.com/gpu; make them equal",
         id="tensor-parallel-against-gpus",
     ),

@@ -64,6 +64,8 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         "class": "best-effort",
         "enforcement": "audit",
         "refusals": [],
+        "templates": [{"name": "deployment", "pods": 1, "gpu": True}],
+        "skipped": False,
         "containers": [
             {
                 "name": "vllm",

@@ -227,7 +227,7 @@ CASES = [
         "vllm",
         Fraction(1, 2),
         gpus=2,
-        errors=["vLLM will use 4 GPU(s)"],
+        errors=["vLLM: -tp 4 = 4 GPUs, but the container requests 2 nvidia.com/gpu"],
     ),
     Case(
         "vllm-two-gpus-without-tp",
@@ -235,7 +235,7 @@ CASES = [
         "vllm",
         Fraction(1, 2),
         gpus=2,
-        errors=["vLLM will use 1 GPU(s)"],
+        errors=["vLLM: no parallel-size flag = 1 GPU, but the container requests 2"],
     ),
     Case(
         "vllm-utilization-too-high",
@@ -383,7 +383,7 @@ CASES = [
         pod(container(command=["text-generation-launcher", "--num-shard", "2", "--cuda-memory-fraction", "0.5"])),
         "tgi",
         Fraction(1, 2),
-        errors=["TGI will use 2 GPU(s)"],
+        errors=["TGI: --num-shard 2 = 2 GPUs, but the container requests 1"],
     ),
     Case(
         "tgi-env-out-of-range",

@@ -46,6 +46,11 @@ WARN_DEFAULT = {
     "cronjobs.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
     "cronjobs-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
 }
+# Every namespaced workload kind of the policy gets the same pair of entries.
+EXTRA_KINDS = [f"{k.resource}.{k.group}" for k in default_policy().workload_kinds if k.namespaced]
+for _name in EXTRA_KINDS:
+    WARN_DEFAULT[f"{_name}.vramguard.io"] = ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",)))
+    WARN_DEFAULT[f"{_name}-unenforced.vramguard.io"] = ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",)))
 ENFORCE_DEFAULT = {
     name: (failure, operations, None if selector is None else
            (("NotIn", ("warn", "audit")) if failure == "Fail" else ("In", ("warn", "audit"))))
@@ -72,7 +77,7 @@ def test_every_namespace_meets_exactly_one_create_entry_and_fails_closed_only_wh
     policy = default_policy().model_copy(update={"enforcement": mode})
     labels = {ENFORCE_LABEL: label} if label is not None else {}
     effective, _ = policy.enforcement_for(labels)
-    for kind in ("pods", "workloads", "cronjobs"):
+    for kind in ("pods", "workloads", "cronjobs", *EXTRA_KINDS):
         chosen = [w for w in webhook_configuration(policy)["webhooks"]
                   if w["name"].startswith(f"{kind}.") or w["name"].startswith(f"{kind}-unenforced.")]
         matching = [w for w in chosen if selects(enforce_expression(w), labels)]
@@ -173,3 +178,22 @@ def test_chart_ships_the_admission_policies_with_the_admin_groups_of_its_values(
         "expression"]
     assert "g in ['platform', 'system:masters']" in condition
     assert policies("webhook.admissionPolicies.enabled=false") == {}
+
+
+def condition_of(name: str) -> str:
+    config = webhook_configuration(default_policy())
+    webhook = next(w for w in config["webhooks"] if w["name"] == f"{name}.vramguard.io")
+    expression: str = webhook["matchConditions"][0]["expression"]
+    return expression
+
+
+def test_custom_kinds_are_registered_with_a_gpu_condition_per_template() -> None:
+    lws = condition_of("leaderworkersets.leaderworkerset.x-k8s.io")
+    assert "has(object.spec.leaderWorkerTemplate.leaderTemplate.spec.containers)" in lws
+    assert "has(object.spec.leaderWorkerTemplate.workerTemplate.spec.containers)" in lws
+    # A path through `*` is sent whenever its list exists; the webhook reads the templates.
+    assert "has(object.spec.workerGroupSpecs)" in condition_of("rayclusters.ray.io")
+    isvc = condition_of("inferenceservices.serving.kserve.io")
+    assert "object.spec.predictor.model.resources.limits.exists(r, r == 'nvidia.com/gpu'" in isvc
+    names = [w["name"] for w in webhook_configuration(default_policy())["webhooks"]]
+    assert not any("clusterservingruntimes" in n for n in names)  # cluster-scoped: not sent

@@ -63,13 +63,14 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Literal
 
 from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION, is_vramguard_key
 from vramguard.demand import MAX_DEVICES, DemandOptions, PodDemand, Vram, derive_pod_demand
+from vramguard.demand.derive import GROUP_SIZE_ANNOTATION
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
@@ -78,6 +79,7 @@ from vramguard.ledger import Claim, Ledger, ResourceOffer
 from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes
+from vramguard.workloads import TemplatePart, workload_parts
 
 __all__ = [
     "AUDIT_CLASS_KEY",
@@ -339,6 +341,15 @@ def workload_pods(kind: str, obj: Mapping[str, Any], daemonset_nodes: int | None
     return 1
 
 
+PART_KIND = "ReplicaSet"
+"""How one pod template of a custom workload is reviewed: as that many replicas of it."""
+
+
+def _part_object(obj: Mapping[str, Any], part: TemplatePart) -> dict[str, Any]:
+    """One template of a custom workload as a ReplicaSet of its pods, keeping the owner's metadata."""
+    return {"metadata": obj.get("metadata"), "spec": {"replicas": part.pods, "template": part.template}}
+
+
 def _count(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
@@ -397,13 +408,14 @@ class AdmissionRules:
 
         The replicas of a workload arrive with the same spec, and an UPDATE carries the old spec
         too; reading the spec as JSON costs a tenth of deriving its demand. The key holds all that
-        the derivation reads (the spec and the ``vramguard.io/`` annotations), so a hit is exact.
+        the derivation reads (the spec, the ``vramguard.io/`` annotations and the group size of a
+        LeaderWorkerSet's pods), so a hit is exact.
         """
         metadata = _mapping(template.get("metadata"))
         annotations = {
             k: v
             for k, v in _mapping(metadata.get("annotations")).items()
-            if is_vramguard_key(k)
+            if isinstance(k, str) and (is_vramguard_key(k) or k == GROUP_SIZE_ANNOTATION)
         }
         try:
             text = json.dumps([template.get("spec"), annotations], separators=(",", ":"))
@@ -431,7 +443,8 @@ class AdmissionRules:
             return Decision(True, mode)
         template = pod_template(subject.obj, subject.kind)
         if template is None:
-            return Decision(True, mode)
+            parts = workload_parts(subject.obj, self.policy.workload_kinds, subject.kind)
+            return self._review_parts(subject, parts, cluster) if parts else Decision(True, mode)
         demand, claims = self._derive(template)
         if not demand.wants_gpu:
             return Decision(True, mode)
@@ -448,6 +461,87 @@ class AdmissionRules:
         if subject.operation == "UPDATE" and subject.old is not None:
             self._spare_old_violations(subject, cluster, found)
         return self._decide(mode, choice, found, claims, pods)
+
+    def _review_parts(self, subject: Subject, parts: Sequence[TemplatePart], cluster: ClusterView) -> Decision:
+        """Review each pod template of a custom workload as a replicated workload of its own.
+
+        Each part is checked like a ReplicaSet of ``part.pods`` replicas; the answers are merged,
+        every message naming its template, and the object is refused when any part is.
+        """
+        old_parts = {
+            p.name: p for p in workload_parts(subject.old, self.policy.workload_kinds, subject.kind)
+        } if subject.old is not None else {}
+        decisions: list[tuple[str, Decision]] = []
+        for part in parts:
+            old = old_parts.get(part.name)
+            decision = self.review(
+                replace(
+                    subject,
+                    kind=PART_KIND,
+                    obj=_part_object(subject.obj, part),
+                    old=_part_object(subject.old, old) if subject.old is not None and old is not None else None,
+                ),
+                cluster,
+            )
+            if decision.wants_gpu:
+                decisions.append((f"{subject.kind} {part.name}: ", decision))
+        if not decisions:
+            return Decision(True, self.policy.enforcement_for(cluster.namespace_labels)[0])
+        first = decisions[0][1]
+        whole = self._whole_quota(subject, decisions, cluster)
+        problems = tuple(replace(f, message=prefix + f.message) for prefix, d in decisions for f in d.problems) + whole
+        annotations: dict[str, str] = {}
+        for _, d in decisions:
+            for key, value in d.audit_annotations.items():
+                annotations[key] = f"{annotations[key]}; {value}" if key in annotations else value
+        warnings = [w for _, d in decisions for w in d.warnings]
+        whole_text = [f.message for f in whole]
+        if whole and first.mode == "warn":
+            warnings[:0] = [f"would deny: {v}" for v in whole_text]
+        elif whole and first.mode == "audit":
+            annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(
+                [annotations[AUDIT_WOULD_DENY_KEY], *whole_text] if AUDIT_WOULD_DENY_KEY in annotations else whole_text
+            )
+            annotations.setdefault(AUDIT_CLASS_KEY, first.qos_class or "")
+        refused = [prefix + v for prefix, d in decisions if not d.allowed for v in d.violations]
+        if whole and first.mode == "enforce":
+            refused += whole_text
+        allowed = not refused
+        return Decision(
+            allowed=allowed,
+            mode=first.mode,
+            problems=problems,
+            remarks=tuple(replace(f, message=prefix + f.message) for prefix, d in decisions for f in d.remarks),
+            message=None if allowed else denial_message(refused),
+            warnings=_fit_warnings(warnings),
+            audit_annotations=annotations,
+            qos_class=first.qos_class,
+            wants_gpu=True,
+            pods=sum(d.pods for _, d in decisions),
+        )
+
+    def _whole_quota(
+        self, subject: Subject, decisions: Sequence[tuple[str, Decision]], cluster: ClusterView
+    ) -> tuple[Finding, ...]:
+        """The namespace quota for all the templates of a custom workload together, at full scale.
+
+        Each template was checked on its own; together they may still exceed the quota.
+        """
+        quota = self.quota_bytes(subject.namespace)
+        usage = cluster.usage
+        if quota is None or usage is None or len(decisions) < 2 or _controlled(subject.obj):
+            return ()
+        offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
+        workload = sum(claims_bytes(d.claims, offers)[0] * d.pods for _, d in decisions)
+        total = workload + (usage.bytes if subject.operation == "CREATE" else 0)
+        if total <= quota:
+            return ()
+        return (Finding(
+            Code.QUOTA,
+            f"namespace {subject.namespace} would hold {quantity_text(total)} of its {quantity_text(quota)} "
+            f"VRAM quota ({subject.kind} at full scale {quantity_text(workload)}, "
+            f"{usage.pods if subject.operation == 'CREATE' else 0} other pod(s))",
+        ),)
 
     # -- the rules -------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ invalid: a bad edit must never take a service down.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import re
@@ -33,6 +34,7 @@ from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
 from vramguard.quantity import QuantityError, parse_bytes
+from vramguard.workloads import WorkloadKind
 
 DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
 
@@ -154,6 +156,14 @@ class ClassChoice:
     holds in every mode)."""
 
 
+@functools.lru_cache(maxsize=1)
+def shipped_workload_kinds() -> tuple[WorkloadKind, ...]:
+    """The ``workload_kinds`` of the shipped policy, the default of a policy that omits them."""
+    text = importlib.resources.files("vramguard").joinpath(DEFAULT_POLICY_RESOURCE).read_text("utf-8")
+    data = yaml.safe_load(text)
+    return tuple(WorkloadKind.model_validate(kind) for kind in data.get("workload_kinds") or ())
+
+
 class Policy(_Strict):
     """The whole policy file."""
 
@@ -172,6 +182,19 @@ class Policy(_Strict):
     binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
     direct_placement: DirectPlacement = Field(default_factory=DirectPlacement)
     """Requesters allowed to place GPU pods directly (``spec.nodeName``) past the ledger (webhook)."""
+    workload_kinds: tuple[WorkloadKind, ...] = Field(default_factory=shipped_workload_kinds)
+    """Custom resources that run pods, with their pod templates and replica fields (see
+    :mod:`vramguard.workloads`). Omitted: the shipped policy's list, which the shipped webhook
+    configuration registers; ``[]`` reads none."""
+
+    @field_validator("workload_kinds")
+    @classmethod
+    def _unique_kinds(cls, value: tuple[WorkloadKind, ...]) -> tuple[WorkloadKind, ...]:
+        seen = [(k.group, k.kind) for k in value]
+        twice = sorted({f"{kind}.{group}" for group, kind in seen if seen.count((group, kind)) > 1})
+        if twice:
+            raise ValueError(f"workload kinds named twice: {', '.join(twice)}")
+        return value
 
     @field_validator("classes")
     @classmethod

@@ -24,6 +24,11 @@ webhook always agree. Pod UPDATEs stay ``Ignore`` everywhere: an outage must nev
 a finalizer or garbage collection, and an update cannot add a GPU to a pod (its containers'
 resources are immutable).
 
+**Custom workloads.** Every namespaced kind of the policy's ``workload_kinds`` gets the same pair
+of entries, registered for the versions the policy names (a version the cluster does not serve
+matches nothing). Its matchCondition follows each pod template path with ``has()`` guards, and
+stops at a ``*`` (a list or map of templates): such objects are sent whenever that part exists.
+
 **matchConditions** send only objects that ask for a GPU resource of the policy (its
 ``gpu_resources`` and ``gpu_resource_prefixes``) in a container's or init container's limits or
 requests. Each expression guards every field with ``has()``, so it never errors, and checks
@@ -32,6 +37,7 @@ requests. Each expression guards every field with ``has()``, so it never errors,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +46,7 @@ import yaml
 
 from vramguard.codecs import ENFORCE_LABEL, webhook_name
 from vramguard.policy import Policy
+from vramguard.workloads import WorkloadKind
 
 __all__ = [
     "WebhookTarget",
@@ -104,8 +111,7 @@ def enforcement_selectors(default_mode: str) -> tuple[dict[str, Any], dict[str, 
 
 def asks_for_gpu_expression(spec_path: str, resources: Sequence[str], prefixes: Sequence[str]) -> str:
     """A CEL expression true when the pod spec at ``spec_path`` asks for one of the GPU resources."""
-    tests = [f"r == '{name}'" for name in resources] + [f"r.startsWith('{prefix}')" for prefix in prefixes]
-    is_gpu = " || ".join(tests) or "false"
+    is_gpu = _is_gpu(resources, prefixes)
     parts = spec_path.split(".")
     guards = [f"has({'.'.join(parts[: i + 1])})" for i in range(1, len(parts))]
     per_list = []
@@ -118,23 +124,79 @@ def asks_for_gpu_expression(spec_path: str, resources: Sequence[str], prefixes: 
     return "object != null && " + " && ".join(guards) + " &&\n(" + " ||\n ".join(per_list) + ")"
 
 
+def workload_gpu_expression(kind: WorkloadKind, resources: Sequence[str], prefixes: Sequence[str]) -> str:
+    """A CEL expression true when a custom workload may ask for a GPU in one of its templates.
+
+    Each template path is followed with ``has()`` guards; a path through ``*`` (a list or a map of
+    templates) or through a name CEL cannot select stops there: the object is sent whenever that
+    part exists, and the webhook itself reads the templates.
+    """
+    terms: list[str] = []
+    for template in kind.templates:
+        for alternative in template.path.split("|"):
+            terms.append(_template_term(alternative.strip().split("."), template.form, resources, prefixes))
+    return "object != null && (" + " ||\n ".join(dict.fromkeys(terms)) + ")"
+
+
+_CEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _template_term(keys: list[str], form: str, resources: Sequence[str], prefixes: Sequence[str]) -> str:
+    reachable: list[str] = []
+    for key in keys:
+        if key == "*" or not _CEL_NAME.match(key):
+            return "has(" + ".".join(["object", *reachable]) + ")" if reachable else "true"
+        reachable.append(key)
+    base = ".".join(["object", *reachable])
+    if form == "container":
+        guards = [f"has({'.'.join(['object', *reachable[: i + 1]])})" for i in range(len(reachable))]
+        is_gpu = _is_gpu(resources, prefixes)
+        return (
+            "(" + " && ".join(guards) + f" && has({base}.resources) &&\n"
+            f"  ((has({base}.resources.limits) && {base}.resources.limits.exists(r, {is_gpu})) ||\n"
+            f"   (has({base}.resources.requests) && {base}.resources.requests.exists(r, {is_gpu}))))"
+        )
+    spec = base + ".spec" if form == "template" else base
+    return "(" + asks_for_gpu_expression(spec, resources, prefixes).removeprefix("object != null && ") + ")"
+
+
+def _is_gpu(resources: Sequence[str], prefixes: Sequence[str]) -> str:
+    tests = [f"r == '{name}'" for name in resources] + [f"r.startsWith('{prefix}')" for prefix in prefixes]
+    return " || ".join(tests) or "false"
+
+
 def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration for ``policy`` (see the module docstring)."""
     target = target or WebhookTarget()
     fail_selector, ignore_selector = enforcement_selectors(policy.enforcement)
     excluded = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(target.excluded_namespaces)}
     webhooks: list[dict[str, Any]] = []
-    for kind in _KINDS:
-        condition = {
-            "name": "asks-for-a-gpu",
-            "expression": asks_for_gpu_expression(kind.spec_path, policy.gpu_resources, policy.gpu_resource_prefixes),
-        }
-        creates = ["CREATE"] if kind.name == "pods" else ["CREATE", "UPDATE"]
+    targets = [
+        (
+            kind.name,
+            [{"apiGroups": [group], "apiVersions": ["v1"], "resources": list(resources)}
+             for group, resources in kind.rules],
+            asks_for_gpu_expression(kind.spec_path, policy.gpu_resources, policy.gpu_resource_prefixes),
+        )
+        for kind in _KINDS
+    ]
+    targets += [
+        (
+            f"{extra.resource}.{extra.group}",
+            [{"apiGroups": [extra.group], "apiVersions": list(extra.versions), "resources": [extra.resource]}],
+            workload_gpu_expression(extra, policy.gpu_resources, policy.gpu_resource_prefixes),
+        )
+        for extra in policy.workload_kinds
+        if extra.namespaced
+    ]
+    for target_name, rules, expression in targets:
+        condition = {"name": "asks-for-a-gpu", "expression": expression}
+        creates = ["CREATE"] if target_name == "pods" else ["CREATE", "UPDATE"]
         entries: list[tuple[str, str, list[str], dict[str, Any] | None]] = [
-            (webhook_name(kind.name), "Fail", creates, fail_selector),
-            (webhook_name(f"{kind.name}-unenforced"), "Ignore", creates, ignore_selector),
+            (webhook_name(target_name), "Fail", creates, fail_selector),
+            (webhook_name(f"{target_name}-unenforced"), "Ignore", creates, ignore_selector),
         ]
-        if kind.name == "pods":
+        if target_name == "pods":
             entries.append((webhook_name("pod-updates"), "Ignore", ["UPDATE"], None))
         for name, failure, operations, selector in entries:
             expressions = [excluded, *([selector] if selector is not None else [])]
@@ -148,11 +210,7 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
                 "clientConfig": {"service": {
                     "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
                 }},
-                "rules": [
-                    {"apiGroups": [group], "apiVersions": ["v1"], "operations": list(operations),
-                     "resources": list(resources), "scope": "Namespaced"}
-                    for group, resources in kind.rules
-                ],
+                "rules": [{**rule, "operations": list(operations), "scope": "Namespaced"} for rule in rules],
                 "namespaceSelector": {"matchExpressions": [dict(e) for e in expressions]},
                 "matchConditions": [dict(condition)],
             })

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +27,7 @@ from vramguard.admission import (
 from vramguard.cluster import ClusterState
 from vramguard.io.http import Readiness, RequestError, create_app, read_model
 from vramguard.policy import Policy, PolicyFile
+from vramguard.workloads import WorkloadKind, find_kind
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
 from webhook.state import NamespaceStore, NodeStore, PodStore
 
@@ -204,7 +205,7 @@ async def validate(request: web.Request) -> web.Response:
         # Nothing to validate: deleting frees VRAM, subresources (status, scale, ...) carry no pod spec.
         metrics.reviews.labels(_kind_label(kind), admission.operation, "skipped").inc()
         return web.json_response(review_response(admission.uid, True))
-    subject = _subject(admission)
+    subject = _subject(admission, state.policy.rules.policy.workload_kinds)
     uid = _object_uid(subject.obj)
     decision = state.policy.rules.review(subject, await state.view(subject, uid))
     if (
@@ -227,10 +228,16 @@ async def validate(request: web.Request) -> web.Response:
     )
 
 
-def _subject(admission: AdmissionRequest) -> Subject:
-    """The object under review; a request the webhook cannot read is a :class:`RequestError` 400."""
+def _subject(admission: AdmissionRequest, workload_kinds: Sequence[WorkloadKind] = ()) -> Subject:
+    """The object under review; a request the webhook cannot read is a :class:`RequestError` 400.
+
+    Besides the built-in kinds, the policy's ``workload_kinds`` are read in the versions it names.
+    """
     gvk = admission.kind
     expected = SUPPORTED_KINDS.get(gvk.kind)
+    extra = find_kind(workload_kinds, gvk.kind, gvk.group)
+    if extra is not None and gvk.version in extra.versions:
+        expected = (gvk.group, gvk.version)
     if expected is None or expected != (gvk.group, gvk.version):
         supported = ", ".join(f"{'/'.join(filter(None, gv))} {k}" for k, gv in SUPPORTED_KINDS.items())
         raise RequestError(

@@ -9,13 +9,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vramguard.demand import ContainerDemand, DemandOptions, PodDemand, derive_pod_demand
-from vramguard.demand.objects import DocumentError, load_documents, pod_template
+from vramguard.admission import workload_pods
+from vramguard.demand import ContainerDemand, DemandOptions
+from vramguard.demand.objects import load_each_document
 from vramguard.placement import pod_refusals
 from vramguard.policy import Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import QuantityError, format_bytes, parse_bytes
+from vramguard.workloads import object_parts, parts_demand, serving_runtimes, unread_warning
 
-EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
+EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE, EXIT_SKIPPED = 0, 1, 2, 3
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Read Pods and workloads (YAML, JSON, multi-document, kind: List) and show what "
         "each GPU container will reserve on each GPU it gets, and what would refuse it on every node "
         "(the VRAM budget, a class rule, unknown VRAM). Exit 0: no errors; 1: some object has errors "
-        "or a refusal its namespace enforces; 2: unreadable input.",
+        "or a refusal its namespace enforces; 2: unreadable input or document; 3: no errors, but an "
+        "object of a kind vramguard does not read asks for a GPU (skipped).",
     )
     parser.add_argument("file", metavar="FILE|-", help="manifest file, or - for standard input")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -45,18 +48,31 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None
         policy = load_policy(args.policy) if getattr(args, "policy", None) else default_policy()
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-        objects = load_documents(text)
-    except (OSError, UnicodeDecodeError, DocumentError, QuantityError, PolicyError) as exc:
+    except (OSError, UnicodeDecodeError, QuantityError, PolicyError) as exc:
         print(f"vramguard explain: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
+    documents = load_each_document(text)
+    for document in documents:
+        if document.error is not None:
+            print(f"vramguard explain: {args.file}: document {document.index}: {document.error}", file=sys.stderr)
+    objects = [obj for document in documents for obj in document.objects]
     namespaces = {_name(o): _labels(o) for o in objects if o.get("kind") == "Namespace"}
-    reports = [explain_object(obj, gpu_memory, policy, namespaces) for obj in objects if obj.get("kind") != "Namespace"]
+    runtimes = serving_runtimes(objects)
+    reports = [
+        explain_object(obj, gpu_memory, policy, namespaces, runtimes)
+        for obj in objects
+        if obj.get("kind") != "Namespace"
+    ]
     if args.output == "json":
         print(json.dumps(reports, indent=2))
     else:
         print(render_text(reports, gpu_memory))
+    if any(document.error is not None for document in documents):
+        return EXIT_UNREADABLE
     refused = any(r["enforced"] for report in reports for r in report["refusals"])
-    return EXIT_ERRORS if refused or any(report["errors"] for report in reports) else EXIT_OK
+    if refused or any(report["errors"] for report in reports):
+        return EXIT_ERRORS
+    return EXIT_SKIPPED if any(report["skipped"] for report in reports) else EXIT_OK
 
 
 def explain_object(
@@ -64,37 +80,60 @@ def explain_object(
     gpu_memory: int | None,
     policy: Policy | None = None,
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
+    runtimes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSON report of one object (see the README for the format).
 
     ``refusals`` lists what would refuse the pod on any node, each with its rule (``vram-budget``,
     ``class-rule``, ``vram-unknown``) and whether its namespace's mode enforces it, so a user knows
-    whether to change the workload or the policy.
+    whether to change the workload or the policy. An object with several pod templates (a
+    LeaderWorkerSet's leader and workers) lists every template's containers, each naming its
+    template; ``skipped`` is true for an object of a kind vramguard does not read that asks for a GPU.
     """
     policy = policy if policy is not None else default_policy()
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
-    template = pod_template(obj)
     options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
-    demand = derive_pod_demand(template, options) if template is not None else PodDemand()
-    errors = list(demand.errors)
-    if gpu_memory is not None:
-        errors.extend(e for e in demand.conflicts(gpu_memory) if e not in errors)
+    parts = object_parts(obj, policy.workload_kinds, workload_pods, runtimes)
     namespace = str(metadata.get("namespace") or "default")
-    template_labels = _labels(template) if template is not None else {}
-    choice = policy.choose_class(template_labels, (namespaces or {}).get(namespace))
-    refusals = pod_refusals(demand, choice, policy.gpu_resource_prefixes, gpu_memory) if demand.wants_gpu else []
-    return {
+    report: dict[str, Any] = {
         "kind": obj.get("kind"),
         "name": metadata.get("name") or metadata.get("generateName"),
         "namespace": namespace,
-        "class": choice.name if demand.wants_gpu else None,
-        "enforcement": choice.enforcement if demand.wants_gpu else None,
-        "containers": [_container_report(c, gpu_memory) for c in demand.containers],
-        "refusals": [r.to_json() for r in refusals],
-        "errors": errors,
-        "warnings": list(demand.warnings),
+        "class": None,
+        "enforcement": None,
+        "templates": [],
+        "containers": [],
+        "refusals": [],
+        "errors": [],
+        "warnings": [],
+        "skipped": False,
     }
+    if parts is None:
+        warning = unread_warning(obj, options.is_gpu)
+        if warning is not None:
+            report["warnings"].append(warning)
+            report["skipped"] = True
+        return report
+    demands = parts_demand(parts, options)
+    several = len(parts) > 1
+    for part, demand in zip(parts, demands, strict=True):
+        prefix = f"{part.name}: " if several else ""
+        named = {"template": part.name} if several else {}
+        errors = list(demand.errors)
+        if gpu_memory is not None:
+            errors.extend(e for e in demand.conflicts(gpu_memory) if e not in errors)
+        choice = policy.choose_class(_labels(part.template), (namespaces or {}).get(namespace))
+        if demand.wants_gpu:
+            report["class"] = report["class"] or choice.name
+            report["enforcement"] = report["enforcement"] or choice.enforcement
+            refusals = pod_refusals(demand, choice, policy.gpu_resource_prefixes, gpu_memory)
+            report["refusals"].extend({**r.to_json(), **named} for r in refusals)
+        report["templates"].append({"name": part.name, "pods": part.pods, "gpu": demand.wants_gpu})
+        report["containers"].extend({**_container_report(c, gpu_memory), **named} for c in demand.containers)
+        report["errors"].extend(prefix + e for e in errors)
+        report["warnings"].extend(prefix + w for w in demand.warnings)
+    return report
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -139,13 +178,16 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
     lines: list[str] = []
     for report in reports:
         lines.append(f"{report['kind']} {report['namespace']}/{report['name']}")
-        if not report["containers"]:
+        if report.get("skipped"):
+            lines.append("  skipped: vramguard does not read this kind")
+        elif not report["containers"]:
             lines.append("  no container asks for a GPU")
         else:
             rows = [("CONTAINER", "ENGINE", "GPUS", "VRAM PER GPU", "SM%", "EVIDENCE")]
             for c in report["containers"]:
+                several = len(report.get("templates", ())) > 1
                 rows.append((
-                    c["name"],
+                    f"{c['template']}/{c['name']}" if several else c["name"],
                     c["engine"] or "-",
                     f"{c['gpus']} {c['resource']}",
                     _vram_text(c),
@@ -156,6 +198,9 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
             for row in rows:
                 cells = [row[i].ljust(widths[i]) for i in range(5)]
                 lines.append("  " + "  ".join(cells) + "  " + row[5])
+        if len(report.get("templates", ())) > 1:
+            lines.append("  pods at full scale: " + ", ".join(
+                f"{t['name']} {t['pods']}" for t in report["templates"]))
         if report.get("class"):
             lines.append(f"  class {report['class']} (namespace mode {report['enforcement']})")
         for refusal in report.get("refusals", ()):

@@ -17,15 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramguard.demand import DemandOptions, derive_pod_demand
-from vramguard.demand.objects import DocumentError, load_documents, pod_template
+from vramguard.demand import DemandOptions, PodDemand
+from vramguard.demand.objects import load_each_document
 from vramguard.inventory import read_inventory
 from vramguard.ledger import Ledger, PodRef
 from vramguard.placement import PodClaims, Verdict, choose_gpus, filter_node, pod_claims, score_node
 from vramguard.policy import ClassChoice, Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import format_bytes
+from vramguard.workloads import object_parts, parts_demand, serving_runtimes, unread_warning
 
-EXIT_ALL_PLACED, EXIT_SOME_PENDING, EXIT_UNREADABLE = 0, 1, 2
+EXIT_ALL_PLACED, EXIT_SOME_PENDING, EXIT_UNREADABLE, EXIT_SKIPPED = 0, 1, 2, 3
+MAX_PLANNED_PODS = 4096
+"""Pods planned per template at most: a plan is read by a person, and replicas may be a typo."""
 _REPLICATED = {"Deployment", "StatefulSet", "ReplicaSet", "ReplicationController"}
 
 
@@ -36,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="show where GPU pods would be placed on given Nodes, and which stay pending and why",
         description="Read Nodes, Namespaces, Pods and workloads (YAML, JSON, multi-document, kind: List) "
         "and place the GPU pods in file order as the vramguard extender would. Exit 0: every pod "
-        "placed; 1: some pods stay pending; 2: unreadable input or policy.",
+        "placed; 1: some pods stay pending; 2: unreadable input, document or policy; 3: every pod "
+        "placed, but an object of a kind vramguard does not read asks for a GPU (skipped).",
     )
     parser.add_argument("file", metavar="FILE|-", help="manifest file, or - for standard input")
     parser.add_argument("--policy", metavar="FILE", help="policy file (default: the shipped policy)")
@@ -52,6 +56,8 @@ class Plan:
     pending: list[dict[str, Any]] = field(default_factory=list)
     gpus: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Objects of kinds vramguard does not read that ask for a GPU: their pods are not placed."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,17 +65,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy) if args.policy else default_policy()
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-        objects = load_documents(text)
-    except (OSError, UnicodeDecodeError, DocumentError, PolicyError) as exc:
+    except (OSError, UnicodeDecodeError, PolicyError) as exc:
         print(f"vramguard plan: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    plan = make_plan(objects, policy)
+    documents = load_each_document(text)
+    for document in documents:
+        if document.error is not None:
+            print(f"vramguard plan: {args.file}: document {document.index}: {document.error}", file=sys.stderr)
+    plan = make_plan([obj for document in documents for obj in document.objects], policy)
     if args.output == "json":
         print(json.dumps({"placed": plan.placed, "pending": plan.pending, "gpus": plan.gpus,
-                          "notes": plan.notes}, indent=2))
+                          "notes": plan.notes, "skipped": plan.skipped}, indent=2))
     else:
         print(render_text(plan))
-    return EXIT_SOME_PENDING if plan.pending else EXIT_ALL_PLACED
+    if any(document.error is not None for document in documents):
+        return EXIT_UNREADABLE
+    if plan.pending:
+        return EXIT_SOME_PENDING
+    return EXIT_SKIPPED if plan.skipped else EXIT_ALL_PLACED
 
 
 def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
@@ -84,15 +97,15 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
             ledger.upsert_node(inventory)
             plan.notes.extend(f"node {inventory.node}: {note}" for note in inventory.notes)
     namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
-    pods = [pod for obj in objects for pod in _pods_of(obj)]
+    options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
+    runtimes = serving_runtimes(objects)
+    pods = [pod for obj in _last_of_each_name(objects, plan) for pod in _pods_of(obj, policy, options, runtimes, plan)]
     # Pods already on a node hold their GPUs before anything is placed, as in a running cluster.
     pods.sort(key=lambda pod: not pod.node)
-    options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
     for pod in pods:
-        demand = derive_pod_demand(pod.template, options)
-        if demand.wants_gpu:
+        if pod.demand.wants_gpu:
             choice = policy.choose_class(_labels(_meta(pod.template)), namespaces.get(pod.ref.namespace))
-            _place(plan, ledger, pod, pod_claims(demand, choice, pod.ref.uid), choice)
+            _place(plan, ledger, pod, pod_claims(pod.demand, choice, pod.ref.uid), choice)
     for node in sorted(ledger.node_names()):
         for row in ledger.usage(node):
             plan.gpus.append({
@@ -100,7 +113,37 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
                 "free": row.budget - row.worst_bytes, "pods": list(row.pods),
             })
     plan.notes.extend(ledger.check_invariants())
+    if any(g["reserved"] > 0 and not g["pods"] for g in plan.gpus):
+        plan.notes.append(CONSERVATIVE_NOTE)
     return plan
+
+
+CONSERVATIVE_NOTE = (
+    "memory is reserved on GPUs without pods because the device plugin, not the scheduler, picks "
+    "the device of each pod, so its claim is held on every device of its node it could get (the "
+    "conservative rule); in a cluster the node agent's report narrows it to the device it got"
+)
+
+
+def _last_of_each_name(objects: list[Mapping[str, Any]], plan: Plan) -> list[Mapping[str, Any]]:
+    """The objects, each name kept once: as ``kubectl apply`` would, the last one wins."""
+    last: dict[tuple[str, str, str], int] = {}
+    for index, obj in enumerate(objects):
+        metadata = _meta(obj)
+        if not metadata.get("name") or obj.get("kind") in ("Node", "Namespace"):
+            continue
+        key = (str(obj.get("kind")), str(metadata.get("namespace") or "default"), str(metadata["name"]))
+        if key in last:
+            plan.notes.append(
+                f"{key[0]} {key[1]}/{key[2]} appears more than once; only the last one is planned, "
+                "as kubectl apply would keep it"
+            )
+        last[key] = index
+    kept = set(last.values())
+    return [
+        obj for index, obj in enumerate(objects)
+        if index in kept or not _meta(obj).get("name") or obj.get("kind") in ("Node", "Namespace")
+    ]
 
 
 def _place(plan: Plan, ledger: Ledger, pod: _Pod, claims: PodClaims, choice: ClassChoice) -> None:
@@ -163,6 +206,7 @@ def render_text(plan: Plan) -> str:
         lines.append("")
         lines.extend("  ".join(row[i].ljust(widths[i]) for i in range(5)) + "  " + row[5] for row in rows)
     lines.extend(f"note: {note}" for note in plan.notes)
+    lines.extend(f"skipped: {entry}" for entry in plan.skipped)
     return "\n".join(lines)
 
 
@@ -171,25 +215,55 @@ class _Pod:
     ref: PodRef
     template: Mapping[str, Any]
     node: str
+    demand: PodDemand
 
 
-def _pods_of(obj: Mapping[str, Any]) -> list[_Pod]:
-    """A Pod, or one pod per replica of a workload's template (named ``<workload>-<n>``)."""
-    template = pod_template(obj)
-    if template is None or obj.get("kind") == "PodTemplate":
+# Objects that describe pods but run none themselves.
+_NOT_RUN = frozenset({"PodTemplate", "ServingRuntime", "ClusterServingRuntime"})
+
+
+def _pods_of(
+    obj: Mapping[str, Any],
+    policy: Policy,
+    options: DemandOptions,
+    runtimes: Mapping[str, Mapping[str, Any]],
+    plan: Plan,
+) -> list[_Pod]:
+    """A Pod, or one pod per replica of each of a workload's templates (``<workload>-<n>``)."""
+    if obj.get("kind") in _NOT_RUN:
         return []
+    parts = object_parts(obj, policy.workload_kinds, _replicas, runtimes)
     metadata = _meta(obj)
     namespace = str(metadata.get("namespace") or "default")
     name = str(metadata.get("name") or metadata.get("generateName") or "unnamed")
-    spec = template.get("spec")
-    node = str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
-    if obj.get("kind") == "Pod":
-        return [_Pod(PodRef(str(metadata.get("uid") or f"{namespace}/{name}"), namespace, name), template, node)]
+    if parts is None:
+        warning = unread_warning(obj, options.is_gpu)
+        if warning is not None:
+            plan.skipped.append(f"{obj.get('kind')} {namespace}/{name}: {warning}")
+        return []
+    pods: list[_Pod] = []
+    several = len(parts) > 1
+    for part, demand in zip(parts, parts_demand(parts, options), strict=True):
+        spec = part.template.get("spec")
+        node = str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
+        if obj.get("kind") == "Pod":
+            uid = str(metadata.get("uid") or f"{namespace}/{name}")
+            pods.append(_Pod(PodRef(uid, namespace, name), part.template, node, demand))
+            continue
+        stem = f"{name}-{part.name}" if several else name
+        pods.extend(
+            _Pod(PodRef(f"{namespace}/{stem}-{i}", namespace, f"{stem}-{i}"), part.template, node, demand)
+            for i in range(min(part.pods, MAX_PLANNED_PODS))
+        )
+    return pods
+
+
+def _replicas(kind: str, obj: Mapping[str, Any]) -> int:
+    """Pods a built-in workload runs: its replicas, or a Job's parallelism."""
     workload = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
     assert isinstance(workload, Mapping)
-    count = workload.get("replicas", 1) if obj.get("kind") in _REPLICATED else workload.get("parallelism", 1)
-    count = count if isinstance(count, int) and count >= 0 else 1
-    return [_Pod(PodRef(f"{namespace}/{name}-{i}", namespace, f"{name}-{i}"), template, node) for i in range(count)]
+    count = workload.get("replicas", 1) if kind in _REPLICATED else workload.get("parallelism", 1)
+    return count if isinstance(count, int) and count >= 0 else 1
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

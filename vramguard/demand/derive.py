@@ -11,14 +11,19 @@ from vramguard import engines
 from vramguard.codecs import VRAM_ANNOTATION, vram_annotation
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
-from vramguard.demand.model import ContainerDemand, EngineClaim, PodDemand
+from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand
 from vramguard.demand.mps import read_mps
 from vramguard.engines import jax
-from vramguard.engines.base import Findings
+from vramguard.engines.base import Findings, parse_positive_int
+from vramguard.engines.launchers import program
 from vramguard.quantity import QuantityError, parse_quantity
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
+GROUP_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+"""Set by LeaderWorkerSet on each pod of a group: the number of pods one engine spans."""
+RAY_SCRIPTS = ("multi-node-serving.sh",)
+"""vLLM's documented launcher of a Ray cluster across a LeaderWorkerSet group."""
 MAX_DEVICES = 1024
 """The most GPU devices one pod may hold, per container and in all: more than any node hands out
 (8 GPUs x 128 time-slicing replicas; 8 x 16 is already rare, MIG gives at most 7 per GPU). Every
@@ -40,13 +45,19 @@ class DemandOptions:
 DEFAULT_OPTIONS = DemandOptions()
 
 
-def derive_pod_demand(pod: Mapping[str, Any], options: DemandOptions = DEFAULT_OPTIONS) -> PodDemand:
+def derive_pod_demand(
+    pod: Mapping[str, Any], options: DemandOptions = DEFAULT_OPTIONS, group_size: int | None = None
+) -> PodDemand:
     """The GPU demand of a pod or pod template (a mapping with ``metadata`` and ``spec``).
 
+    ``group_size`` is the number of pods one engine spans (a LeaderWorkerSet's ``size``), when the
+    workload says; a pod of a LeaderWorkerSet says it itself in its ``size`` annotation.
     Never raises on malformed input: what cannot be read becomes an error or a warning.
     """
     metadata = pod.get("metadata")
     annotations = _string_map(metadata.get("annotations") if isinstance(metadata, dict) else None)
+    if group_size is None:
+        group_size = parse_positive_int(annotations.get(GROUP_SIZE_ANNOTATION, ""))
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return PodDemand()
@@ -60,7 +71,7 @@ def derive_pod_demand(pod: Mapping[str, Any], options: DemandOptions = DEFAULT_O
                 continue
             # A sidecar (an init container that restarts) runs beside the app containers.
             init = is_init_list and container.get("restartPolicy") != "Always"
-            demand = derive_container_demand(container, annotations, init, options)
+            demand = derive_container_demand(container, annotations, init, options, group_size)
             if demand is not None:
                 containers.append(demand)
     errors = [e for c in containers for e in c.errors]
@@ -73,6 +84,7 @@ def derive_container_demand(
     annotations: Mapping[str, str],
     init: bool = False,
     options: DemandOptions = DEFAULT_OPTIONS,
+    group_size: int | None = None,
 ) -> ContainerDemand | None:
     """The demand of one container, or ``None`` when it asks for no GPU resource."""
     name = container.get("name") if isinstance(container.get("name"), str) else "<unnamed>"
@@ -91,12 +103,8 @@ def derive_container_demand(
         found.evidence.extend(claim.evidence)
         found.warnings.extend(claim.warnings)
         found.errors.extend(claim.errors)
-        if claim.gpus is not None and claim.gpus != gpus:
-            found.error(
-                f"{_ENGINE_TITLES.get(claim.engine, claim.engine)} will use {claim.gpus} GPU(s) "
-                f"(its parallel sizes multiplied) but the container requests {gpus} {resource}; "
-                "make them equal"
-            )
+        if claim.parallel is not None:
+            _check_parallel(claim, claim.parallel, resource, gpus, group_size, found)
     mps = read_mps(env, gpus, found)
     declared = declared_vram(annotations, name, found)
     if env.opaque_sources and claim is None and declared is None:
@@ -128,6 +136,44 @@ def derive_container_demand(
         evidence=tuple(found.evidence),
         warnings=tuple(dict.fromkeys(found.warnings)),
         errors=tuple(dict.fromkeys(found.errors)),
+    )
+
+
+def _check_parallel(
+    claim: EngineClaim, parallel: Parallel, resource: str, gpus: int, group_size: int | None, found: Findings
+) -> None:
+    """Check the engine's parallel sizes against the GPUs the container asks for.
+
+    An engine spread over several pods (``--nnodes``, a LeaderWorkerSet group) uses on each pod its
+    total parallel size divided by the pods; a Ray executor may span pods the spec does not show,
+    so a total that is a whole multiple of the container's GPUs is accepted with a warning.
+    """
+    title = _ENGINE_TITLES.get(claim.engine, claim.engine)
+    nodes = parallel.nodes or group_size
+    if nodes is not None and nodes > 1:
+        source = parallel.nodes_flag or f"a group of {nodes} pods"
+        if parallel.total % nodes == 0 and parallel.total // nodes == gpus:
+            return
+        if parallel.total % nodes:
+            found.error(
+                f"{title}: {parallel.describe()}, which {source} cannot split evenly over {nodes} pods"
+            )
+            return
+        found.error(
+            f"{title}: {parallel.describe()} over {source} = {parallel.total // nodes} per pod, "
+            f"but the container requests {gpus} {resource}; make them equal"
+        )
+        return
+    if parallel.total == gpus:
+        return
+    if parallel.ray and parallel.total > gpus and parallel.total % gpus == 0:
+        found.warn(
+            f"{title}: {parallel.describe()} through Ray, so vramguard assumes the engine spans "
+            f"{parallel.total // gpus} pods of {gpus} {resource}"
+        )
+        return
+    found.error(
+        f"{title}: {parallel.describe()}, but the container requests {gpus} {resource}; make them equal"
     )
 
 
@@ -200,12 +246,23 @@ def _engine_claim(
                 claims.append(claim)
     if not claims:
         return jax.claim(env, name) if jax.applies(env) else None
+    if any(_starts_ray(invocation.argv) for argv in candidates for invocation in invocations(argv, env)):
+        claims = [
+            replace(c, parallel=replace(c.parallel, ray=True)) if c.parallel is not None else c for c in claims
+        ]
     if len(claims) > 1:
         found.warn(
             f"starts {len(claims)} engine processes; vramguard counts the largest claim, declare "
             f"{VRAM_ANNOTATION} if they run at the same time"
         )
     return max(claims, key=_claim_size)
+
+
+def _starts_ray(argv: Sequence[str]) -> bool:
+    """Whether a process joins or starts a Ray cluster (``ray start``, vLLM's multi-node script)."""
+    if program(argv) == "ray" and list(argv[1:2]) == ["start"]:
+        return True
+    return any(word.endswith(RAY_SCRIPTS) for word in argv[:2])
 
 
 def _claim_size(claim: EngineClaim) -> Fraction:

@@ -87,12 +87,33 @@ def parse_vram(text: str) -> Vram:
 
 
 @dataclass(frozen=True, slots=True)
+class Parallel:
+    """The GPUs an engine's parallel flags add up to, over all the pods (nodes) it spans."""
+
+    total: int
+    """The parallel sizes multiplied: GPUs of the whole engine, on every node together."""
+    flags: tuple[str, ...] = ()
+    """The size flags as the user wrote them (``--tensor-parallel-size 8``)."""
+    nodes: int | None = None
+    """Nodes (pods) the engine says it spans (``--nnodes 2``), when its command says."""
+    nodes_flag: str | None = None
+    ray: bool = False
+    """The engine runs its workers through a Ray cluster, which may span several pods."""
+
+    def describe(self) -> str:
+        """The arithmetic as written: ``--tensor-parallel-size 2 x --pipeline-parallel-size 1 = 2 GPUs``."""
+        if not self.flags:
+            return f"no parallel-size flag = {self.total} GPU"
+        return f"{' x '.join(self.flags)} = {self.total} GPU{'s' if self.total != 1 else ''}"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineClaim:
     """What an inference or training engine inside the container will allocate, per GPU."""
 
     engine: str
     vram: Vram | None
-    gpus: int | None = None
+    parallel: Parallel | None = None
     """GPUs the engine's own flags say it will use (e.g. vLLM's tensor × pipeline parallel size)."""
     evidence: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()

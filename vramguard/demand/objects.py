@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -74,3 +76,60 @@ def _flatten(document: Any) -> Iterator[Mapping[str, Any]]:
             yield from _flatten(item)
         return
     yield document
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document of a file: its objects, or why it could not be read."""
+
+    index: int
+    """1-based position of the document in the file."""
+    objects: tuple[Mapping[str, Any], ...] = ()
+    error: str | None = None
+
+
+_SEPARATOR = re.compile(r"^---(?:[ \t].*)?$")
+
+
+def load_each_document(text: str) -> list[Document]:
+    """Every document of a JSON or multi-document YAML text, each read on its own.
+
+    One document that is not valid YAML, or not a Kubernetes object, does not hide the others: it
+    comes back with its error (and the line, counted in the whole file), the others with their
+    objects. ``kind: List`` items are flattened.
+    """
+    try:
+        whole: Any = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        return [_document(1, whole, 0)]
+    documents: list[Document] = []
+    lines = text.splitlines(keepends=True)
+    start, chunk = 0, list[str]()
+    for number, line in enumerate(lines):
+        if _SEPARATOR.match(line.rstrip("\r\n")):
+            if chunk or documents or number:
+                documents.append(_parse(len(documents) + 1, "".join(chunk), start))
+            start, chunk = number + 1, []
+        else:
+            chunk.append(line)
+    documents.append(_parse(len(documents) + 1, "".join(chunk), start))
+    return [d for d in documents if d.objects or d.error is not None]
+
+
+def _parse(index: int, text: str, first_line: int) -> Document:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {first_line + mark.line + 1}" if mark is not None else ""
+        return Document(index, error=f"not valid YAML or JSON{where}: {getattr(exc, 'problem', None) or exc}")
+    return _document(index, value, first_line)
+
+
+def _document(index: int, value: Any, first_line: int) -> Document:
+    try:
+        return Document(index, tuple(_flatten(value)))
+    except DocumentError as exc:
+        return Document(index, error=f"{exc} (line {first_line + 1})")

@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
+from vramguard.demand.model import Parallel
 
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$", re.ASCII)
@@ -47,16 +48,17 @@ class Options:
             if word == "--":
                 break
             if word.startswith("-") and not _NEGATIVE_NUMBER.match(word):
-                name, sep, value = word.partition("=")
+                written, sep, value = word.partition("=")
+                name = written  # the key is the canonical name; the flag keeps the user's spelling
                 if underscores and name.startswith("--"):
                     name = name.replace("_", "-")
                 if sep:
-                    self._found[name] = (index, Flag(name, value))
+                    self._found[name] = (index, Flag(written, value, "="))
                 elif index + 1 < count and _is_value(args[index + 1]):
-                    self._found[name] = (index, Flag(name, args[index + 1]))
+                    self._found[name] = (index, Flag(written, args[index + 1]))
                     index += 1
                 else:
-                    self._found[name] = (index, Flag(name, None))
+                    self._found[name] = (index, Flag(written, None))
             index += 1
 
     def last(self, names: Iterable[str]) -> Flag | None:
@@ -179,3 +181,40 @@ def env_flag(env: ContainerEnv, name: str, found: Findings) -> Flag | None:
         found.warn(f"env {name} comes from {entry.source}, which vramguard cannot read")
         return None
     return Flag(f"env {name}", entry.value, "=")
+
+
+def parallel_layout(
+    options: Options,
+    sizes: Sequence[Sequence[str]],
+    found: Findings,
+    nodes: Sequence[str] = ("--nnodes",),
+    ray: bool = False,
+) -> Parallel | None:
+    """The parallel sizes an engine's flags multiply to, and the nodes they say it spans.
+
+    ``sizes`` lists each size's aliases; an absent size counts 1. ``None`` when a size is unreadable
+    (the error is recorded).
+    """
+    total = 1
+    written: list[str] = []
+    for names in sizes:
+        flag = options.last(names)
+        if flag is not None:
+            size = found.count(flag)
+            if size is None:
+                return None
+            total *= size
+            written.append(flag.evidence())
+    node_count: int | None = None
+    node_flag = options.last(nodes)
+    if node_flag is not None and node_flag.value is not None and unresolved_reference(node_flag.value):
+        # ``--nnodes $(LWS_GROUP_SIZE)``: set when the pod is created; the group's size says it.
+        found.evidence.append(node_flag.evidence())
+        node_flag = None
+    if node_flag is not None:
+        node_count = found.count(node_flag)
+        if node_count is None:
+            return None
+    return Parallel(
+        total, tuple(written), node_count, node_flag.evidence() if node_flag is not None else None, ray
+    )

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Vram
-from vramguard.engines.base import Findings, Options
+from vramguard.engines.base import Findings, Options, parallel_layout
 from vramguard.engines.launchers import program, python_module
 
 NAME = "sglang"
@@ -21,6 +21,8 @@ TENSOR = ("--tp-size", "--tp", "--tensor-parallel-size")
 PIPELINE = ("--pp-size", "--pipeline-parallel-size")
 DATA = ("--dp-size", "--dp", "--data-parallel-size")
 DP_ATTENTION = ("--enable-dp-attention",)
+NODES = ("--nnodes",)
+"""Multi-node serving: ``--tp`` is the total over ``--nnodes`` pods (``--node-rank`` 0 to n-1)."""
 
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
@@ -38,12 +40,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     del env, image
     found = Findings.for_container(container)
     options = Options(args)
-    gpus = 1
-    for names in (TENSOR, PIPELINE) + (() if options.has(DP_ATTENTION) else (DATA,)):
-        flag = options.last(names)
-        if flag is not None:
-            size = found.count(flag)
-            gpus = gpus * size if size is not None and gpus else 0
+    sizes = (TENSOR, PIPELINE) + (() if options.has(DP_ATTENTION) else (DATA,))
+    parallel = parallel_layout(options, sizes, found, NODES)
     fraction_flag = options.last(MEM_FRACTION)
     vram: Vram | None = None
     if fraction_flag is None:
@@ -55,5 +53,5 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         fraction = found.fraction(fraction_flag)
         vram = Vram(fraction=fraction) if fraction is not None else None
     return EngineClaim(
-        NAME, vram, gpus or None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors)
+        NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors)
     )

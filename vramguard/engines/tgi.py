@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from vramguard.demand.commandline import ContainerEnv
-from vramguard.demand.model import EngineClaim, Vram
+from vramguard.demand.model import EngineClaim, Parallel, Vram
 from vramguard.engines.base import Findings, Options, env_flag
 from vramguard.engines.launchers import program
 
 NAME = "tgi"
 LAUNCHER = "text-generation-launcher"
+ENTRYPOINT_SCRIPTS = frozenset({"tgi-entrypoint.sh"})
+"""TGI's own image runs the launcher through this script, which passes its arguments on."""
 MEMORY_FRACTION = ("--cuda-memory-fraction",)
 MEMORY_FRACTION_ENV = "CUDA_MEMORY_FRACTION"
 NUM_SHARD = ("--num-shard",)
@@ -26,7 +28,7 @@ DEFAULT_FRACTION = Fraction(1)
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
     """The launcher's arguments if ``argv`` starts TGI, else ``None``."""
-    if program(argv) == LAUNCHER:
+    if program(argv) == LAUNCHER or program(argv) in ENTRYPOINT_SCRIPTS:
         return list(argv[1:])
     return None
 
@@ -50,9 +52,10 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         fraction = found.fraction(flag)
         vram = Vram(fraction=fraction) if fraction is not None else None
     shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
-    gpus = found.count(shards) if shards is not None else None
+    count = found.count(shards) if shards is not None else None
+    parallel = Parallel(count, (shards.evidence(),)) if shards is not None and count is not None else None
     return EngineClaim(
-        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
+        NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
         default_warning=found.default_warning,
     )
 

@@ -2,7 +2,8 @@
 
 vLLM pre-allocates ``--gpu-memory-utilization`` × the device's *total* memory on every GPU it uses,
 whatever else runs there. It uses tensor × pipeline × prefill-context parallel × local data parallel
-GPUs. Its argument parser accepts ``_`` for ``-`` in option names, and the last occurrence wins.
+GPUs, in total over the ``--nnodes`` pods (or the Ray cluster) it spans. Its argument parser
+accepts ``_`` for ``-`` in option names, and the last occurrence wins.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from fractions import Fraction
 
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
-from vramguard.demand.model import EngineClaim, Vram
-from vramguard.engines.base import Findings, Options
+from vramguard.demand.model import EngineClaim, Parallel, Vram
+from vramguard.engines.base import Findings, Options, parallel_layout
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 
 NAME = "vllm"
@@ -29,6 +30,9 @@ PARALLEL_SIZES = (
 )
 DATA_PARALLEL = ("--data-parallel-size", "-dp")
 DATA_PARALLEL_LOCAL = ("--data-parallel-size-local", "-dpl")
+NODES = ("--nnodes",)
+"""Multi-node serving without Ray: the parallel sizes are totals over ``--nnodes`` pods."""
+EXECUTOR = ("--distributed-executor-backend",)
 
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
@@ -51,7 +55,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     del env  # vLLM reads no environment variable for its memory share
     found = Findings.for_container(container)
     options = Options(args, underscores=True)
-    gpus = _gpus(options, found)
+    parallel = _parallel(options, found)
     vram: Vram | None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
@@ -78,27 +82,16 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         vram = Vram(fraction=_implicit_default(image, found))
         implicit = True
     return EngineClaim(
-        NAME, vram, gpus, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
+        NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
         default_warning=found.default_warning,
     )
 
 
-def _gpus(options: Options, found: Findings) -> int | None:
-    total = 1
-    for _, names in PARALLEL_SIZES:
-        flag = options.last(names)
-        if flag is not None:
-            size = found.count(flag)
-            if size is None:
-                return None
-            total *= size
-    data = options.last(DATA_PARALLEL_LOCAL) or options.last(DATA_PARALLEL)
-    if data is not None:
-        size = found.count(data)
-        if size is None:
-            return None
-        total *= size
-    return total
+def _parallel(options: Options, found: Findings) -> Parallel | None:
+    data = DATA_PARALLEL_LOCAL if options.has(DATA_PARALLEL_LOCAL) else DATA_PARALLEL
+    executor = options.last(EXECUTOR)
+    ray = executor is not None and executor.value == "ray"
+    return parallel_layout(options, [names for _, names in PARALLEL_SIZES] + [data], found, NODES, ray)
 
 
 def _implicit_default(image: str, found: Findings) -> Fraction:

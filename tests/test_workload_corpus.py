@@ -1,0 +1,111 @@
+"""A corpus of workloads as the projects people deploy with publish them, read end to end.
+
+Every file under tests/data/workloads is explained with the shipped policy; each template must
+come out with its pods at full scale, and each GPU container with its engine, devices and share.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vramguard.admission import workload_pods
+from vramguard.demand import DemandOptions
+from vramguard.demand.objects import load_each_document
+from vramguard.policy import default_policy
+from vramguard.workloads import object_parts, parts_demand, serving_runtimes
+
+CORPUS = Path(__file__).parent / "data" / "workloads"
+
+# file -> [(template, pods, [(container, engine, gpus, fraction or None)])] for the last object of
+# the file (runtimes come first); templates without GPU containers are listed with [].
+Expected = list[tuple[str, int, list[tuple[str, str | None, int, float | None]]]]
+EXPECTED: dict[str, Expected] = {
+    "lws-vllm-ray.yaml": [
+        ("leader", 2, [("vllm-leader", "vllm", 8, 0.92)]),
+        ("worker", 2, [("vllm-worker", "vllm", 8, 0.92)]),  # the leader's command, over the group of 2
+    ],
+    "lws-sglang.yaml": [
+        ("leader", 1, [("sglang-leader", "sglang", 1, 0.85)]),
+        ("worker", 1, [("sglang-worker", "sglang", 1, 0.85)]),
+    ],
+    "lws-vllm-nnodes.yaml": [
+        ("leader", 1, [("vllm", "vllm", 8, 0.9)]),
+        ("worker", 1, [("vllm", "vllm", 8, 0.9)]),
+    ],
+    "lws-worker-template-only.yaml": [
+        ("leader", 1, [("tgi", "tgi", 1, 0.5)]),
+        ("worker", 3, [("tgi", "tgi", 1, 0.5)]),
+    ],
+    "lws-vllm-ray-pod-leader.yaml": [("pod", 1, [("vllm-leader", "vllm", 8, 0.95)])],
+    "raycluster-gpu-workers.yaml": [
+        ("head", 1, []),
+        ("worker[gpu-group]", 4, [("ray-worker", None, 1, None)]),  # maxReplicas: full scale
+    ],
+    "raycluster-multihost.yaml": [("head", 1, []), ("worker[hosts]", 4, [("ray-worker", "jax", 4, 0.5)])],
+    "rayservice-vllm.yaml": [("head", 1, []), ("worker[gpu-group]", 2, [("llm", None, 2, None)])],
+    "rayjob-gpu.yaml": [("head", 1, []), ("worker[gpu]", 2, [("ray-worker", None, 1, None)])],
+    "kserve-isvc-huggingface.yaml": [("predictor", 1, [("kserve-container", "vllm", 1, 0.8)])],
+    "kserve-isvc-with-runtime.yaml": [("predictor", 2, [("kserve-container", "vllm", 2, 0.7)])],
+    "kserve-isvc-hf-autoselect.yaml": [("predictor", 1, [("kserve-container", "vllm", 1, 0.6)])],
+    "kserve-isvc-custom-vllm.yaml": [("predictor", 3, [("kserve-container", "vllm", 1, 0.45)])],
+    "kserve-isvc-tgi-transformer.yaml": [
+        ("predictor", 1, [("kserve-container", "tgi", 2, 0.6)]),
+        ("transformer", 1, []),
+    ],
+    "kserve-servingruntime-vllm.yaml": [("runtime", 1, [("kserve-container", "vllm", 1, 0.5)])],
+    "jobset-pytorch.yaml": [("job[workers]", 4, [("pytorch", None, 8, None)])],
+    "jobset-vllm-leader-workers.yaml": [
+        ("job[leader]", 1, [("vllm", "vllm", 4, 0.88)]),
+        ("job[worker]", 1, [("ray", None, 4, None)]),
+    ],
+    "pytorchjob.yaml": [
+        ("replica[Master]", 1, [("pytorch", None, 1, None)]),
+        ("replica[Worker]", 3, [("pytorch", None, 1, None)]),
+    ],
+    "mpijob.yaml": [("replica[Launcher]", 1, []), ("replica[Worker]", 2, [("tensorflow-benchmarks", None, 1, None)])],
+    "deployment-vllm-gke.yaml": [("deployment", 1, [("inference-server", "vllm", 1, 0.95)])],
+    "deployment-tgi-gke-dlc.yaml": [("deployment", 1, [("inference-server", "tgi", 2, 0.9)])],
+    "statefulset-sglang.yaml": [("statefulset", 2, [("sglang", "sglang", 8, 0.8)])],
+    "deployment-dynamo-vllm.yaml": [("deployment", 2, [("main", "vllm", 2, 0.7)])],
+    "deployment-dynamo-sglang.yaml": [("deployment", 1, [("main", "sglang", 1, 0.6)])],
+    "deployment-production-stack.yaml": [("deployment", 1, [("vllm", "vllm", 1, 0.8)])],
+    "deployment-aibrix.yaml": [("deployment", 1, [("vllm-openai", "vllm", 1, 0.9)])],
+    "deployment-nim.yaml": [("deployment", 1, [("nim", None, 1, 0.9)])],  # declared
+    "job-jax.yaml": [("job", 2, [("train", "jax", 1, 0.5)])],
+    "cronjob-vllm-batch.yaml": [("cronjob", 1, [("batch", "vllm", 1, 0.3)])],
+}
+
+
+def test_the_corpus_is_large_and_every_file_has_an_expectation() -> None:
+    files = sorted(p.name for p in CORPUS.glob("*.yaml"))
+    assert files == sorted(EXPECTED)
+    assert len(files) >= 25
+
+
+def read(name: str) -> list[tuple[str, int, list[tuple[str, str | None, int, float | None]]]]:
+    """What the shipped policy makes of the last object of a corpus file."""
+    policy = default_policy()
+    documents = load_each_document((CORPUS / name).read_text(encoding="utf-8"))
+    assert all(d.error is None for d in documents)
+    objects = [o for d in documents for o in d.objects]
+    parts = object_parts(objects[-1], policy.workload_kinds, workload_pods, serving_runtimes(objects))
+    assert parts is not None, "the kind is read"
+    demands = parts_demand(parts, DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes))
+    out = []
+    for part, demand in zip(parts, demands, strict=True):
+        assert not demand.errors, demand.errors
+        containers = []
+        for c in demand.containers:
+            vram = c.reservation
+            fraction = float(vram.fraction) if vram is not None and vram.fraction is not None else None
+            containers.append((c.name, c.engine, c.gpus, fraction))
+        out.append((part.name, part.pods, containers))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_corpus_manifest(name: str) -> None:
+    assert read(name) == EXPECTED[name]
+

@@ -1,0 +1,472 @@
+"""Workload kinds beyond the built-in ones: where their pod templates lie and how many pods each runs.
+
+Serving and training projects run their pods through their own custom resources (LeaderWorkerSet,
+KubeRay's RayCluster, KServe's InferenceService, JobSet, Kubeflow's training jobs). The policy's
+``workload_kinds`` names each such kind with the paths of its pod templates and the fields whose
+product is the number of pods each template runs, the way Kyverno and Gatekeeper let a platform
+team describe its pod controllers; a new or in-house CRD needs an entry, not a release.
+
+**Paths** are dotted field names. ``*`` stands for every element of a list or every value of a
+mapping (Ray's ``workerGroupSpecs``, JobSet's ``replicatedJobs``, a training job's replica specs).
+A path may list alternatives with ``|``: the first that is present is used (a LeaderWorkerSet's
+leader runs its ``workerTemplate`` when it has no ``leaderTemplate``).
+
+**Replicas** are a product of factors. A factor is a path, optionally ``- N`` (``size - 1``: the
+workers of a LeaderWorkerSet group besides its leader); a path starting with ``@.`` is read in the
+element ``*`` matched. An absent or unreadable factor counts as 1 (the projects' default), so a
+kind of a newer version with other fields never breaks anything: its pods are still checked.
+
+**Forms.** A path leads to a pod template (``metadata`` + ``spec``), a bare pod spec (KServe's
+``predictor``) or a single container (KServe's ``predictor.model``); the last two take the
+object's labels and annotations, which the project copies onto the pods.
+
+**Group size.** ``group_size`` is the field giving the pods one engine spans (a LeaderWorkerSet's
+``size``); a template's ``engine_from`` names the template whose engine command applies to
+containers that start none themselves (the workers of a group often only join the leader's Ray
+cluster).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
+from vramguard.demand.derive import GROUP_SIZE_ANNOTATION
+from vramguard.demand.objects import pod_template
+
+__all__ = [
+    "TemplatePart",
+    "TemplateSpec",
+    "WorkloadKind",
+    "api_group",
+    "find_kind",
+    "gpu_request_paths",
+    "merge_runtime",
+    "object_parts",
+    "parts_demand",
+    "serving_runtimes",
+    "template_parts",
+    "unread_warning",
+    "workload_parts",
+]
+
+_PATH = re.compile(r"^@?(?:\.?[A-Za-z_][\w-]*|\.?\*)(?:\.(?:[A-Za-z_][\w-]*|\*))*$")
+_FACTOR = re.compile(r"^\s*(?P<path>[^\s-][^\s]*)\s*(?:-\s*(?P<minus>\d{1,3}))?\s*$")
+MAX_PODS = 1 << 20
+"""More pods than any workload runs: a bound that keeps lying replica fields from costing memory."""
+MAX_PARTS = 64
+"""Templates read from one object at most (``*`` over a huge list is an attack, not a workload)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_path(text: str) -> str:
+    for alternative in text.split("|"):
+        if not _PATH.match(alternative.strip()):
+            raise ValueError(f"{text!r} is not a dotted path (names, '*', '@.' for the matched element)")
+    return text
+
+
+class TemplateSpec(_Strict):
+    """One pod template inside a workload kind."""
+
+    name: str = Field(min_length=1, max_length=63)
+    path: str
+    """Where the template lies; ``a|b``: the first present."""
+    form: Literal["template", "pod-spec", "container"] = "template"
+    container_name: str = "main"
+    """The name a ``container`` form gets (KServe names it ``kserve-container``)."""
+    default_image: str | None = None
+    """The image a ``container`` form without one runs (the project's runtime for it)."""
+    default_image_formats: tuple[str, ...] = ()
+    """The ``modelFormat.name`` values ``default_image`` serves (empty: any)."""
+    replicas: tuple[str, ...] = ()
+    """Factors whose product is the number of pods of this template (``spec.replicas``, ``size - 1``)."""
+    engine_from: str | None = None
+    """The template whose engine command also applies to this one's GPU containers without one."""
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _check_path(value)
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for factor in value:
+            match = _FACTOR.match(factor)
+            if match is None:
+                raise ValueError(f"{factor!r} is not a replica factor (a path, optionally '- N')")
+            _check_path(match["path"])
+        return value
+
+
+class WorkloadKind(_Strict):
+    """A custom resource that runs pods: its API group, versions, plural and pod templates."""
+
+    group: str = Field(min_length=1)
+    kind: str = Field(min_length=1)
+    resource: str = Field(min_length=1)
+    """The plural name, for the webhook's rules and RBAC."""
+    versions: tuple[str, ...] = Field(min_length=1)
+    templates: tuple[TemplateSpec, ...] = Field(min_length=1)
+    group_size: str | None = None
+    """The field giving the pods one engine spans (LeaderWorkerSet's ``spec.leaderWorkerTemplate.size``)."""
+    namespaced: bool = True
+    """Cluster-scoped kinds (ClusterServingRuntime) are read by the CLI but not sent to the webhook."""
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_size(cls, value: str | None) -> str | None:
+        return _check_path(value) if value is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplatePart:
+    """One pod template of an object and how many pods it runs at full scale."""
+
+    name: str
+    """``leader``, ``worker[gpu-group]``: the template's name, with the element ``*`` matched."""
+    template: Mapping[str, Any]
+    pods: int
+    group_size: int | None = None
+    engine_from: str | None = None
+
+
+def api_group(obj: Mapping[str, Any]) -> str:
+    """The API group of an object from its ``apiVersion`` (``""`` for the core group)."""
+    version = obj.get("apiVersion")
+    return version.rsplit("/", 1)[0] if isinstance(version, str) and "/" in version else ""
+
+
+def find_kind(
+    kinds: Sequence[WorkloadKind], kind: str, group: str | None = None
+) -> WorkloadKind | None:
+    """The table's entry for ``kind`` (and ``group`` when known), else ``None``."""
+    for entry in kinds:
+        if entry.kind == kind and (group is None or entry.group == group):
+            return entry
+    return None
+
+
+def template_parts(
+    obj: Mapping[str, Any], entry: WorkloadKind, runtimes: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[TemplatePart]:
+    """Every pod template of ``obj`` described by ``entry``, with its pods at full scale.
+
+    ``runtimes`` maps a serving runtime's name (and ``format:<model format>`` for the runtime
+    chosen by format) to its container: a ``container`` form naming one in its ``runtime`` field,
+    or of a format one supports, is merged into it, as KServe merges a model into its runtime.
+    Never raises on malformed input: what cannot be read is left out.
+    """
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(metadata, Mapping)
+    inherited = {key: metadata[key] for key in ("labels", "annotations") if isinstance(metadata.get(key), Mapping)}
+    group_size = _positive(_first(obj, entry.group_size, None)) if entry.group_size else None
+    parts: list[TemplatePart] = []
+    for spec in entry.templates:
+        for label, element, node in _resolve(obj, spec.path):
+            if len(parts) >= MAX_PARTS:
+                return parts
+            template = _as_template(node, spec, inherited, runtimes or {})
+            if template is None:
+                continue
+            pods = 1
+            for factor in spec.replicas:
+                pods = min(pods * _factor(obj, element, factor), MAX_PODS)
+            if group_size is not None:
+                template = _with_group_size(template, group_size)
+            name = spec.name if label is None else f"{spec.name}[{label}]"
+            parts.append(TemplatePart(name, template, pods, group_size, spec.engine_from))
+    return parts
+
+
+def gpu_request_paths(
+    value: Any, is_gpu: Callable[[str], bool], path: str = "", depth: int = 0, found: list[str] | None = None
+) -> list[str]:
+    """Where a GPU resource is asked for anywhere in an object (``spec.x.resources.limits``).
+
+    ``is_gpu`` tells whether a resource name is a GPU. Used to warn about objects of kinds nobody
+    described: they may run GPU pods vramguard cannot see.
+    """
+    found = [] if found is None else found
+    if depth > 32 or len(found) >= 8:
+        return found
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key in ("limits", "requests") and isinstance(child, Mapping) and any(
+                isinstance(name, str) and is_gpu(name) for name in child
+            ):
+                found.append(here)
+            else:
+                gpu_request_paths(child, is_gpu, here, depth + 1, found)
+    elif isinstance(value, list):
+        for index, child in enumerate(value[:256]):
+            gpu_request_paths(child, is_gpu, f"{path}[{index}]", depth + 1, found)
+    return found
+
+
+# -- reading paths ---------------------------------------------------------------------------------
+
+
+def _resolve(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str | None, Any, Any]]:
+    """``(label, element, node)`` for each match of the first alternative present in ``obj``."""
+    for alternative in path.split("|"):
+        matches = list(_walk(obj, alternative.strip().split("."), None, None))
+        if matches:
+            yield from matches
+            return
+
+
+def _walk(node: Any, keys: list[str], label: str | None, element: Any) -> Iterator[tuple[str | None, Any, Any]]:
+    if not keys:
+        if node is not None:
+            yield label, element, node
+        return
+    key, rest = keys[0], keys[1:]
+    if key == "*":
+        if isinstance(node, list):
+            for index, child in enumerate(node[:MAX_PARTS]):
+                yield from _walk(child, rest, _element_label(child, str(index)), child)
+        elif isinstance(node, Mapping):
+            for name, child in list(node.items())[:MAX_PARTS]:
+                yield from _walk(child, rest, str(name), child)
+        return
+    if isinstance(node, Mapping):
+        yield from _walk(node.get(key), rest, label, element)
+
+
+def _element_label(child: Any, index: str) -> str:
+    if isinstance(child, Mapping):
+        for key in ("groupName", "name"):
+            if isinstance(child.get(key), str):
+                return str(child[key])
+    return index
+
+
+def _first(obj: Mapping[str, Any], path: str | None, element: Any) -> Any:
+    """The value at the first alternative of ``path`` present (``@.``: in ``element``)."""
+    if path is None:
+        return None
+    for written in path.split("|"):
+        alternative = written.strip()
+        node: Any = element if alternative.startswith("@.") else obj
+        keys = alternative[2:].split(".") if alternative.startswith("@.") else alternative.split(".")
+        for key in keys:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if node is not None:
+            return node
+    return None
+
+
+def _factor(obj: Mapping[str, Any], element: Any, factor: str) -> int:
+    match = _FACTOR.match(factor)
+    assert match is not None  # validated with the policy
+    value = _count(_first(obj, match["path"], element))
+    value = 1 if value is None else value
+    return max(value - int(match["minus"] or 0), 0)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 7:
+        return int(value)
+    return None
+
+
+def _positive(value: Any) -> int | None:
+    count = _count(value)
+    return count if count else None
+
+
+def _as_template(
+    node: Any,
+    spec: TemplateSpec,
+    inherited: Mapping[str, Any],
+    runtimes: Mapping[str, Mapping[str, Any]],
+) -> Mapping[str, Any] | None:
+    if not isinstance(node, Mapping):
+        return None
+    if spec.form == "template":
+        return node
+    if spec.form == "pod-spec":
+        if not any(isinstance(node.get(key), list) for key in ("containers", "initContainers")):
+            return None  # e.g. a KServe predictor given as a model, read by its own entry
+        return {"metadata": dict(inherited), "spec": node}
+    container = dict(node)
+    runtime = runtimes.get(container["runtime"]) if isinstance(container.get("runtime"), str) else None
+    model_format = container.get("modelFormat")
+    if runtime is None and isinstance(model_format, Mapping) and isinstance(model_format.get("name"), str):
+        runtime = runtimes.get(f"format:{model_format['name']}")
+    if runtime is not None:
+        container = merge_runtime(runtime, container)
+    elif not isinstance(container.get("image"), str) and spec.default_image is not None:
+        format_name = model_format.get("name") if isinstance(model_format, Mapping) else None
+        if not spec.default_image_formats or format_name in spec.default_image_formats:
+            container["image"] = spec.default_image
+    container.setdefault("name", spec.container_name)
+    return {"metadata": dict(inherited), "spec": {"containers": [container]}}
+
+
+def _with_group_size(template: Mapping[str, Any], size: int) -> Mapping[str, Any]:
+    """The template with the group size its pods will carry (as LeaderWorkerSet annotates them)."""
+    metadata = template.get("metadata") if isinstance(template.get("metadata"), Mapping) else {}
+    assert isinstance(metadata, Mapping)
+    annotations = metadata.get("annotations") if isinstance(metadata.get("annotations"), Mapping) else {}
+    assert isinstance(annotations, Mapping)
+    stamped = {**annotations, GROUP_SIZE_ANNOTATION: str(size)}
+    return {**template, "metadata": {**metadata, "annotations": stamped}}
+
+
+def merge_runtime(runtime: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
+    """A model's container merged into its serving runtime's, as KServe does.
+
+    The runtime gives the image and command; the model's ``args`` follow the runtime's, its ``env``
+    entries replace the runtime's of the same name, and its ``resources`` replace the runtime's.
+    """
+    merged = dict(runtime)
+    merged["args"] = [*_list(runtime.get("args")), *_list(model.get("args"))]
+    env = {e.get("name"): e for e in _list(runtime.get("env")) if isinstance(e, Mapping)}
+    env.update({e.get("name"): e for e in _list(model.get("env")) if isinstance(e, Mapping)})
+    merged["env"] = list(env.values())
+    for key in ("resources", "image"):
+        if model.get(key) is not None:
+            merged[key] = model[key]
+    return merged
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+UNKNOWN_ENGINE = "no known engine and no vramguard.io/vram annotation"
+
+
+def parts_demand(parts: Sequence[TemplatePart], options: DemandOptions) -> list[PodDemand]:
+    """The demand of each part's pods, in order, engines shared within the group.
+
+    A GPU container that starts no engine and declares nothing, in a template whose ``engine_from``
+    names another, takes that template's engine claim: a LeaderWorkerSet's workers only join the
+    Ray cluster or the distributed run the leader's command starts, with the same flags.
+    """
+    demands = [derive_pod_demand(part.template, options) for part in parts]
+    by_name = {part.name: demand for part, demand in reversed(list(zip(parts, demands, strict=True)))}
+    for index, part in enumerate(parts):
+        source = by_name.get(part.engine_from) if part.engine_from is not None else None
+        engines = [c for c in source.containers if c.engine is not None] if source is not None else []
+        if not engines:
+            continue
+        leader = engines[0]
+        containers = tuple(
+            replace(
+                c,
+                engine=leader.engine,
+                claim=leader.claim,
+                implicit_default=leader.implicit_default,
+                evidence=(*c.evidence, f"engine of the {part.engine_from} template: {', '.join(leader.evidence)}"),
+                warnings=tuple(w for w in c.warnings if UNKNOWN_ENGINE not in w),
+            )
+            if c.engine is None and c.declared is None and c.mps_limit is None
+            else c
+            for c in demands[index].containers
+        )
+        demands[index] = PodDemand(
+            containers,
+            demands[index].errors,
+            tuple(w for c in containers for w in c.warnings),
+        )
+    return demands
+
+
+RUNTIME_KINDS = frozenset({"ServingRuntime", "ClusterServingRuntime"})
+RUNTIME_CONTAINER = "kserve-container"
+
+
+def serving_runtimes(objects: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The model-serving container of each KServe runtime among ``objects``, for :func:`template_parts`.
+
+    Keyed by the runtime's name, and by ``format:<name>`` for each model format it auto-selects.
+    """
+    runtimes: dict[str, Mapping[str, Any]] = {}
+    for obj in objects:
+        if obj.get("kind") not in RUNTIME_KINDS:
+            continue
+        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+        assert isinstance(spec, Mapping)
+        containers = [c for c in _list(spec.get("containers")) if isinstance(c, Mapping)]
+        chosen = next((c for c in containers if c.get("name") == RUNTIME_CONTAINER), None)
+        if chosen is None and containers:
+            chosen = containers[0]
+        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+        assert isinstance(metadata, Mapping)
+        if chosen is None or not isinstance(metadata.get("name"), str):
+            continue
+        runtimes[metadata["name"]] = chosen
+        for model_format in _list(spec.get("supportedModelFormats")):
+            if (
+                isinstance(model_format, Mapping)
+                and isinstance(model_format.get("name"), str)
+                and model_format.get("autoSelect", False) is True
+            ):
+                runtimes.setdefault(f"format:{model_format['name']}", chosen)
+    return runtimes
+
+
+def object_parts(
+    obj: Mapping[str, Any],
+    kinds: Sequence[WorkloadKind],
+    builtin_pods: Callable[[str, Mapping[str, Any]], int] | None = None,
+    runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+    kind: str | None = None,
+) -> list[TemplatePart] | None:
+    """The pod templates of any object vramguard reads; ``None`` for a kind it does not read.
+
+    Pods and the built-in workloads come from :func:`vramguard.demand.objects.pod_template`, with
+    ``builtin_pods(kind, obj)`` pods (default 1); other kinds from the ``kinds`` table.
+    """
+    kind = kind if kind is not None else obj.get("kind") if isinstance(obj.get("kind"), str) else None
+    if kind is None:
+        return None
+    template = pod_template(obj, kind)
+    if template is not None:
+        pods = builtin_pods(kind, obj) if builtin_pods is not None else 1
+        return [TemplatePart(kind.lower(), template, pods)]
+    has_version = isinstance(obj.get("apiVersion"), str)
+    entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
+    return template_parts(obj, entry, runtimes) if entry is not None else None
+
+
+def workload_parts(
+    obj: Mapping[str, Any] | None, kinds: Sequence[WorkloadKind], kind: str
+) -> list[TemplatePart]:
+    """The templates of a custom workload under review (the webhook names its kind), else ``[]``."""
+    if obj is None:
+        return []
+    has_version = isinstance(obj.get("apiVersion"), str)
+    entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
+    return template_parts(obj, entry) if entry is not None else []
+
+
+def unread_warning(obj: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> str | None:
+    """A warning for an object of a kind vramguard does not read that asks for a GPU somewhere."""
+    paths = gpu_request_paths(obj, is_gpu)
+    if not paths:
+        return None
+    kind = obj.get("kind")
+    group = api_group(obj) or "core"
+    return (
+        f"{kind} ({group}) is a kind vramguard does not read, yet it asks for a GPU at "
+        f"{', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}: its pods are not checked here; "
+        "describe it under workload_kinds in the policy (pod template paths and replica fields)"
+    )
