@@ -177,7 +177,8 @@ def test_fast_check_equals_the_general_check_with_measured_use(
 
 def worst_load(inventory: NodeInventory, pods: dict[str, list[Claim]]) -> dict[str, int] | None:
     """The largest load any placement of the unknown claims puts on a device over its budget, where a pod
-    on a device really holds the larger of its claims landing there and its measured use there."""
+    on a device really holds the larger of its claims landing there and its measured use there (use
+    above the claims by no more than the tolerance counts as the claims)."""
     gpus = {g.id: g for g in inventory.devices}
     budget = {d: g.memory_bytes * 9 // 10 for d, g in gpus.items()}
     whole = {d: budget[d] // g.replicas if g.sharing == "mps" else budget[d] for d, g in gpus.items()}
@@ -205,7 +206,9 @@ def worst_load(inventory: NodeInventory, pods: dict[str, list[Claim]]) -> dict[s
         for uid, devices in inventory.measured.items():
             if uid in pods:
                 for d, used in devices.items():
-                    per_pod[(uid, d)] = max(per_pod.get((uid, d), 0), used)
+                    # Use within the tolerance (a CUDA context) is the headroom's, not over-use.
+                    claimed = per_pod.get((uid, d), 0)
+                    per_pod[(uid, d)] = claimed + over_use(claimed, used)
         load = dict.fromkeys(gpus, 0)
         for (_, d), amount in per_pod.items():
             load[d] += amount
