@@ -1,31 +1,51 @@
-"""The cluster as vramguard sees it: nodes, namespaces and bound GPU pods, kept by informers.
+"""The one cluster model: nodes, namespaces, GPU pods and agent Leases, fed by watch events.
 
-Everything here is derived from the API server, so a restart loses nothing: the ledger is rebuilt
-from the Nodes (GPU Feature Discovery labels, the agent's report) and from the bound, non-terminal
-pods that hold GPU resources, whoever placed them. Only a few fields of each object are kept.
+Every service and CLI builds its picture of the cluster here: the extender (bound pods only), the
+webhook (every live pod), ``vramguard audit`` and ``kubectl vram`` (one listing). Each kind has
+``replace`` (a full list), ``upsert`` and ``delete``; the model keeps slim records, never objects:
 
-Reservations made by ``bind`` that the watch has not confirmed yet are *in flight*; a re-list keeps
-them, so no interleaving of watch events and binds can drop a reservation and overcommit a GPU.
+- per node its inventory (GPU Feature Discovery labels, the agent's report under a fresh Lease),
+  labels and taints, and what it offers per GPU resource (admission sizes pods on that);
+- per namespace its labels (enforcement mode, default class);
+- per live GPU pod a :class:`PodRecord` pointing at a shared :class:`Template` (replicas of a
+  workload share one), from which demand is derived once per template and policy;
+- the ledger of the bound GPU pods, whoever placed them; binds in flight; nodes held back;
+- the quota's sums per namespace, and admissions pending (admitted, not yet seen by the watch).
+
+Everything is derived from the API server, so a restart loses nothing. Reservations made by
+``bind`` that the watch has not confirmed yet are *in flight*; a re-list keeps them, so no
+interleaving of watch events and binds can drop a reservation and overcommit a GPU. Likewise a pod
+admitted a moment ago may not have reached the pod watch yet: without care two pods reviewed back
+to back would both see the quota's old sum and both be admitted, so it is held as *pending* until
+the watch shows it (or :data:`PENDING_TTL` passes: the API server may have refused it after
+admission). Touched only from one event loop, so no locks.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from vramguard.admission import NamespaceUsage, ResourceOffer, claims_bytes, offers_from_inventories, quota_claims
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.inventory import AGENT_REPORT_ANNOTATION, NodeInventory, read_inventory
 from vramguard.lease import AGENT_LEASE_PREFIX, DEFAULT_AGENT_NAMESPACE, MAX_LEASE_NAME, AgentLeases
-from vramguard.ledger import Ledger, PodRef
+from vramguard.ledger import Claim, Ledger, PodRef
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
 
 PLACEMENT_ANNOTATION = "vramguard.io/placement"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""A pod in these phases holds no GPU, whichever watch delivered it (see :func:`is_live`)."""
+PENDING_TTL = 30.0
+"""Seconds an admitted pod counts for its namespace's quota before the watch shows it: long enough
+for the watch to deliver a created pod under load, short enough that a pod the API server refused
+after the webhook admitted it does not hold quota for long."""
 JSON = dict[str, Any]
 VRAM_ANNOTATION_PREFIX = "vramguard.io/vram"
 """Demand reads only these annotations (``vramguard.io/vram`` and ``vramguard.io/vram.<container>``)."""
@@ -120,6 +140,57 @@ def asks_for_gpu(pod: Mapping[str, Any], options: DemandOptions) -> bool:
     return False
 
 
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod may hold a GPU: not Succeeded or Failed (the one terminal-phase rule)."""
+    status = pod.get("status")
+    return not (isinstance(status, Mapping) and status.get("phase") in TERMINAL_PHASES)
+
+
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class Template:
+    """What a pod's demand depends on (containers, init containers, VRAM annotations), shared by
+    every pod made from it: records point here, so demand is re-derived per template, not per pod."""
+
+    key: str
+    pod: JSON
+    """A pod-shaped object holding only those fields (what :func:`derive_pod_demand` reads)."""
+    quota: dict[tuple[int, bool], tuple[Claim, ...]] = field(default_factory=dict)
+    """Claims as the quota counts them, per (policy version, trusts env-only engines)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A live GPU pod, as slim as the model keeps it."""
+
+    namespace: str
+    name: str
+    node: str
+    """``spec.nodeName``; empty while the pod is not bound."""
+    template: Template
+    trusts_env_only: bool
+    """Whether the pod's class believes engines recognised from environment variables only; where
+    it does not, such a container counts as unknown VRAM (a whole device), as admission counts it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NamespaceSum:
+    """The bytes each live GPU pod of a namespace holds, as sized under one node generation."""
+
+    generation: int
+    held: dict[str, int]
+    unsized: dict[str, str]
+    """UID -> name of pods that could not be sized."""
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    namespace: str
+    node: str
+    claims: tuple[Claim, ...]
+    expires: float
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSelection:
     """What a pod's node selection and tolerations are checked against."""
@@ -137,8 +208,10 @@ class ClusterState:
         *,
         clock: Callable[[], float] = time.time,
         agent_namespace: str = DEFAULT_AGENT_NAMESPACE,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock``: seconds since the epoch, for the agents' Leases; ``agent_namespace``: where they are."""
+        """``clock``: seconds since the epoch, for the agents' Leases; ``agent_namespace``: where they
+        are; ``monotonic``: for the expiry of pending admissions."""
         self.policy = policy
         self.policy_version = 0
         """Counts policy reloads (cached verdicts are per version)."""
@@ -168,6 +241,20 @@ class ClusterState:
         # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
         self._demands: OrderedDict[str, PodDemand] = OrderedDict()
         self._claims: OrderedDict[tuple[object, ...], PodClaims] = OrderedDict()
+        self._templates: weakref.WeakValueDictionary[str, Template] = weakref.WeakValueDictionary()
+        """Every template a record points at, once (it goes with its last record)."""
+        self.records: dict[str, PodRecord] = {}
+        """Pod UID -> record, for every live GPU pod the pod feed delivered (bound or not)."""
+        self._by_namespace: dict[str, set[str]] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._monotonic = monotonic
+        # Sizing every pod of a namespace on every review would cost more than the rules; the sums
+        # are kept per namespace until one of its pods or any node changes.
+        self._sums: dict[str, _NamespaceSum] = {}
+        self.node_generation = 0
+        """Changes whenever what the nodes offer may have changed (sizes computed earlier are stale)."""
+        self._offers: dict[str, ResourceOffer] | None = None
+        self._node_offers: dict[str, dict[str, ResourceOffer]] = {}
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -178,6 +265,7 @@ class ClusterState:
         self.options = demand_options(policy)
         self._demands.clear()
         self._claims.clear()
+        self._sums.clear()  # the quota's claims are re-derived per template under the new policy
         self.ledger.set_headrooms(policy.headrooms())
 
     def choose_class(self, pod: Mapping[str, Any]) -> ClassChoice:
@@ -241,26 +329,73 @@ class ClusterState:
     # -- nodes ----------------------------------------------------------------------------------
 
     def _upsert_node(self, node: JSON) -> None:
-        self._remember_selection(node)
-        inventory = read_inventory(
+        labels_changed = self._remember_selection(node)
+        inventory = self._read_inventory(node, self._report_distrust(node))
+        if self._inventories.get(inventory.node) == inventory:
+            if labels_changed:
+                self._nodes_changed()
+            return  # a status heartbeat: nothing vramguard reads has changed
+        self._inventories[inventory.node] = inventory
+        self._nodes_changed()
+        self.ledger.upsert_node(inventory)
+
+    def _read_inventory(self, node: Mapping[str, Any], distrust: str | None) -> NodeInventory:
+        return read_inventory(
             node,
             gpu_resources=tuple(self.policy.gpu_resources),
             mig_prefixes=tuple(self.policy.gpu_resource_prefixes),
-            distrust=self._report_distrust(node),
+            distrust=distrust,
         )
-        if self._inventories.get(inventory.node) == inventory:
-            return  # a status heartbeat: nothing vramguard reads has changed
-        self._inventories[inventory.node] = inventory
-        self._largest_node = None
-        self.ledger.upsert_node(inventory)
 
     def _delete_node(self, node: JSON) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
         self._inventories.pop(name, None)
         self._reported.pop(name, None)
-        self._largest_node = None
+        self._nodes_changed()
         self._selection.pop(name, None)
         self.ledger.remove_node(name)
+
+    def _nodes_changed(self) -> None:
+        self._largest_node = None
+        self._offers = None
+        self._node_offers = {}
+        self.node_generation += 1
+
+    def offers(self) -> dict[str, ResourceOffer]:
+        """Per GPU resource, the sizes and sharing strategies of the devices nodes offer (cached)."""
+        if self._offers is None:
+            self._offers = offers_from_inventories(
+                (self._offer_inventory(name) for name in self._inventories), self._offer_labels()
+            )
+        return self._offers
+
+    def node_offers(self, node: str) -> dict[str, ResourceOffer] | None:
+        """What one node offers, or ``None`` when the node is not known."""
+        cached = self._node_offers.get(node)
+        if cached is not None:
+            return cached
+        if node not in self._inventories:
+            return None
+        offers = offers_from_inventories([self._offer_inventory(node)], self._offer_labels([node]))
+        self._node_offers[node] = offers
+        return offers
+
+    def _offer_inventory(self, name: str) -> NodeInventory:
+        """The node's inventory as admission sizes pods on it: the agent's report as written, even
+        without a fresh Lease (admission sizes the devices; only the ledger's placements need the
+        report to be current)."""
+        inventory = self._inventories[name]
+        reported = self._reported.get(name)
+        if inventory.distrust is None or reported is None:
+            return inventory
+        return self._read_inventory(reported, None)
+
+    def _offer_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        chosen = self._selection if names is None else {n: self._selection[n] for n in names if n in self._selection}
+        return {
+            name: {k: v for k, v in selection.labels.items() if isinstance(k, str) and isinstance(v, str)}
+            for name, selection in chosen.items()
+        }
 
     def _replace_nodes(self, nodes: list[JSON]) -> None:
         seen = set()
@@ -312,14 +447,18 @@ class ClusterState:
         self.agent_leases.replace(leases)
         self.refresh_agent_reports()
 
-    def _remember_selection(self, node: JSON) -> None:
+    def _remember_selection(self, node: JSON) -> bool:
+        """Keep the node's labels and taints; returns whether its labels changed."""
         metadata = node.get("metadata") or {}
         spec = node.get("spec") or {}
         labels = metadata.get("labels") if isinstance(metadata, dict) else None
         taints = spec.get("taints") if isinstance(spec, dict) else None
-        self._selection[str(metadata.get("name", ""))] = NodeSelection(
+        name = str(metadata.get("name", ""))
+        previous = self._selection.get(name)
+        selection = self._selection[name] = NodeSelection(
             dict(labels) if isinstance(labels, dict) else {}, list(taints) if isinstance(taints, list) else []
         )
+        return previous is None or previous.labels != selection.labels
 
     def node_selection(self, name: str) -> NodeSelection | None:
         """The node's labels and taints as the watch last said, ``None`` for an unknown node."""
@@ -330,7 +469,15 @@ class ClusterState:
     def _upsert_namespace(self, namespace: JSON) -> None:
         metadata = namespace.get("metadata") or {}
         labels = metadata.get("labels")
-        self.namespace_labels[str(metadata.get("name", ""))] = dict(labels) if isinstance(labels, dict) else {}
+        self.namespace_labels[str(metadata.get("name", ""))] = (
+            {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+            if isinstance(labels, dict)
+            else {}
+        )
+
+    def upsert_namespace(self, namespace: Mapping[str, Any]) -> None:
+        """A namespace read outside the watch (one the watch has not delivered yet)."""
+        self._upsert_namespace(dict(namespace))
 
     def _delete_namespace(self, namespace: JSON) -> None:
         self.namespace_labels.pop(str((namespace.get("metadata") or {}).get("name", "")), None)
@@ -342,10 +489,10 @@ class ClusterState:
 
     # -- pods -----------------------------------------------------------------------------------
 
-    def bound_claims(self, pod: Mapping[str, Any]) -> PodClaims:
+    def bound_claims(self, pod: Mapping[str, Any], choice: ClassChoice | None = None) -> PodClaims:
         """The claims of a pod already on a node: unknown VRAM holds a whole GPU, whatever its
         class says (it runs, so it counts), and the devices recorded at bind are kept as intended."""
-        choice = self.choose_class(pod)
+        choice = self.choose_class(pod) if choice is None else choice
         if choice.qos.unknown_vram != "whole-gpu":
             whole_gpu = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
             choice = ClassChoice(choice.name, whole_gpu, choice.source)
@@ -354,20 +501,72 @@ class ClusterState:
         return self._pod_claims(pod, choice, pod_key(pod).uid, recorded)
 
     def _upsert_pod(self, pod: JSON) -> None:
+        """Either feed: every live pod (the webhook, the CLI) or the bound ones (the extender)."""
         key = pod_key(pod)
+        self._pending.pop(key.uid, None)
         node = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if not node or phase in TERMINAL_PHASES or not asks_for_gpu(pod, self.options):
+        if not is_live(pod) or not asks_for_gpu(pod, self.options):
+            self._drop_record(key.uid)
+            self._forget(key.uid)
+            return
+        choice = self.choose_class(pod)
+        self._record(key, pod, choice)
+        if not node:
             self._forget(key.uid)
             return
         self.in_flight.pop(key.uid, None)
-        claims = self.bound_claims(pod)
+        claims = self.bound_claims(pod, choice)
         self.ledger.hold(node, key.ref(), claims.claims)
         self._bound[key.uid] = node
         self.priorities[key.uid] = pod_priority(pod)
 
     def _delete_pod(self, pod: JSON) -> None:
-        self._forget(pod_key(pod).uid)
+        uid = pod_key(pod).uid
+        self._pending.pop(uid, None)
+        self._drop_record(uid)
+        self._forget(uid)
+
+    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice) -> None:
+        """Keep (or drop) the record of a live pod that names a GPU resource."""
+        if not key.uid:
+            return
+        template = self._template(pod)
+        if not self._demand(template.pod, template.key).wants_gpu:
+            self._drop_record(key.uid)
+            return
+        spec = pod.get("spec") or {}
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        record = PodRecord(
+            key.namespace, key.name, node if isinstance(node, str) else "", template,
+            choice.qos.trust_env_only_engines,
+        )
+        previous = self.records.get(key.uid)
+        if previous == record:
+            return  # a status or metadata change that moves no VRAM
+        if previous is not None:
+            self._drop_record(key.uid)
+        self.records[key.uid] = record
+        self._by_namespace.setdefault(record.namespace, set()).add(key.uid)
+        self._sums.pop(record.namespace, None)
+
+    def _template(self, pod: Mapping[str, Any]) -> Template:
+        """The pod's template, interned: replicas share one object."""
+        key = _template_key(pod)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = Template(key, _template_pod(pod))
+        return template
+
+    def _drop_record(self, uid: str) -> None:
+        record = self.records.pop(uid, None)
+        if record is None:
+            return
+        self._sums.pop(record.namespace, None)
+        members = self._by_namespace.get(record.namespace)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del self._by_namespace[record.namespace]
 
     def _forget(self, uid: str) -> None:
         self.priorities.pop(uid, None)
@@ -378,6 +577,9 @@ class ClusterState:
 
     def _replace_pods(self, pods: list[JSON]) -> None:
         self.priorities.clear()
+        self.records.clear()
+        self._by_namespace.clear()
+        self._sums.clear()
         for uid in list(self._bound):
             del self._bound[uid]
             self.ledger.release(uid)
@@ -404,6 +606,76 @@ class ClusterState:
         if node in self.suspects:
             return f"node {node}: vramguard is re-reading its pods after an oversized watch event"
         return None
+
+    # -- the quota: live GPU pods and admissions pending ---------------------------------------
+
+    def quota_claims(self, record: PodRecord) -> tuple[Claim, ...]:
+        """A live pod's claims as the quota counts them (unknown VRAM holds a whole device), derived
+        once per template, policy and trust in env-only engines."""
+        key = (self.policy_version, record.trusts_env_only)
+        claims = record.template.quota.get(key)
+        if claims is None:
+            demand = self._demand(record.template.pod, record.template.key)
+            if not record.trusts_env_only and demand.env_only_guesses():
+                demand = demand.distrusting_env_only()
+            if any(version != self.policy_version for version, _ in record.template.quota):
+                record.template.quota.clear()
+            claims = record.template.quota[key] = quota_claims(demand)
+        return claims
+
+    def hold_admission(self, uid: str, namespace: str, claims: tuple[Claim, ...], node: str = "") -> None:
+        """Count a pod just admitted until the watch shows it (or :data:`PENDING_TTL` passes)."""
+        if uid in self.records:
+            return
+        self._pending[uid] = _Pending(namespace, node, claims, self._monotonic() + PENDING_TTL)
+
+    def pending_admissions(self) -> int:
+        """Admissions not yet seen by the watch (expired ones included until the next usage call)."""
+        return len(self._pending)
+
+    def usage(self, namespace: str, exclude: str | None = None) -> NamespaceUsage:
+        """VRAM held by the namespace's live GPU pods and pending admissions, without pod ``exclude``.
+
+        A bound pod is sized on its node's devices, a pod not bound yet on the largest device the
+        cluster offers under its resource (it may land there).
+        """
+        sums = self._namespace_sum(namespace)
+        total = sums.total - sums.held.get(exclude or "", 0)
+        pods = len(sums.held) - (1 if exclude in sums.held else 0)
+        unsized = [name for uid, name in sums.unsized.items() if uid != exclude]
+        now = self._monotonic()
+        for uid, pending in list(self._pending.items()):
+            if pending.expires <= now:
+                del self._pending[uid]
+                continue
+            if pending.namespace != namespace or uid == exclude:
+                continue
+            held, missing = claims_bytes(pending.claims, self._offers_for(pending.node))
+            total += held
+            pods += 1
+            if missing:
+                unsized.append(uid)
+        return NamespaceUsage(total, pods, tuple(unsized))
+
+    def _namespace_sum(self, namespace: str) -> _NamespaceSum:
+        cached = self._sums.get(namespace)
+        if cached is not None and cached.generation == self.node_generation:
+            return cached
+        held: dict[str, int] = {}
+        unsized: dict[str, str] = {}
+        for uid in self._by_namespace.get(namespace, ()):
+            record = self.records[uid]
+            held[uid], missing = claims_bytes(self.quota_claims(record), self._offers_for(record.node))
+            if missing:
+                unsized[uid] = record.name
+        sums = _NamespaceSum(self.node_generation, held, unsized, sum(held.values()))
+        self._sums[namespace] = sums
+        return sums
+
+    def _offers_for(self, node: str) -> Mapping[str, ResourceOffer]:
+        """The bound node's offers when it is known, else the whole cluster's (the largest GPUs)."""
+        offers = self.node_offers(node) if node else None
+        return offers if offers is not None else self.offers()
 
     # -- bind bookkeeping -----------------------------------------------------------------------
 
@@ -476,6 +748,22 @@ def _template_key(pod: Mapping[str, Any]) -> str:
     if not isinstance(spec, dict):
         return json.dumps([declared, repr(spec)], default=repr)
     return json.dumps([declared, spec.get("initContainers"), spec.get("containers")], default=repr)
+
+
+def _template_pod(pod: Mapping[str, Any]) -> JSON:
+    """Only what demand reads of a pod: its containers, init containers and VRAM annotations."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    spec = pod.get("spec")
+    kept: JSON = {}
+    if isinstance(spec, Mapping):
+        kept = {k: spec[k] for k in ("containers", "initContainers") if k in spec}
+    declared = (
+        {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(VRAM_ANNOTATION_PREFIX)}
+        if isinstance(annotations, Mapping)
+        else {}
+    )
+    return {"metadata": {"annotations": declared}, "spec": kept}
 
 
 def _recorded_placement(value: Any) -> dict[str, tuple[str, ...]]:

@@ -18,13 +18,13 @@ from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry
 
+from vramguard.cluster import slim_node, slim_pod
 from vramguard.io.http import Readiness
 from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, Informer, KubeClient, WatchMetrics
 from vramguard.io.server import RunningServer, ServerSettings, run_https
 from vramguard.io.supervise import supervise
 from vramguard.io.tls import ReloadingTLSContext
 from webhook.app import PolicySource, WebhookState, create_webhook_app
-from webhook.state import FanOut
 
 __all__ = ["POD_FIELD_SELECTOR", "WebhookSettings", "run_webhook"]
 
@@ -74,17 +74,14 @@ async def run_webhook(
         state = WebhookState(settings.policy, namespace_lookup=lookup)
         registry = CollectorRegistry()
         watch_metrics = WatchMetrics(registry)
-        # The quota's stores and the cluster model (the extender's ledger, for pods created with
-        # spec.nodeName) read the same watches; the model keeps only the bound pods among them.
+        # One cluster model, fed every live pod: the quota counts them all, the ledger (for pods
+        # created with spec.nodeName) the bound ones among them.
+        cluster = state.cluster
         informers = [
-            Informer(client, "/api/v1/namespaces", FanOut(state.namespaces, state.cluster.namespaces),
-                     metrics=watch_metrics),
-            Informer(client, "/api/v1/nodes", FanOut(state.nodes, state.cluster.nodes), metrics=watch_metrics),
+            Informer(client, "/api/v1/namespaces", cluster.namespaces, metrics=watch_metrics),
+            Informer(client, "/api/v1/nodes", cluster.nodes, slim=slim_node, metrics=watch_metrics),
             Informer(
-                client,
-                "/api/v1/pods",
-                FanOut(state.pods, state.cluster.pods),
-                {"fieldSelector": POD_FIELD_SELECTOR},
+                client, "/api/v1/pods", cluster.pods, {"fieldSelector": POD_FIELD_SELECTOR}, slim=slim_pod,
                 metrics=watch_metrics,
             ),
         ]

@@ -1,13 +1,18 @@
-"""The webhook's watch-fed stores: namespaces, GPU nodes and the namespaces' live GPU pods."""
+"""The one cluster model, as admission reads it: namespaces, node offers, the namespaces' live GPU
+pods (either feed: every live pod, or the bound ones), pending admissions, shared templates."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
+
+import pytest
 
 from tests.podspecs import container, pod
 from vramguard.admission import NamespaceUsage, quota_claims
-from vramguard.demand import DEFAULT_OPTIONS, derive_pod_demand
-from webhook.state import PENDING_TTL, NamespaceStore, NodeStore, PodStore
+from vramguard.cluster import PENDING_TTL, ClusterState, is_live
+from vramguard.demand import derive_pod_demand
+from vramguard.policy import Policy, default_policy
 
 GiB = 1 << 30
 
@@ -42,23 +47,41 @@ def gpu_pod(uid: str, *, namespace: str = "team-a", vram: str = "0.5", node_name
     return obj
 
 
-def stores(clock: Clock | None = None) -> tuple[NodeStore, PodStore]:
-    nodes = NodeStore(("nvidia.com/gpu", "nvidia.com/gpu.shared"), ("nvidia.com/mig-",))
-    nodes.replace([node("small", 40 * 1024), node("big", 80 * 1024, labels={"pool": "big"})])
-    return nodes, PodStore(DEFAULT_OPTIONS, nodes, clock=clock or Clock())
+class Pods:
+    """The model's pod feed with the quota's questions, named as the tests read them."""
+
+    def __init__(self, model: ClusterState) -> None:
+        self.model = model
+        self.replace = model.pods.replace
+        self.upsert = model.pods.upsert
+        self.delete = model.pods.delete
+        self.usage = model.usage
+        self.hold = model.hold_admission
+        self.pending = model.pending_admissions
+
+    def __len__(self) -> int:
+        return len(self.model.records)
 
 
-def test_namespace_store_follows_the_watch() -> None:
-    namespaces = NamespaceStore()
-    namespaces.replace([{"metadata": {"name": "a", "labels": {"x": "1", "bad": 2}}}, {"metadata": {}}])
-    assert (namespaces.labels("a"), len(namespaces)) == ({"x": "1"}, 1)
-    namespaces.upsert({"metadata": {"name": "b"}})
-    assert namespaces.labels("b") == {}
-    namespaces.delete({"metadata": {"name": "a"}})
-    assert namespaces.labels("a") is None
+def stores(clock: Clock | None = None, policy: Policy | None = None) -> tuple[ClusterState, Pods]:
+    model = ClusterState(policy or default_policy(), monotonic=clock or Clock())
+    model.nodes.replace([node("small", 40 * 1024), node("big", 80 * 1024, labels={"pool": "big"})])
+    return model, Pods(model)
 
 
-def test_node_store_offers_the_largest_and_smallest_gpu() -> None:
+def test_namespace_labels_follow_the_watch() -> None:
+    model = ClusterState(default_policy())
+    model.namespaces.replace([{"metadata": {"name": "a", "labels": {"x": "1", "bad": 2}}}])
+    assert model.namespace_labels == {"a": {"x": "1"}}
+    model.namespaces.upsert({"metadata": {"name": "b"}})
+    assert model.namespace_labels.get("b") == {}
+    model.namespaces.delete({"metadata": {"name": "a"}})
+    assert model.namespace_labels.get("a") is None
+    model.upsert_namespace({"metadata": {"name": "looked-up", "labels": {"y": "2"}}})
+    assert model.namespace_labels.get("looked-up") == {"y": "2"}
+
+
+def test_offers_name_the_largest_and_smallest_gpu() -> None:
     nodes, _ = stores()
     offer = nodes.offers()["nvidia.com/gpu"]
     assert (offer.smallest_bytes, offer.largest_bytes) == (40 * GiB, 80 * GiB)
@@ -66,10 +89,15 @@ def test_node_store_offers_the_largest_and_smallest_gpu() -> None:
     assert nodes.node_offers("small") is not None
     assert nodes.node_offers("small")["nvidia.com/gpu"].largest_bytes == 40 * GiB  # type: ignore[index]
     assert nodes.node_offers("nowhere") is None
-    nodes.delete({"metadata": {"name": "big"}})
+    nodes.nodes.delete({"metadata": {"name": "big"}})
     assert nodes.offers()["nvidia.com/gpu"].largest_bytes == 40 * GiB
-    nodes.upsert({"metadata": {"name": "cpu"}})
-    assert len(nodes) == 2
+
+
+def test_offers_follow_a_label_change_that_moves_no_device() -> None:
+    nodes, _ = stores()
+    assert {"pool": "big"}.items() <= nodes.offers()["nvidia.com/gpu"].node_labels[1].items()
+    nodes.nodes.upsert(node("big", 80 * 1024, labels={"pool": "huge"}))
+    assert {"pool": "huge"}.items() <= nodes.offers()["nvidia.com/gpu"].node_labels[1].items()
 
 
 def test_usage_sizes_bound_pods_on_their_node_and_others_on_the_largest_gpu() -> None:
@@ -128,8 +156,7 @@ def test_a_deleted_pod_is_forgotten_even_while_pending() -> None:
 
 
 def test_unsized_pods_are_reported_not_counted() -> None:
-    nodes = NodeStore(("nvidia.com/gpu",), ("nvidia.com/mig-",))
-    pods = PodStore(DEFAULT_OPTIONS, nodes)
+    pods = Pods(ClusterState(default_policy()))
     pods.upsert(gpu_pod("frac"))
     pods.upsert(gpu_pod("bytes", vram="10Gi"))
     usage = pods.usage("team-a")
@@ -150,3 +177,60 @@ def test_a_pod_asking_for_absurdly_many_gpus_is_read_cheaply() -> None:
     huge["spec"]["containers"][0]["env"] = [{"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=16G"}]
     pods.upsert(huge)
     assert pods.usage("team-a").bytes <= 1024 * GiB
+
+
+@pytest.mark.parametrize(
+    ("phase", "live"),
+    [
+        pytest.param(None, True, id="no-status"),
+        pytest.param("Pending", True, id="pending"),
+        pytest.param("Running", True, id="running"),
+        pytest.param("Unknown", True, id="unknown"),
+        pytest.param("Succeeded", False, id="succeeded"),
+        pytest.param("Failed", False, id="failed"),
+    ],
+)
+def test_one_terminal_phase_rule_for_both_feeds(phase: str | None, live: bool) -> None:
+    obj = gpu_pod("p", node_name="small", phase=phase)
+    assert is_live(obj) is live
+    model, pods = stores()
+    pods.upsert(obj)
+    # The quota's records and the ledger agree, whichever feed delivered the pod.
+    assert (len(pods) == 1, model.ledger.holding("p") is not None) == (live, live)
+
+
+def test_either_feed_fills_the_same_ledger() -> None:
+    everything, pods = stores()
+    pods.replace([gpu_pod("bound", node_name="small"), gpu_pod("unbound")])
+    bound_only, _ = stores()
+    bound_only.pods.replace([gpu_pod("bound", node_name="small")])
+    assert everything.ledger.holding("bound") == bound_only.ledger.holding("bound")
+    assert everything.ledger.holding("unbound") is None
+    assert everything.ledger.pod_count() == bound_only.ledger.pod_count() == 1
+    assert everything.usage("team-a") == NamespaceUsage(20 * GiB + 40 * GiB, 2)
+
+
+def test_replicas_share_one_template_and_it_goes_with_the_last_of_them() -> None:
+    model, pods = stores()
+    pods.replace([gpu_pod(f"r{i}") for i in range(50)])
+    templates = {id(record.template) for record in model.records.values()}
+    assert len(templates) == 1
+    (template,) = {record.template for record in model.records.values()}
+    assert set(template.pod["spec"]) == {"containers"}  # only what demand reads
+    assert set(template.pod["metadata"]) == {"annotations"}
+    pods.replace([])
+    del template
+    gc.collect()
+    assert len(model._templates) == 0
+
+
+def test_a_policy_change_re_derives_the_quota_per_template() -> None:
+    clock = Clock()
+    model, pods = stores(clock)
+    jax = pod(container("jax", env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.01"}))
+    jax["metadata"].update(uid="j", name="j", namespace="team-a")
+    pods.upsert(jax)
+    before = model.usage("team-a").bytes
+    model.set_policy(default_policy().model_copy(update={"gpu_resources": ["example.com/gpu"]}))
+    # The pod's resource is no GPU under the new policy: its template's claims are derived again.
+    assert model.usage("team-a").bytes != before
