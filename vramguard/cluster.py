@@ -304,9 +304,10 @@ class ClusterState:
         choice: ClassChoice,
         uid: str,
         recorded: Mapping[str, tuple[str, ...]] | None = None,
+        template_key: str | None = None,
     ) -> PodClaims:
         """``pod_claims`` of the pod's demand, with ``recorded`` devices as intended; cached per template."""
-        template = _template_key(pod)
+        template = _template_key(pod) if template_key is None else template_key
         key = (template, choice.name, choice.qos.unknown_vram, tuple(sorted(recorded.items())) if recorded else ())
         shared = self._claims.get(key)
         if shared is None:
@@ -489,7 +490,9 @@ class ClusterState:
 
     # -- pods -----------------------------------------------------------------------------------
 
-    def bound_claims(self, pod: Mapping[str, Any], choice: ClassChoice | None = None) -> PodClaims:
+    def bound_claims(
+        self, pod: Mapping[str, Any], choice: ClassChoice | None = None, template: Template | None = None
+    ) -> PodClaims:
         """The claims of a pod already on a node: unknown VRAM holds a whole GPU, whatever its
         class says (it runs, so it counts), and the devices recorded at bind are kept as intended."""
         choice = self.choose_class(pod) if choice is None else choice
@@ -498,7 +501,7 @@ class ClusterState:
             choice = ClassChoice(choice.name, whole_gpu, choice.source)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         recorded = _recorded_placement(annotations.get(PLACEMENT_ANNOTATION) if isinstance(annotations, dict) else None)
-        return self._pod_claims(pod, choice, pod_key(pod).uid, recorded)
+        return self._pod_claims(pod, choice, pod_key(pod).uid, recorded, template.key if template else None)
 
     def _upsert_pod(self, pod: JSON) -> None:
         """Either feed: every live pod (the webhook, the CLI) or the bound ones (the extender)."""
@@ -510,12 +513,13 @@ class ClusterState:
             self._forget(key.uid)
             return
         choice = self.choose_class(pod)
-        self._record(key, pod, choice)
+        template = self._template(pod)
+        self._record(key, pod, choice, template)
         if not node:
             self._forget(key.uid)
             return
         self.in_flight.pop(key.uid, None)
-        claims = self.bound_claims(pod, choice)
+        claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key.ref(), claims.claims)
         self._bound[key.uid] = node
         self.priorities[key.uid] = pod_priority(pod)
@@ -526,11 +530,10 @@ class ClusterState:
         self._drop_record(uid)
         self._forget(uid)
 
-    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice) -> None:
+    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice, template: Template) -> None:
         """Keep (or drop) the record of a live pod that names a GPU resource."""
         if not key.uid:
             return
-        template = self._template(pod)
         if not self._demand(template.pod, template.key).wants_gpu:
             self._drop_record(key.uid)
             return
