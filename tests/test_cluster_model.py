@@ -212,12 +212,16 @@ def test_either_feed_fills_the_same_ledger() -> None:
 
 def test_replicas_share_one_template_and_it_goes_with_the_last_of_them() -> None:
     model, pods = stores()
-    pods.replace([gpu_pod(f"r{i}") for i in range(50)])
+    replicas = [gpu_pod(f"r{i}") for i in range(50)]
+    for replica in replicas:  # an unslimmed feed: the model keeps no more than a slim one
+        replica["spec"]["containers"][0]["volumeMounts"] = [{"name": "cache", "mountPath": "/cache"}]
+    pods.replace(replicas)
     templates = {id(record.template) for record in model.records.values()}
     assert len(templates) == 1
     (template,) = {record.template for record in model.records.values()}
     assert set(template.pod["spec"]) == {"containers"}  # only what demand reads
     assert set(template.pod["metadata"]) == {"annotations"}
+    assert set(template.pod["spec"]["containers"][0]) <= {"name", "image", "command", "args", "env", "resources"}
     pods.replace([])
     del template
     gc.collect()

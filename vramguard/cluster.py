@@ -170,6 +170,8 @@ class PodRecord:
     trusts_env_only: bool
     """Whether the pod's class believes engines recognised from environment variables only; where
     it does not, such a container counts as unknown VRAM (a whole device), as admission counts it."""
+    priority: int
+    """``spec.priority``, for preemption."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +228,6 @@ class ClusterState:
         """Bound pod UID -> node, for the pods the ledger holds because the API says so."""
         self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
         """Pod UID -> (node, pod, claims) reserved by bind and not yet seen bound by the watch."""
-        self.priorities: dict[str, int] = {}
-        """Bound pod UID -> its priority, for preemption."""
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
         self.pods = _SuspectingDelegate(self._relist_pods, self._upsert_pod, self._delete_pod, self._suspect)
         self.suspects: set[str] = set()
@@ -522,7 +522,6 @@ class ClusterState:
         claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key.ref(), claims.claims)
         self._bound[key.uid] = node
-        self.priorities[key.uid] = pod_priority(pod)
 
     def _delete_pod(self, pod: JSON) -> None:
         uid = pod_key(pod).uid
@@ -541,7 +540,7 @@ class ClusterState:
         node = spec.get("nodeName") if isinstance(spec, Mapping) else None
         record = PodRecord(
             key.namespace, key.name, node if isinstance(node, str) else "", template,
-            choice.qos.trust_env_only_engines,
+            choice.qos.trust_env_only_engines, pod_priority(pod),
         )
         previous = self.records.get(key.uid)
         if previous == record:
@@ -572,14 +571,12 @@ class ClusterState:
                 del self._by_namespace[record.namespace]
 
     def _forget(self, uid: str) -> None:
-        self.priorities.pop(uid, None)
         node = self._bound.pop(uid, None)
         if node is None and uid in self.in_flight:
             return  # being bound right now; the bind itself releases it if it fails
         self.ledger.release(uid)
 
     def _replace_pods(self, pods: list[JSON]) -> None:
-        self.priorities.clear()
         self.records.clear()
         self._by_namespace.clear()
         self._sums.clear()
@@ -692,6 +689,11 @@ class ClusterState:
         if entry is not None and uid not in self._bound:
             self.ledger.release(uid)
 
+    def priority(self, uid: str) -> int:
+        """The priority of a pod the watch shows bound (0 for any other)."""
+        record = self.records.get(uid)
+        return record.priority if record is not None and uid in self._bound else 0
+
     def is_bound(self, uid: str) -> str | None:
         """The node a pod is bound to, as the watch last said."""
         return self._bound.get(uid)
@@ -760,7 +762,8 @@ def _template_pod(pod: Mapping[str, Any]) -> JSON:
     spec = pod.get("spec")
     kept: JSON = {}
     if isinstance(spec, Mapping):
-        kept = {k: spec[k] for k in ("containers", "initContainers") if k in spec}
+        kept = slim_pod({"spec": {k: spec[k] for k in ("containers", "initContainers") if k in spec}})["spec"]
+        del kept["nodeName"], kept["priority"]
     declared = (
         {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(VRAM_ANNOTATION_PREFIX)}
         if isinstance(annotations, Mapping)
