@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from extender.app import build_app
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
-from vramguard.cluster import ClusterState, slim_node, slim_pod
+from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.io.kube import MAX_EVENT_BYTES, Connection, KubeClient
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import Address, ServerSettings, run_https
@@ -26,7 +26,7 @@ from vramguard.policy import PolicyFile, default_policy
 logger = logging.getLogger(__name__)
 
 # Bound, non-terminal pods only: a pod leaving this set arrives as a DELETED event.
-BOUND_PODS = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
+BOUND_PODS = {"fieldSelector": BOUND_PODS_SELECTOR}
 POLICY_RELOAD_SECONDS = 10.0
 LEASE_CHECK_SECONDS = 2.0
 """How often expired agent Leases are looked for: a Lease expires without any watch event."""

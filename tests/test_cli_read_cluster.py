@@ -12,7 +12,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from vramguard.cli.kubectl_vram import LIVE_PODS, read_cluster
+from vramguard.cli.kubectl_vram import read_cluster
+from vramguard.cluster import LIVE_PODS_SELECTOR
 
 TOKEN = "from-the-exec-plugin"
 
@@ -78,7 +79,7 @@ async def test_one_listing_through_the_services_client(tmp_path: Path) -> None:
     assert policy_text == "enforcement: warn\n"
     assert {auth for _, _, auth in fake.asked} == {f"Bearer {TOKEN}"}
     pod_queries = [query for path, query, _ in fake.asked if path == "/api/v1/pods"]
-    assert pod_queries and all(q["fieldSelector"] == LIVE_PODS for q in pod_queries)
+    assert pod_queries and all(q["fieldSelector"] == LIVE_PODS_SELECTOR for q in pod_queries)
 
 
 async def test_workloads_are_listed_only_for_the_audit(tmp_path: Path) -> None:

@@ -40,8 +40,13 @@ from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
 
 PLACEMENT_ANNOTATION = "vramguard.io/placement"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_TERMINAL = ("Succeeded", "Failed")
+TERMINAL_PHASES = frozenset(_TERMINAL)
 """A pod in these phases holds no GPU, whichever watch delivered it (see :func:`is_live`)."""
+LIVE_PODS_SELECTOR = ",".join(f"status.phase!={phase}" for phase in _TERMINAL)
+"""The field selector of a live-pod feed (the webhook, the CLI): a pod that finishes leaves it as DELETED."""
+BOUND_PODS_SELECTOR = f"spec.nodeName!=,{LIVE_PODS_SELECTOR}"
+"""The field selector of the bound-pod feed (the extender)."""
 PENDING_TTL = 30.0
 """Seconds an admitted pod counts for its namespace's quota before the watch shows it: long enough
 for the watch to deliver a created pod under load, short enough that a pod the API server refused

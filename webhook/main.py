@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from vramguard.cluster import slim_node, slim_pod
+from vramguard.cluster import LIVE_PODS_SELECTOR, slim_node, slim_pod
 from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, KubeClient
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import RunningServer, ServerSettings, run_https
@@ -28,7 +28,7 @@ __all__ = ["POD_FIELD_SELECTOR", "WebhookSettings", "run_webhook"]
 logger = logging.getLogger(__name__)
 
 # Finished pods hold no GPU; the watch then reports a pod that finishes as DELETED.
-POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+POD_FIELD_SELECTOR = LIVE_PODS_SELECTOR
 POLICY_REFRESH_INTERVAL = 10.0
 
 

@@ -40,7 +40,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 POLICY_NAMESPACE = "vramguard-system"
 POLICY_CONFIGMAP = "vramguard-policy"
 POLICY_KEY = "policy.yaml"
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 JSON = dict[str, Any]
 
 
@@ -97,6 +96,7 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
     """One listing, through one client and its pager, the lists read concurrently."""
     import asyncio  # noqa: PLC0415
 
+    from vramguard.cluster import LIVE_PODS_SELECTOR  # noqa: PLC0415
     from vramguard.io.kube import ApiError, KubeClient  # noqa: PLC0415
 
     async with KubeClient(connection) as client:
@@ -131,7 +131,7 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
             asyncio.gather(
                 items("/api/v1/nodes", "Node", "v1"),
                 items("/api/v1/namespaces", "Namespace", "v1"),
-                items("/api/v1/pods", "Pod", "v1", {"fieldSelector": LIVE_PODS}),
+                items("/api/v1/pods", "Pod", "v1", {"fieldSelector": LIVE_PODS_SELECTOR}),
                 agent_leases(),
                 *(items(*workload) for workload in (WORKLOADS if workloads else ())),
             ),
