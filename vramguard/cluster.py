@@ -229,8 +229,6 @@ class ClusterState:
         self._largest_node: int | None = None
         self._selection: dict[str, NodeSelection] = {}
         """Per node: what bind checks the pod's node selection and tolerations against."""
-        self._bound: dict[str, str] = {}
-        """Bound pod UID -> node, for the pods the ledger holds because the API says so."""
         self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
         """Pod UID -> (node, pod, claims) reserved by bind and not yet seen bound by the watch."""
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
@@ -249,7 +247,8 @@ class ClusterState:
         self._templates: weakref.WeakValueDictionary[str, Template] = weakref.WeakValueDictionary()
         """Every template a record points at, once (it goes with its last record)."""
         self.records: dict[str, PodRecord] = {}
-        """Pod UID -> record, for every live GPU pod the pod feed delivered (bound or not)."""
+        """Pod UID -> record, for every live pod naming a GPU resource that the pod feed delivered
+        (bound or not); the bound ones are those the ledger holds because the API says so."""
         self._by_namespace: dict[str, set[str]] = {}
         self._pending: dict[str, _Pending] = {}
         self._monotonic = monotonic
@@ -512,40 +511,37 @@ class ClusterState:
         """Either feed: every live pod (the webhook, the CLI) or the bound ones (the extender)."""
         key = pod_key(pod)
         self._pending.pop(key.uid, None)
-        node = (pod.get("spec") or {}).get("nodeName")
+        was_bound = self.is_bound(key.uid) is not None
+        spec = pod.get("spec")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
         if not is_live(pod) or not asks_for_gpu(pod, self.options):
             self._drop_record(key.uid)
-            self._forget(key.uid)
+            self._release(key.uid, was_bound)
             return
         choice = self.choose_class(pod)
         template = self._template(pod)
-        self._record(key, pod, choice, template)
-        if not node:
-            self._forget(key.uid)
+        if not node or not isinstance(node, str):
+            self._record(key, pod, choice, template, "")
+            self._release(key.uid, was_bound)
             return
         self.in_flight.pop(key.uid, None)
         claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key.ref(), claims.claims)
-        self._bound[key.uid] = node
+        self._record(key, pod, choice, template, node)
 
     def _delete_pod(self, pod: JSON) -> None:
         uid = pod_key(pod).uid
         self._pending.pop(uid, None)
+        was_bound = self.is_bound(uid) is not None
         self._drop_record(uid)
-        self._forget(uid)
+        self._release(uid, was_bound)
 
-    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice, template: Template) -> None:
-        """Keep (or drop) the record of a live pod that names a GPU resource."""
+    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice, template: Template, node: str) -> None:
+        """Keep the record of a live pod that names a GPU resource (bound to ``node``, or ``""``)."""
         if not key.uid:
             return
-        if not self._demand(template.pod, template.key).wants_gpu:
-            self._drop_record(key.uid)
-            return
-        spec = pod.get("spec") or {}
-        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
         record = PodRecord(
-            key.namespace, key.name, node if isinstance(node, str) else "", template,
-            choice.qos.trust_env_only_engines, pod_priority(pod),
+            key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod)
         )
         previous = self.records.get(key.uid)
         if previous == record:
@@ -575,23 +571,23 @@ class ClusterState:
             if not members:
                 del self._by_namespace[record.namespace]
 
-    def _forget(self, uid: str) -> None:
-        node = self._bound.pop(uid, None)
-        if node is None and uid in self.in_flight:
+    def _release(self, uid: str, was_bound: bool) -> None:
+        """The pod holds nothing the watch says (any more): free what the ledger holds for it."""
+        if not was_bound and uid in self.in_flight:
             return  # being bound right now; the bind itself releases it if it fails
         self.ledger.release(uid)
 
     def _replace_pods(self, pods: list[JSON]) -> None:
+        for uid, record in self.records.items():
+            if record.node:
+                self.ledger.release(uid)
         self.records.clear()
         self._by_namespace.clear()
         self._sums.clear()
-        for uid in list(self._bound):
-            del self._bound[uid]
-            self.ledger.release(uid)
         for pod in pods:
             self._upsert_pod(pod)
         for uid, (node, ref, claims) in self.in_flight.items():
-            if uid not in self._bound:
+            if self.is_bound(uid) is None:
                 self.ledger.hold(node, ref, claims.claims)
 
     # -- nodes held back after an unreadable watch event ---------------------------------------
@@ -670,6 +666,8 @@ class ClusterState:
         unsized: dict[str, str] = {}
         for uid in self._by_namespace.get(namespace, ()):
             record = self.records[uid]
+            if not self._demand(record.template.pod, record.template.key).wants_gpu:
+                continue  # names a GPU resource, asks for no device
             held[uid], missing = claims_bytes(self.quota_claims(record), self._offers_for(record.node))
             if missing:
                 unsized[uid] = record.name
@@ -691,17 +689,18 @@ class ClusterState:
     def abort_bind(self, uid: str) -> None:
         """Bind failed: release what it reserved, unless the watch already shows the pod bound."""
         entry = self.in_flight.pop(uid, None)
-        if entry is not None and uid not in self._bound:
+        if entry is not None and self.is_bound(uid) is None:
             self.ledger.release(uid)
 
     def priority(self, uid: str) -> int:
         """The priority of a pod the watch shows bound (0 for any other)."""
         record = self.records.get(uid)
-        return record.priority if record is not None and uid in self._bound else 0
+        return record.priority if record is not None and record.node else 0
 
     def is_bound(self, uid: str) -> str | None:
-        """The node a pod is bound to, as the watch last said."""
-        return self._bound.get(uid)
+        """The node a GPU pod is bound to, as the watch last said."""
+        record = self.records.get(uid)
+        return record.node if record is not None and record.node else None
 
     def node_names(self) -> Iterable[str]:
         """Every node with an inventory."""
