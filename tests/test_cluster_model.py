@@ -10,8 +10,9 @@ import pytest
 
 from tests.podspecs import container, pod
 from vramguard.admission import NamespaceUsage, quota_claims
-from vramguard.cluster import PENDING_TTL, ClusterState, is_live
+from vramguard.cluster import PENDING_TTL, ClusterState, PodKey, is_live
 from vramguard.demand import derive_pod_demand
+from vramguard.ledger import PodRef
 from vramguard.policy import Policy, default_policy
 
 GiB = 1 << 30
@@ -238,3 +239,17 @@ def test_a_policy_change_re_derives_the_quota_per_template() -> None:
     model.set_policy(default_policy().model_copy(update={"gpu_resources": ["example.com/gpu"]}))
     # The pod's resource is no GPU under the new policy: its template's claims are derived again.
     assert model.usage("team-a").bytes != before
+
+
+def test_the_all_pods_feed_showing_a_pod_unbound_keeps_its_bind_in_flight() -> None:
+    model, pods = stores()
+    unbound = gpu_pod("x")
+    claims = model.claims_for(unbound, model.choose_class(unbound))
+    model.ledger.hold("small", PodRef("x", "team-a", "x"), claims.claims)
+    model.begin_bind("small", PodKey("x", "team-a", "x"), claims)
+    pods.upsert(unbound)  # the webhook's feed sees the pod before the Binding
+    assert model.ledger.holding("x") is not None and model.is_bound("x") is None
+    pods.upsert(gpu_pod("x", node_name="small"))
+    assert model.is_bound("x") == "small" and "x" not in model.in_flight
+    pods.delete(gpu_pod("x", node_name="small"))
+    assert model.ledger.holding("x") is None and model.is_bound("x") is None
