@@ -81,8 +81,8 @@ def review_body(index: int = 0) -> bytes:
 def make_state() -> WebhookState:
     """A cluster of 20 time-sliced 8-GPU nodes and 40 live GPU pods in the quota's namespace."""
     state = WebhookState(PolicySource(POLICY))
-    state.namespaces.replace([{"metadata": {"name": NAMESPACE, "labels": {"vramguard.io/enforce": "enforce"}}}])
-    state.nodes.replace([
+    state.cluster.namespaces.replace([{"metadata": {"name": NAMESPACE, "labels": {"vramguard.io/enforce": "enforce"}}}])
+    state.cluster.nodes.replace([
         {"metadata": {"name": f"gpu-{i}", "labels": {
             "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.replicas": "4",
             "nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
@@ -95,7 +95,7 @@ def make_state() -> WebhookState:
         obj["metadata"].update(name=f"live-{i}", uid=f"live-{i}")
         obj["spec"]["nodeName"] = f"gpu-{i % 20}"
         pods.append(obj)
-    state.pods.replace(pods)
+    state.cluster.pods.replace(pods)
     return state
 
 

@@ -51,6 +51,6 @@ def ledger_from_api(cluster: Any) -> ClusterState:
     state.leases.replace(cluster.request("GET", AGENT_LEASES)["items"])
     state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
     state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
-    pods = cluster.request("GET", "/api/v1/pods")["items"]
-    state.pods.replace([p for p in pods if p["spec"].get("nodeName")])
+    # Every pod, as the webhook's feed: the model's ledger keeps the bound, live GPU pods among them.
+    state.pods.replace(cluster.request("GET", "/api/v1/pods")["items"])
     return state

@@ -13,15 +13,12 @@ import gc
 import logging
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
-
 from extender.app import build_app
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
-from vramguard.cluster import ClusterState, slim_node, slim_pod
-from vramguard.io.http import Readiness
-from vramguard.io.kube import MAX_EVENT_BYTES, Connection, Informer, KubeClient, WatchMetrics
+from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
+from vramguard.io.kube import MAX_EVENT_BYTES, Connection, KubeClient
+from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import Address, ServerSettings, run_https
-from vramguard.io.supervise import supervise
 from vramguard.io.tls import ReloadingTLSContext
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import PolicyFile, default_policy
@@ -29,7 +26,7 @@ from vramguard.policy import PolicyFile, default_policy
 logger = logging.getLogger(__name__)
 
 # Bound, non-terminal pods only: a pod leaving this set arrives as a DELETED event.
-BOUND_PODS = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
+BOUND_PODS = {"fieldSelector": BOUND_PODS_SELECTOR}
 POLICY_RELOAD_SECONDS = 10.0
 LEASE_CHECK_SECONDS = 2.0
 """How often expired agent Leases are looked for: a Lease expires without any watch event."""
@@ -58,44 +55,33 @@ async def run(settings: ExtenderSettings) -> None:
     policy = policy_file.policy if policy_file is not None else default_policy()
     state = ClusterState(policy, agent_namespace=settings.agent_namespace)
     client = KubeClient(settings.connection, max_event_bytes=settings.max_event_bytes)
-    registry = CollectorRegistry()
-    watch_metrics = WatchMetrics(registry)
-    informers = [
-        Informer(client, "/api/v1/nodes", state.nodes, slim=slim_node, metrics=watch_metrics),
-        Informer(client, "/api/v1/namespaces", state.namespaces, metrics=watch_metrics),
-        Informer(client, "/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod, metrics=watch_metrics),
-        Informer(
-            client,
-            f"/apis/coordination.k8s.io/v1/namespaces/{settings.agent_namespace}/leases",
-            state.leases,
-            metrics=watch_metrics,
-        ),
-    ]
+    # Nodes and namespaces first, so that the pods' claims see their classes and devices.
+    runtime = ServiceRuntime(client, [
+        Watch("/api/v1/nodes", state.nodes, slim=slim_node),
+        Watch("/api/v1/namespaces", state.namespaces),
+        Watch("/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
+        Watch(f"/apis/coordination.k8s.io/v1/namespaces/{settings.agent_namespace}/leases", state.leases),
+    ])
     synced = asyncio.Event()
-    readiness = Readiness({f"watch-{informer.resource}": informer.healthy for informer in informers})
     verbs = Verbs(state, client)
-    app = build_app(verbs, synced, readiness, registry, operational_routes=False)
+    app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False)
 
     async def wait_synced() -> None:
-        # Nodes and namespaces first, so that the pods' claims see their classes and devices.
-        for informer in informers:
-            await informer.synced.wait()
+        await runtime.wait_synced()
         synced.set()
         # The synced state is long-lived: moved out of the collector's reach, a full collection no
         # longer walks 50,000 pods' objects (a 300 ms stall of every request on the loop).
         gc.freeze()
         logger.info("caches synced: %d nodes, %d GPU pods", len(list(state.node_names())), state.ledger.pod_count())
 
-    async def watch_policy() -> None:
+    def reload_policy() -> None:
         assert policy_file is not None
-        while True:
-            await asyncio.sleep(POLICY_RELOAD_SECONDS)
-            new, error = policy_file.reload()
-            if error:
-                logger.error("policy %s not reloaded: %s", policy_file.path, error)
-            elif new is not state.policy:
-                state.set_policy(new)
-                logger.info("policy %s reloaded", policy_file.path)
+        new, error = policy_file.reload()
+        if error:
+            logger.error("policy %s not reloaded: %s", policy_file.path, error)
+        elif new is not state.policy:
+            state.set_policy(new)
+            logger.info("policy %s reloaded", policy_file.path)
 
     async def confirm_in_flight() -> None:
         # Reservations whose watch event never came (a lost Binding, a pod deleted meanwhile) are
@@ -115,14 +101,13 @@ async def run(settings: ExtenderSettings) -> None:
                 reason = inventory.distrust if inventory is not None else None
                 logger.warning("node %s: %s", node, reason or "agent report trusted again")
 
-    background = {f"watch {informer.path}": informer.run() for informer in informers}
-    background["wait-synced"] = wait_synced()
-    background["lease-expiry"] = expire_leases()
-    background["confirm-in-flight"] = confirm_in_flight()
+    runtime.tasks["wait-synced"] = wait_synced()
+    runtime.tasks["lease-expiry"] = expire_leases()
+    runtime.tasks["confirm-in-flight"] = confirm_in_flight()
     if policy_file is not None:
-        background["policy-reload"] = watch_policy()
+        runtime.tasks["policy-reload"] = reload_every(POLICY_RELOAD_SECONDS, reload_policy)
     try:
-        await supervise(
+        await runtime.serve(
             run_https(
                 app,
                 settings.host,
@@ -131,7 +116,6 @@ async def run(settings: ExtenderSettings) -> None:
                 settings=settings.server,
                 operational=settings.operational,
             ),
-            background,
             may_finish={"wait-synced"},
         )
     finally:

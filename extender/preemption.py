@@ -41,7 +41,7 @@ def _holders(state: ClusterState, node: str, priority: int) -> list[Holder]:
         held = ledger.holding(uid)
         if held is None:
             continue
-        holder_priority = state.priorities.get(uid, 0)
+        holder_priority = state.priority(uid)
         # Only pods the watch saw bound there: the scheduler knows them and can evict them.
         evictable = state.is_bound(uid) == node and holder_priority < priority
         holders.append(Holder(held[0], held[2], holder_priority, evictable))

@@ -176,7 +176,7 @@ def test_priority_survives_the_slim_watch_objects() -> None:
     """The informers keep slim pods: the priority must be among the fields kept, or every holder looks evictable."""
     state, _, _ = make([gpu_node("ts")])
     state.pods.upsert(slim_pod(prioritized("vip", "0.8", 2_000_000)))
-    assert state.priorities == {"uid-vip": 2_000_000}
+    assert state.priority("uid-vip") == 2_000_000
     assert preempt(state, prioritized("new", "0.5", 1000, node=None), {"ts": (["uid-vip"], 0)}) == {}
     state.pods.delete(slim_pod(prioritized("vip", "0.8", 2_000_000)))
-    assert state.priorities == {}
+    assert state.priority("uid-vip") == 0

@@ -21,7 +21,6 @@ from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.io.http import Readiness
 from vramguard.policy import Policy, PolicyFile, default_policy
 from webhook.app import BODY_LIMIT, PolicySource, WebhookState, create_webhook_app
-from webhook.state import FanOut
 
 POLICY_YAML = """
 default_class: best-effort
@@ -100,12 +99,12 @@ def make_state(
     lookup: Callable[[str], Awaitable[Mapping[str, Any] | None]] | None = None,
 ) -> WebhookState:
     state = WebhookState(PolicySource(policy), namespace_lookup=lookup)
-    # As in webhook.main: the quota's stores and the cluster model read the same watches.
-    FanOut(state.namespaces, state.cluster.namespaces).replace(
+    # As in webhook.main: one cluster model reads every watch.
+    state.cluster.namespaces.replace(
         [{"metadata": {"name": n, "labels": dict(labels)}} for n, labels in
          (namespaces or {"default": {ENFORCE_LABEL: "enforce"}}).items()])
-    FanOut(state.nodes, state.cluster.nodes).replace([gpu_node("gpu-1"), *nodes])
-    FanOut(state.pods, state.cluster.pods).replace(list(pods))
+    state.cluster.nodes.replace([gpu_node("gpu-1"), *nodes])
+    state.cluster.pods.replace(list(pods))
     return state
 
 
@@ -333,7 +332,7 @@ async def test_quota_counts_the_pods_the_watch_shows(client_for: Any) -> None:
     assert body["response"]["status"]["message"] == (
         "namespace team-a would hold 168Gi of its 160Gi VRAM quota (this pod 48Gi, 3 other pod(s) 120Gi)"
     )
-    state.pods.delete(running[0])
+    state.cluster.pods.delete(running[0])
     _, body = await post(client, admission_review(vllm_pod("0.6", namespace="team-a", uid="new"),
                                                   namespace="team-a"))
     assert body["response"]["allowed"] is True
@@ -355,7 +354,7 @@ async def test_dry_run_holds_no_quota(client_for: Any) -> None:
         _, body = await post(client, admission_review(vllm_pod("0.5", namespace="team-a", uid=f"u{i}"),
                                                       namespace="team-a", dry_run=True))
         assert body["response"]["allowed"] is True
-    assert state.pods.pending() == 0
+    assert state.cluster.pending_admissions() == 0
 
 
 async def test_namespace_the_watch_has_not_shown_is_looked_up(client_for: Any) -> None:
@@ -440,7 +439,7 @@ async def test_pod_created_on_a_node_must_fit_its_ledger(
 async def test_bound_pods_of_the_watch_fill_the_ledger_and_leave_it(client_for: Any) -> None:
     state = make_state(nodes=(gpu_node("g1", gpus=1),))
     client = await client_for(state)
-    pods = FanOut(state.pods, state.cluster.pods)
+    pods = state.cluster.pods
     pods.upsert(vllm_pod("0.9", name="b0", uid="b0", node="g1"))
     _, body = await post(client, admission_review(vllm_pod("0.9", uid="new", node="g1")))
     assert body["response"]["allowed"] is False
@@ -463,7 +462,7 @@ async def test_quota_counts_live_env_only_engines_as_whole_gpus_where_the_class_
         live.append(obj)
     state = make_state(policy, namespaces={"team-a": {ENFORCE_LABEL: "enforce"}}, pods=tuple(live))
     # gpu-1 offers 80 GiB GPUs: the distrusted pod holds all 80 GiB, the trusted one 1% of it.
-    usage = state.pods.usage("team-a")
+    usage = state.cluster.usage("team-a")
     assert usage.bytes == 80 * GiB + int(80 * GiB * 0.01) // 1
     assert usage.pods == 2
 
@@ -475,7 +474,7 @@ async def test_gpus_over_budget_are_a_metric(client_for: Any) -> None:
     client = await client_for(state)
     text = await (await client.get("/metrics")).text()
     assert "vramguard_webhook_gpus_over_budget 1.0" in text
-    FanOut(state.pods, state.cluster.pods).delete(vllm_pod("0.9", name="b1", uid="b1", node="g1"))
+    state.cluster.pods.delete(vllm_pod("0.9", name="b1", uid="b1", node="g1"))
     text = await (await client.get("/metrics")).text()
     assert "vramguard_webhook_gpus_over_budget 0.0" in text
 
@@ -539,7 +538,7 @@ async def test_policy_file_changes_apply_without_a_restart(client_for: Any, tmp_
     path.write_text(POLICY_YAML)
     source = PolicySource.from_file(PolicyFile(path))
     state = WebhookState(source)
-    state.nodes.replace([gpu_node("gpu-1")])
+    state.cluster.nodes.replace([gpu_node("gpu-1")])
     client = await client_for(state)
     _, body = await post(client, admission_review(vllm_pod("1.5")))
     assert body["response"]["allowed"] is False  # enforcement: enforce

@@ -42,14 +42,14 @@ class Webhook:
 
     def __init__(self) -> None:
         state = WebhookState(PolicySource(POLICY))
-        state.namespaces.replace([
+        state.cluster.namespaces.replace([
             {"metadata": {"name": "enforced", "labels": {"vramguard.io/enforce": "enforce"}}},
             {"metadata": {"name": "warned", "labels": {"vramguard.io/enforce": "warn"}}},
             {"metadata": {"name": "audited", "labels": {"vramguard.io/enforce": "audit",
                                                         "vramguard.io/qos-class": "guaranteed"}}},
             {"metadata": {"name": "team-a", "labels": {"vramguard.io/enforce": "bogus"}}},
         ])
-        state.nodes.replace([{
+        state.cluster.nodes.replace([{
             "metadata": {"name": "n", "labels": {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "81920",
                                                  "nvidia.com/gpu.replicas": "4",
                                                  "nvidia.com/gpu.sharing-strategy": "time-slicing"}},

@@ -68,9 +68,9 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Literal
 
-from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION, is_vramguard_key
+from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION
 from vramguard.demand import MAX_DEVICES, DemandOptions, PodDemand, Vram, derive_pod_demand
-from vramguard.demand.derive import GROUP_SIZE_ANNOTATION
+from vramguard.demand.derive import reads_annotation
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
@@ -415,7 +415,7 @@ class AdmissionRules:
         annotations = {
             k: v
             for k, v in _mapping(metadata.get("annotations")).items()
-            if isinstance(k, str) and (is_vramguard_key(k) or k == GROUP_SIZE_ANNOTATION)
+            if isinstance(k, str) and reads_annotation(k)
         }
         try:
             text = json.dumps([template.get("spec"), annotations], separators=(",", ":"))

@@ -1,39 +1,63 @@
-"""The cluster as vramguard sees it: nodes, namespaces and bound GPU pods, kept by informers.
+"""The one cluster model: nodes, namespaces, GPU pods and agent Leases, fed by watch events.
 
-Everything here is derived from the API server, so a restart loses nothing: the ledger is rebuilt
-from the Nodes (GPU Feature Discovery labels, the agent's report) and from the bound, non-terminal
-pods that hold GPU resources, whoever placed them. Only a few fields of each object are kept.
+Every service and CLI builds its picture of the cluster here: the extender (bound pods only), the
+webhook (every live pod), ``vramguard audit`` and ``kubectl vram`` (one listing). Each kind has
+``replace`` (a full list), ``upsert`` and ``delete``; the model keeps slim records, never objects:
 
-Reservations made by ``bind`` that the watch has not confirmed yet are *in flight*; a re-list keeps
-them, so no interleaving of watch events and binds can drop a reservation and overcommit a GPU.
+- per node its inventory (GPU Feature Discovery labels, the agent's report under a fresh Lease),
+  labels and taints, and what it offers per GPU resource (admission sizes pods on that);
+- per namespace its labels (enforcement mode, default class);
+- per live GPU pod a :class:`PodRecord` pointing at a shared :class:`Template` (replicas of a
+  workload share one), from which demand is derived once per template and policy;
+- the ledger of the bound GPU pods, whoever placed them; binds in flight; nodes held back;
+- the quota's sums per namespace, and admissions pending (admitted, not yet seen by the watch).
+
+Everything is derived from the API server, so a restart loses nothing. Reservations made by
+``bind`` that the watch has not confirmed yet are *in flight*; a re-list keeps them, so no
+interleaving of watch events and binds can drop a reservation and overcommit a GPU. Likewise a pod
+admitted a moment ago may not have reached the pod watch yet: without care two pods reviewed back
+to back would both see the quota's old sum and both be admitted, so it is held as *pending* until
+the watch shows it (or :data:`PENDING_TTL` passes: the API server may have refused it after
+admission). Touched only from one event loop, so no locks.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cachetools import LRUCache
 
+from vramguard.admission import NamespaceUsage, claims_bytes, offers_from_inventories, quota_claims
 from vramguard.codecs import (
     AGENT_REPORT_ANNOTATION,
     PLACEMENT_ANNOTATION,
-    VRAM_ANNOTATION,
     Placement,
     agent_lease_nodes,
-    is_vramguard_key,
 )
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
+from vramguard.demand.derive import reads_annotation
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
-from vramguard.ledger import Ledger, PodRef
+from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_TERMINAL = ("Succeeded", "Failed")
+TERMINAL_PHASES = frozenset(_TERMINAL)
+"""A pod in these phases holds no GPU, whichever watch delivered it (see :func:`is_live`)."""
+LIVE_PODS_SELECTOR = ",".join(f"status.phase!={phase}" for phase in _TERMINAL)
+"""The field selector of a live-pod feed (the webhook, the CLI): a pod that finishes leaves it as DELETED."""
+BOUND_PODS_SELECTOR = f"spec.nodeName!=,{LIVE_PODS_SELECTOR}"
+"""The field selector of the bound-pod feed (the extender)."""
+PENDING_TTL = 30.0
+"""Seconds an admitted pod counts for its namespace's quota before the watch shows it: long enough
+for the watch to deliver a created pod under load, short enough that a pod the API server refused
+after the webhook admitted it does not hold quota for long."""
 JSON = dict[str, Any]
 CACHED_DEMANDS = 4096
 """Distinct pod templates whose demand and claims are kept (least recently used dropped first):
@@ -72,7 +96,7 @@ def slim_pod(pod: Mapping[str, Any]) -> JSON:
             "namespace": metadata.get("namespace"),
             "resourceVersion": metadata.get("resourceVersion"),
             "labels": metadata.get("labels"),
-            "annotations": {k: v for k, v in annotations.items() if is_vramguard_key(k)}
+            "annotations": {k: v for k, v in annotations.items() if reads_annotation(k)}
             if isinstance(annotations, dict) else None,
         },
         "spec": slim_spec,
@@ -93,7 +117,7 @@ def slim_node(node: Mapping[str, Any]) -> JSON:
             "uid": metadata.get("uid"),
             "resourceVersion": metadata.get("resourceVersion"),
             "labels": metadata.get("labels"),
-            "annotations": {k: v for k, v in annotations.items() if is_vramguard_key(k)}
+            "annotations": {k: v for k, v in annotations.items() if reads_annotation(k)}
             if isinstance(annotations, dict) else None,
         },
         "spec": {"taints": spec.get("taints") if isinstance(spec, dict) else None},
@@ -118,6 +142,59 @@ def asks_for_gpu(pod: Mapping[str, Any], options: DemandOptions) -> bool:
     return False
 
 
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod may hold a GPU: not Succeeded or Failed (the one terminal-phase rule)."""
+    status = pod.get("status")
+    return not (isinstance(status, Mapping) and status.get("phase") in TERMINAL_PHASES)
+
+
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class Template:
+    """What a pod's demand depends on (containers, init containers, VRAM annotations), shared by
+    every pod made from it: records point here, so demand is re-derived per template, not per pod."""
+
+    key: str
+    pod: JSON
+    """A pod-shaped object holding only those fields (what :func:`derive_pod_demand` reads)."""
+    quota: dict[tuple[int, bool], tuple[Claim, ...]] = field(default_factory=dict)
+    """Claims as the quota counts them, per (policy version, trusts env-only engines)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A live GPU pod, as slim as the model keeps it."""
+
+    namespace: str
+    name: str
+    node: str
+    """``spec.nodeName``; empty while the pod is not bound."""
+    template: Template
+    trusts_env_only: bool
+    """Whether the pod's class believes engines recognised from environment variables only; where
+    it does not, such a container counts as unknown VRAM (a whole device), as admission counts it."""
+    priority: int
+    """``spec.priority``, for preemption."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NamespaceSum:
+    """The bytes each live GPU pod of a namespace holds, as sized under one node generation."""
+
+    generation: int
+    held: dict[str, int]
+    unsized: dict[str, str]
+    """UID -> name of pods that could not be sized."""
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    namespace: str
+    node: str
+    claims: tuple[Claim, ...]
+    expires: float
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSelection:
     """What a pod's node selection and tolerations are checked against."""
@@ -135,8 +212,10 @@ class ClusterState:
         *,
         clock: Callable[[], float] = time.time,
         agent_namespace: str = DEFAULT_AGENT_NAMESPACE,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock``: seconds since the epoch, for the agents' Leases; ``agent_namespace``: where they are."""
+        """``clock``: seconds since the epoch, for the agents' Leases; ``agent_namespace``: where they
+        are; ``monotonic``: for the expiry of pending admissions."""
         self.policy = policy
         self.policy_version = 0
         """Counts policy reloads (cached verdicts are per version)."""
@@ -147,12 +226,8 @@ class ClusterState:
         self._largest_node: int | None = None
         self._selection: dict[str, NodeSelection] = {}
         """Per node: what bind checks the pod's node selection and tolerations against."""
-        self._bound: dict[str, str] = {}
-        """Bound pod UID -> node, for the pods the ledger holds because the API says so."""
         self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
         """Pod UID -> (node, pod, claims) reserved by bind and not yet seen bound by the watch."""
-        self.priorities: dict[str, int] = {}
-        """Bound pod UID -> its priority, for preemption."""
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
         self.pods = _SuspectingDelegate(self._relist_pods, self._upsert_pod, self._delete_pod, self._suspect)
         self.suspects: set[str] = set()
@@ -166,6 +241,21 @@ class ClusterState:
         # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
         self._demands: LRUCache[str, PodDemand] = LRUCache(CACHED_DEMANDS)
         self._claims: LRUCache[tuple[object, ...], PodClaims] = LRUCache(CACHED_DEMANDS)
+        self._templates: weakref.WeakValueDictionary[str, Template] = weakref.WeakValueDictionary()
+        """Every template a record points at, once (it goes with its last record)."""
+        self.records: dict[str, PodRecord] = {}
+        """Pod UID -> record, for every live pod naming a GPU resource that the pod feed delivered
+        (bound or not); the bound ones are those the ledger holds because the API says so."""
+        self._by_namespace: dict[str, set[str]] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._monotonic = monotonic
+        # Sizing every pod of a namespace on every review would cost more than the rules; the sums
+        # are kept per namespace until one of its pods or any node changes.
+        self._sums: dict[str, _NamespaceSum] = {}
+        self.node_generation = 0
+        """Changes whenever what the nodes offer may have changed (sizes computed earlier are stale)."""
+        self._offers: dict[str, ResourceOffer] | None = None
+        self._node_offers: dict[str, dict[str, ResourceOffer]] = {}
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -176,6 +266,7 @@ class ClusterState:
         self.options = demand_options(policy)
         self._demands.clear()
         self._claims.clear()
+        self._sums.clear()  # the quota's claims are re-derived per template under the new policy
         self.ledger.set_headrooms(policy.headrooms())
 
     def choose_class(self, pod: Mapping[str, Any]) -> ClassChoice:
@@ -214,9 +305,10 @@ class ClusterState:
         choice: ClassChoice,
         uid: str,
         recorded: Mapping[str, tuple[str, ...]] | None = None,
+        template_key: str | None = None,
     ) -> PodClaims:
         """``pod_claims`` of the pod's demand, with ``recorded`` devices as intended; cached per template."""
-        template = _template_key(pod)
+        template = _template_key(pod) if template_key is None else template_key
         key = (template, choice.name, choice.qos.unknown_vram, tuple(sorted(recorded.items())) if recorded else ())
         shared = self._claims.get(key)
         if shared is None:
@@ -235,26 +327,73 @@ class ClusterState:
     # -- nodes ----------------------------------------------------------------------------------
 
     def _upsert_node(self, node: JSON) -> None:
-        self._remember_selection(node)
-        inventory = read_inventory(
+        labels_changed = self._remember_selection(node)
+        inventory = self._read_inventory(node, self._report_distrust(node))
+        if self._inventories.get(inventory.node) == inventory:
+            if labels_changed:
+                self._nodes_changed()
+            return  # a status heartbeat: nothing vramguard reads has changed
+        self._inventories[inventory.node] = inventory
+        self._nodes_changed()
+        self.ledger.upsert_node(inventory)
+
+    def _read_inventory(self, node: Mapping[str, Any], distrust: str | None) -> NodeInventory:
+        return read_inventory(
             node,
             gpu_resources=tuple(self.policy.gpu_resources),
             mig_prefixes=tuple(self.policy.gpu_resource_prefixes),
-            distrust=self._report_distrust(node),
+            distrust=distrust,
         )
-        if self._inventories.get(inventory.node) == inventory:
-            return  # a status heartbeat: nothing vramguard reads has changed
-        self._inventories[inventory.node] = inventory
-        self._largest_node = None
-        self.ledger.upsert_node(inventory)
 
     def _delete_node(self, node: JSON) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
         self._inventories.pop(name, None)
         self._reported.pop(name, None)
-        self._largest_node = None
+        self._nodes_changed()
         self._selection.pop(name, None)
         self.ledger.remove_node(name)
+
+    def _nodes_changed(self) -> None:
+        self._largest_node = None
+        self._offers = None
+        self._node_offers = {}
+        self.node_generation += 1
+
+    def offers(self) -> dict[str, ResourceOffer]:
+        """Per GPU resource, the sizes and sharing strategies of the devices nodes offer (cached)."""
+        if self._offers is None:
+            self._offers = offers_from_inventories(
+                (self._offer_inventory(name) for name in self._inventories), self._offer_labels()
+            )
+        return self._offers
+
+    def node_offers(self, node: str) -> dict[str, ResourceOffer] | None:
+        """What one node offers, or ``None`` when the node is not known."""
+        cached = self._node_offers.get(node)
+        if cached is not None:
+            return cached
+        if node not in self._inventories:
+            return None
+        offers = offers_from_inventories([self._offer_inventory(node)], self._offer_labels([node]))
+        self._node_offers[node] = offers
+        return offers
+
+    def _offer_inventory(self, name: str) -> NodeInventory:
+        """The node's inventory as admission sizes pods on it: the agent's report as written, even
+        without a fresh Lease (admission sizes the devices; only the ledger's placements need the
+        report to be current)."""
+        inventory = self._inventories[name]
+        reported = self._reported.get(name)
+        if inventory.distrust is None or reported is None:
+            return inventory
+        return self._read_inventory(reported, None)
+
+    def _offer_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        chosen = self._selection if names is None else {n: self._selection[n] for n in names if n in self._selection}
+        return {
+            name: {k: v for k, v in selection.labels.items() if isinstance(k, str) and isinstance(v, str)}
+            for name, selection in chosen.items()
+        }
 
     def _replace_nodes(self, nodes: list[JSON]) -> None:
         seen = set()
@@ -306,14 +445,18 @@ class ClusterState:
         self.agent_leases.replace(leases)
         self.refresh_agent_reports()
 
-    def _remember_selection(self, node: JSON) -> None:
+    def _remember_selection(self, node: JSON) -> bool:
+        """Keep the node's labels and taints; returns whether its labels changed."""
         metadata = node.get("metadata") or {}
         spec = node.get("spec") or {}
         labels = metadata.get("labels") if isinstance(metadata, dict) else None
         taints = spec.get("taints") if isinstance(spec, dict) else None
-        self._selection[str(metadata.get("name", ""))] = NodeSelection(
+        name = str(metadata.get("name", ""))
+        previous = self._selection.get(name)
+        selection = self._selection[name] = NodeSelection(
             dict(labels) if isinstance(labels, dict) else {}, list(taints) if isinstance(taints, list) else []
         )
+        return previous is None or previous.labels != selection.labels
 
     def node_selection(self, name: str) -> NodeSelection | None:
         """The node's labels and taints as the watch last said, ``None`` for an unknown node."""
@@ -324,7 +467,15 @@ class ClusterState:
     def _upsert_namespace(self, namespace: JSON) -> None:
         metadata = namespace.get("metadata") or {}
         labels = metadata.get("labels")
-        self.namespace_labels[str(metadata.get("name", ""))] = dict(labels) if isinstance(labels, dict) else {}
+        self.namespace_labels[str(metadata.get("name", ""))] = (
+            {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+            if isinstance(labels, dict)
+            else {}
+        )
+
+    def upsert_namespace(self, namespace: Mapping[str, Any]) -> None:
+        """A namespace read outside the watch (one the watch has not delivered yet)."""
+        self._upsert_namespace(dict(namespace))
 
     def _delete_namespace(self, namespace: JSON) -> None:
         self.namespace_labels.pop(str((namespace.get("metadata") or {}).get("name", "")), None)
@@ -336,50 +487,101 @@ class ClusterState:
 
     # -- pods -----------------------------------------------------------------------------------
 
-    def bound_claims(self, pod: Mapping[str, Any]) -> PodClaims:
+    def bound_claims(
+        self, pod: Mapping[str, Any], choice: ClassChoice | None = None, template: Template | None = None
+    ) -> PodClaims:
         """The claims of a pod already on a node: unknown VRAM holds a whole GPU, whatever its
         class says (it runs, so it counts), and the devices recorded at bind are kept as intended."""
-        choice = self.choose_class(pod)
+        choice = self.choose_class(pod) if choice is None else choice
         if choice.qos.unknown_vram != "whole-gpu":
             whole_gpu = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
             choice = ClassChoice(choice.name, whole_gpu, choice.source)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         placement = annotations.get(PLACEMENT_ANNOTATION) if isinstance(annotations, dict) else None
         recorded = Placement.decode(placement).containers
-        return self._pod_claims(pod, choice, pod_key(pod).uid, recorded)
+        return self._pod_claims(pod, choice, pod_key(pod).uid, recorded, template.key if template else None)
 
     def _upsert_pod(self, pod: JSON) -> None:
+        """Either feed: every live pod (the webhook, the CLI) or the bound ones (the extender)."""
         key = pod_key(pod)
-        node = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if not node or phase in TERMINAL_PHASES or not asks_for_gpu(pod, self.options):
-            self._forget(key.uid)
+        self._pending.pop(key.uid, None)
+        was_bound = self.is_bound(key.uid) is not None
+        spec = pod.get("spec")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        if not is_live(pod) or not asks_for_gpu(pod, self.options):
+            self._drop_record(key.uid)
+            self._release(key.uid, was_bound)
+            return
+        choice = self.choose_class(pod)
+        template = self._template(pod)
+        if not node or not isinstance(node, str):
+            self._record(key, pod, choice, template, "")
+            self._release(key.uid, was_bound)
             return
         self.in_flight.pop(key.uid, None)
-        claims = self.bound_claims(pod)
+        claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key, claims.claims)
-        self._bound[key.uid] = node
-        self.priorities[key.uid] = pod_priority(pod)
+        self._record(key, pod, choice, template, node)
 
     def _delete_pod(self, pod: JSON) -> None:
-        self._forget(pod_key(pod).uid)
+        uid = pod_key(pod).uid
+        self._pending.pop(uid, None)
+        was_bound = self.is_bound(uid) is not None
+        self._drop_record(uid)
+        self._release(uid, was_bound)
 
-    def _forget(self, uid: str) -> None:
-        self.priorities.pop(uid, None)
-        node = self._bound.pop(uid, None)
-        if node is None and uid in self.in_flight:
+    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice, template: Template, node: str) -> None:
+        """Keep the record of a live pod that names a GPU resource (bound to ``node``, or ``""``)."""
+        if not key.uid:
+            return
+        record = PodRecord(
+            key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod)
+        )
+        previous = self.records.get(key.uid)
+        if previous == record:
+            return  # a status or metadata change that moves no VRAM
+        if previous is not None:
+            self._drop_record(key.uid)
+        self.records[key.uid] = record
+        self._by_namespace.setdefault(record.namespace, set()).add(key.uid)
+        self._sums.pop(record.namespace, None)
+
+    def _template(self, pod: Mapping[str, Any]) -> Template:
+        """The pod's template, interned: replicas share one object."""
+        key = _template_key(pod)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = Template(key, _template_pod(pod))
+        return template
+
+    def _drop_record(self, uid: str) -> None:
+        record = self.records.pop(uid, None)
+        if record is None:
+            return
+        self._sums.pop(record.namespace, None)
+        members = self._by_namespace.get(record.namespace)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del self._by_namespace[record.namespace]
+
+    def _release(self, uid: str, was_bound: bool) -> None:
+        """The pod holds nothing the watch says (any more): free what the ledger holds for it."""
+        if not was_bound and uid in self.in_flight:
             return  # being bound right now; the bind itself releases it if it fails
         self.ledger.release(uid)
 
     def _replace_pods(self, pods: list[JSON]) -> None:
-        self.priorities.clear()
-        for uid in list(self._bound):
-            del self._bound[uid]
-            self.ledger.release(uid)
+        for uid, record in self.records.items():
+            if record.node:
+                self.ledger.release(uid)
+        self.records.clear()
+        self._by_namespace.clear()
+        self._sums.clear()
         for pod in pods:
             self._upsert_pod(pod)
         for uid, (node, ref, claims) in self.in_flight.items():
-            if uid not in self._bound:
+            if self.is_bound(uid) is None:
                 self.ledger.hold(node, ref, claims.claims)
 
     # -- nodes held back after an unreadable watch event ---------------------------------------
@@ -400,6 +602,78 @@ class ClusterState:
             return f"node {node}: vramguard is re-reading its pods after an oversized watch event"
         return None
 
+    # -- the quota: live GPU pods and admissions pending ---------------------------------------
+
+    def quota_claims(self, record: PodRecord) -> tuple[Claim, ...]:
+        """A live pod's claims as the quota counts them (unknown VRAM holds a whole device), derived
+        once per template, policy and trust in env-only engines."""
+        key = (self.policy_version, record.trusts_env_only)
+        claims = record.template.quota.get(key)
+        if claims is None:
+            demand = self._demand(record.template.pod, record.template.key)
+            if not record.trusts_env_only and demand.env_only_guesses():
+                demand = demand.distrusting_env_only()
+            if any(version != self.policy_version for version, _ in record.template.quota):
+                record.template.quota.clear()
+            claims = record.template.quota[key] = quota_claims(demand)
+        return claims
+
+    def hold_admission(self, uid: str, namespace: str, claims: tuple[Claim, ...], node: str = "") -> None:
+        """Count a pod just admitted until the watch shows it (or :data:`PENDING_TTL` passes)."""
+        if uid in self.records:
+            return
+        self._pending[uid] = _Pending(namespace, node, claims, self._monotonic() + PENDING_TTL)
+
+    def pending_admissions(self) -> int:
+        """Admissions not yet seen by the watch (expired ones included until the next usage call)."""
+        return len(self._pending)
+
+    def usage(self, namespace: str, exclude: str | None = None) -> NamespaceUsage:
+        """VRAM held by the namespace's live GPU pods and pending admissions, without pod ``exclude``.
+
+        A bound pod is sized on its node's devices, a pod not bound yet on the largest device the
+        cluster offers under its resource (it may land there).
+        """
+        sums = self._namespace_sum(namespace)
+        total = sums.total - sums.held.get(exclude or "", 0)
+        pods = len(sums.held) - (1 if exclude in sums.held else 0)
+        unsized = [name for uid, name in sums.unsized.items() if uid != exclude]
+        now = self._monotonic()
+        for uid, pending in list(self._pending.items()):
+            if pending.expires <= now:
+                del self._pending[uid]
+                continue
+            if pending.namespace != namespace or uid == exclude:
+                continue
+            held, missing = claims_bytes(pending.claims, self._offers_for(pending.node))
+            total += held
+            pods += 1
+            if missing:
+                unsized.append(uid)
+        return NamespaceUsage(total, pods, tuple(unsized))
+
+    def _namespace_sum(self, namespace: str) -> _NamespaceSum:
+        cached = self._sums.get(namespace)
+        if cached is not None and cached.generation == self.node_generation:
+            return cached
+        held: dict[str, int] = {}
+        unsized: dict[str, str] = {}
+        for uid in self._by_namespace.get(namespace, ()):
+            record = self.records[uid]
+            if not self._demand(record.template.pod, record.template.key).wants_gpu:
+                continue  # names a GPU resource, asks for no device
+            held[uid], missing = claims_bytes(self.quota_claims(record), self._offers_for(record.node))
+            if missing:
+                unsized[uid] = record.name
+        sums = _NamespaceSum(self.node_generation, held, unsized, sum(held.values()))
+        self._sums[namespace] = sums
+        return sums
+
+    def _offers_for(self, node: str) -> Mapping[str, ResourceOffer]:
+        """The bound node's offers when it is known, else the whole cluster's (the largest GPUs)."""
+        offers = self.node_offers(node) if node else None
+        return offers if offers is not None else self.offers()
+
     # -- bind bookkeeping -----------------------------------------------------------------------
 
     def begin_bind(self, node: str, pod: PodKey, claims: PodClaims) -> None:
@@ -409,12 +683,18 @@ class ClusterState:
     def abort_bind(self, uid: str) -> None:
         """Bind failed: release what it reserved, unless the watch already shows the pod bound."""
         entry = self.in_flight.pop(uid, None)
-        if entry is not None and uid not in self._bound:
+        if entry is not None and self.is_bound(uid) is None:
             self.ledger.release(uid)
 
+    def priority(self, uid: str) -> int:
+        """The priority of a pod the watch shows bound (0 for any other)."""
+        record = self.records.get(uid)
+        return record.priority if record is not None and record.node else 0
+
     def is_bound(self, uid: str) -> str | None:
-        """The node a pod is bound to, as the watch last said."""
-        return self._bound.get(uid)
+        """The node a GPU pod is bound to, as the watch last said."""
+        record = self.records.get(uid)
+        return record.node if record is not None and record.node else None
 
     def node_names(self) -> Iterable[str]:
         """Every node with an inventory."""
@@ -455,7 +735,7 @@ def _template_key(pod: Mapping[str, Any]) -> str:
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     declared = (
-        sorted((k, v) for k, v in annotations.items() if isinstance(k, str) and k.startswith(VRAM_ANNOTATION))
+        sorted((k, v) for k, v in annotations.items() if isinstance(k, str) and reads_annotation(k))
         if isinstance(annotations, dict)
         else None
     )
@@ -463,3 +743,20 @@ def _template_key(pod: Mapping[str, Any]) -> str:
     if not isinstance(spec, dict):
         return json.dumps([declared, repr(spec)], default=repr)
     return json.dumps([declared, spec.get("initContainers"), spec.get("containers")], default=repr)
+
+
+def _template_pod(pod: Mapping[str, Any]) -> JSON:
+    """Only what demand reads of a pod: its containers, init containers and VRAM annotations."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    spec = pod.get("spec")
+    kept: JSON = {}
+    if isinstance(spec, Mapping):
+        kept = slim_pod({"spec": {k: spec[k] for k in ("containers", "initContainers") if k in spec}})["spec"]
+        del kept["nodeName"], kept["priority"]
+    declared = (
+        {k: v for k, v in annotations.items() if isinstance(k, str) and reads_annotation(k)}
+        if isinstance(annotations, Mapping)
+        else {}
+    )
+    return {"metadata": {"annotations": declared}, "spec": kept}

@@ -29,7 +29,6 @@ from vramguard.io.http import Readiness, RequestError, create_app, read_model
 from vramguard.policy import Policy, PolicyFile
 from vramguard.workloads import WorkloadKind, find_kind
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
-from webhook.state import NamespaceStore, NodeStore, PodStore
 
 __all__ = ["BODY_LIMIT", "STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
 
@@ -80,29 +79,16 @@ class WebhookState:
     """The policy and the cluster as the webhook sees them; builds a :class:`ClusterView` per review."""
 
     def __init__(self, policy: PolicySource, *, namespace_lookup: NamespaceLookup | None = None) -> None:
-        """Start with empty stores; informers (or tests) fill them.
+        """Start with an empty cluster model; informers (or tests) fill it.
 
         ``namespace_lookup`` fetches a namespace the watch has not shown yet (a namespace created
         just before its first pod): without it such a namespace would get the default mode.
         """
         self.policy = policy
-        options = demand_options(policy.policy)
-        self.namespaces = NamespaceStore()
-        self.nodes = NodeStore(tuple(options.gpu_resources), options.gpu_resource_prefixes)
-        self.pods = PodStore(options, self.nodes, trusts_env_only=self._trusts_env_only)
         self.cluster = ClusterState(policy.policy)
-        """The extender's cluster model (ledger of bound GPU pods), to check direct placements."""
+        """The cluster model, fed every live pod: quota sums, offers, and the ledger of bound GPU pods
+        (to check direct placements)."""
         self._lookup = namespace_lookup
-
-    def _trusts_env_only(self, pod: Mapping[str, Any]) -> bool:
-        """Whether the class of a live pod (its labels, its namespace's) believes env-only engines."""
-        metadata = pod.get("metadata")
-        metadata = metadata if isinstance(metadata, Mapping) else {}
-        labels = metadata.get("labels")
-        namespace = metadata.get("namespace")
-        pod_labels = {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, Mapping) else None
-        namespace_labels = self.namespaces.labels(namespace) if isinstance(namespace, str) else None
-        return self.policy.policy.choose_class(pod_labels, namespace_labels).qos.trust_env_only_engines
 
     def refresh_policy(self) -> bool:
         """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""
@@ -120,7 +106,7 @@ class WebhookState:
 
     async def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The namespace's labels from the watch, else from the API server; ``None`` if unknown."""
-        labels = self.namespaces.labels(namespace)
+        labels = self.cluster.namespace_labels.get(namespace)
         if labels is not None or self._lookup is None:
             return labels
         try:
@@ -131,20 +117,21 @@ class WebhookState:
             return None
         if obj is None:
             return None
-        self.namespaces.upsert(dict(obj))
-        return self.namespaces.labels(namespace)
+        self.cluster.upsert_namespace(obj)
+        return self.cluster.namespace_labels.get(namespace)
 
     async def view(self, subject: Subject, uid: str | None) -> ClusterView:
         """What the rules need to know about the cluster for ``subject``."""
         labels = await self.namespace_labels(subject.namespace)
         node = _node_name(subject.obj) if subject.kind == "Pod" else ""
-        node_offers = self.nodes.node_offers(node) if node else None
+        cluster = self.cluster
+        node_offers = cluster.node_offers(node) if node else None
         usage = None
         if self.policy.rules.quota_bytes(subject.namespace) is not None:
-            usage = self.pods.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
-        ledger = self.cluster.ledger if node else None
-        held_back = self.cluster.suspect_message(node) if node else None
-        return ClusterView(labels, self.nodes.offers(), node_offers, usage, ledger, held_back)
+            usage = cluster.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
+        ledger = cluster.ledger if node else None
+        held_back = cluster.suspect_message(node) if node else None
+        return ClusterView(labels, cluster.offers(), node_offers, usage, ledger, held_back)
 
 
 STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)
@@ -162,13 +149,13 @@ class _Metrics:
         gpu_pods = Gauge(
             "vramguard_webhook_gpu_pods", "Live GPU pods the webhook counts for quotas.", registry=registry
         )
-        gpu_pods.set_function(lambda: len(state.pods))
+        gpu_pods.set_function(lambda: len(state.cluster.records))
         pending = Gauge(
             "vramguard_webhook_pending_admissions",
             "GPU pods admitted but not yet seen by the pod watch.",
             registry=registry,
         )
-        pending.set_function(state.pods.pending)
+        pending.set_function(state.cluster.pending_admissions)
         over = Gauge(
             "vramguard_webhook_gpus_over_budget",
             "GPUs whose bound pods may hold more than the GPU's VRAM budget (pods placed past vramguard, "
@@ -215,7 +202,7 @@ async def validate(request: web.Request) -> web.Response:
         and not admission.dryRun
         and state.policy.rules.quota_bytes(subject.namespace) is not None
     ):
-        state.pods.hold(uid or admission.uid, subject.namespace, decision.claims, _node_name(subject.obj))
+        state.cluster.hold_admission(uid or admission.uid, subject.namespace, decision.claims, _node_name(subject.obj))
     metrics.reviews.labels(kind, admission.operation, _result(decision)).inc()
     return web.json_response(
         review_response(

@@ -10,28 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from prometheus_client import CollectorRegistry
-
-from vramguard.io.http import Readiness
-from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, Informer, KubeClient, WatchMetrics
+from vramguard.cluster import LIVE_PODS_SELECTOR, slim_node, slim_pod
+from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, KubeClient
+from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import RunningServer, ServerSettings, run_https
-from vramguard.io.supervise import supervise
 from vramguard.io.tls import ReloadingTLSContext
 from webhook.app import PolicySource, WebhookState, create_webhook_app
-from webhook.state import FanOut
 
 __all__ = ["POD_FIELD_SELECTOR", "WebhookSettings", "run_webhook"]
 
 logger = logging.getLogger(__name__)
 
 # Finished pods hold no GPU; the watch then reports a pod that finishes as DELETED.
-POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+POD_FIELD_SELECTOR = LIVE_PODS_SELECTOR
 POLICY_REFRESH_INTERVAL = 10.0
 
 
@@ -72,29 +69,18 @@ async def run_webhook(
                 raise
 
         state = WebhookState(settings.policy, namespace_lookup=lookup)
-        registry = CollectorRegistry()
-        watch_metrics = WatchMetrics(registry)
-        # The quota's stores and the cluster model (the extender's ledger, for pods created with
-        # spec.nodeName) read the same watches; the model keeps only the bound pods among them.
-        informers = [
-            Informer(client, "/api/v1/namespaces", FanOut(state.namespaces, state.cluster.namespaces),
-                     metrics=watch_metrics),
-            Informer(client, "/api/v1/nodes", FanOut(state.nodes, state.cluster.nodes), metrics=watch_metrics),
-            Informer(
-                client,
-                "/api/v1/pods",
-                FanOut(state.pods, state.cluster.pods),
-                {"fieldSelector": POD_FIELD_SELECTOR},
-                metrics=watch_metrics,
-            ),
-        ]
-        readiness = Readiness({"informers-synced": lambda: all(i.synced.is_set() for i in informers)})
-        for informer in informers:
-            readiness.add(f"watch-{informer.resource}", informer.healthy)
-        app = create_webhook_app(state, registry=registry, readiness=readiness)
-        background: dict[str, Coroutine[Any, Any, object]] = {f"watch {i.path}": i.run() for i in informers}
-        background["policy-refresh"] = _refresh_policy(settings, state)
-        await supervise(
+        # One cluster model, fed every live pod: the quota counts them all, the ledger (for pods
+        # created with spec.nodeName) the bound ones among them.
+        cluster = state.cluster
+        runtime = ServiceRuntime(client, [
+            Watch("/api/v1/namespaces", cluster.namespaces),
+            Watch("/api/v1/nodes", cluster.nodes, slim=slim_node),
+            Watch("/api/v1/pods", cluster.pods, {"fieldSelector": POD_FIELD_SELECTOR}, slim=slim_pod),
+        ])
+        runtime.readiness.add("informers-synced", runtime.synced)
+        app = create_webhook_app(state, registry=runtime.registry, readiness=runtime.readiness)
+        runtime.tasks["policy-refresh"] = reload_every(settings.policy_refresh_interval, state.refresh_policy)
+        await runtime.serve(
             run_https(
                 app,
                 settings.host,
@@ -105,18 +91,7 @@ async def run_webhook(
                 on_started=on_started,
                 handle_signals=handle_signals,
             ),
-            background,
         )
-
-
-async def _refresh_policy(settings: WebhookSettings, state: WebhookState) -> None:
-    while True:
-        await asyncio.sleep(settings.policy_refresh_interval)
-        try:
-            state.refresh_policy()
-        except Exception:
-            # A bug here must not stop later reloads; the last good policy stays in force.
-            logger.exception("unexpected error while reloading the policy")
 
 
 def describe_start(settings: WebhookSettings, policy_path: Path | None) -> str:

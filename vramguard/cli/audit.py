@@ -12,7 +12,7 @@ DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
   warned or audited. This is what to look at before switching a namespace to warn, then enforce.
 - **Objects the webhook would deny or warn about**: each live GPU pod and each workload not made by
   a controller, reviewed with the webhook's rules (``vramguard.admission.AdmissionRules``) and the
-  webhook's view of the cluster (``webhook.state``: offers, namespace usage for quotas). A pod is
+  webhook's view of the cluster (the same ``ClusterState``: offers, namespace usage for quotas). A pod is
   reviewed as if created now (its namespace's other pods count for the quota), a workload as an
   update of itself (its pods are already counted). Each violation is labelled with what the
   namespace's enforcement mode would do with it: denied, warned or audited.
@@ -185,9 +185,6 @@ class AuditReport:
 
 def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in") -> AuditReport:
     """Audit a :class:`vramguard.cli.kubectl_vram.ClusterSnapshot` under ``policy``."""
-    # Imported here for start-up time (webhook.state loads aiohttp and the Kubernetes client).
-    from webhook.state import NamespaceStore, NodeStore, PodStore  # noqa: PLC0415
-
     state = kubectl_vram.build_state(snapshot, policy)
     report = AuditReport(policy_source, gpus=kubectl_vram.node_rows(state))
     report.ledger_problems = [
@@ -196,14 +193,9 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
 
     report.placements = placement_findings(state, snapshot.bound_pods)
 
+    # The webhook's rules on the webhook's view, read from the same model (namespaces, offers, the
+    # quota's sums over every live pod).
     rules = AdmissionRules(policy)
-    namespaces = NamespaceStore()
-    namespaces.replace(snapshot.namespaces)
-    nodes = NodeStore(tuple(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
-    nodes.replace(snapshot.nodes)
-    pods = PodStore(rules.options, nodes)
-    pods.replace(snapshot.pods)
-
     for obj in _subjects(snapshot.pods, snapshot.workloads):
         kind = str(obj.get("kind"))
         metadata = obj.get("metadata") or {}
@@ -212,9 +204,9 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
         node = str((obj.get("spec") or {}).get("nodeName") or "") if kind == "Pod" else ""
         usage = None
         if policy.quota_bytes(namespace) is not None:
-            usage = pods.usage(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
+            usage = state.usage(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
         view = ClusterView(
-            namespaces.labels(namespace), nodes.offers(), nodes.node_offers(node) if node else None, usage
+            state.namespace_labels.get(namespace), state.offers(), state.node_offers(node) if node else None, usage
         )
         decision = rules.review(Subject(kind, operation, namespace, obj), view)
         if decision.wants_gpu and (decision.violations or decision.notes):

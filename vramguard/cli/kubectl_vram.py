@@ -5,12 +5,13 @@ Installed as the executable ``kubectl-vram``, so kubectl finds it as a plugin::
     kubectl vram nodes [-o table|json]
     kubectl vram pods  [-n NAMESPACE] [-o table|json]
 
-It lists Nodes, Namespaces and bound, non-terminal Pods with the caller's credentials and builds
-the ledger the extender builds (``vramguard.cluster.ClusterState``), so the numbers are the ones the
-scheduler extender decides with. It changes nothing. The policy is, in order: ``--policy FILE``,
-the ConfigMap ``vramguard-system/vramguard-policy`` when it can be read, the built-in one.
+It lists Nodes, Namespaces and live Pods with the caller's credentials, through the services' API
+client (``vramguard.io.kube``), and feeds the one cluster model the services use
+(``vramguard.cluster.ClusterState``), so the numbers are the ones the scheduler extender decides
+with. It changes nothing. The policy is, in order: ``--policy FILE``, the ConfigMap
+``vramguard-system/vramguard-policy`` when it can be read, the built-in one.
 
-The Kubernetes client is imported inside the function that lists the cluster, for start-up time.
+The API client is imported inside the function that lists the cluster, for start-up time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holdin
 
 if TYPE_CHECKING:
     from vramguard.cluster import ClusterState
+    from vramguard.io.kube import Connection
 
 __all__ = ["ClusterSnapshot", "build_state", "main", "node_rows", "pod_holdings", "read_cluster", "report_notes"]
 
@@ -38,10 +40,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 POLICY_NAMESPACE = "vramguard-system"
 POLICY_CONFIGMAP = "vramguard-policy"
 POLICY_KEY = "policy.yaml"
-# Bound, non-terminal pods: the ones that hold GPUs (the extender's informer uses the same selector).
-BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-_API_TIMEOUT_S = 60
 JSON = dict[str, Any]
 
 
@@ -68,97 +66,81 @@ class ClusterSnapshot:
 def read_cluster(
     kubeconfig: str | None, context: str | None, *, workloads: bool = False
 ) -> tuple[ClusterSnapshot, str | None]:
-    """List the cluster with the kubernetes client; returns the snapshot and the policy YAML found.
+    """List the cluster through the services' API client; returns the snapshot and the policy YAML found.
 
-    The policy ConfigMap is optional: when it is missing or not readable, ``None`` is returned.
+    Credentials come from :func:`vramguard.io.kube.load_connection`, as for the services (exec
+    plugins and OIDC included). The policy ConfigMap is optional: when it is missing or not
+    readable, ``None`` is returned.
     """
-    # Imported here for start-up time, not for layering: the client takes about 0.3 s to import,
-    # which every ``kubectl vram --help`` and ``vramguard explain`` would otherwise pay.
-    # Typed as Any: the client's own annotations are partial.
-    import kubernetes as kubernetes_client  # noqa: PLC0415
+    # Imported here for start-up time, not for layering: aiohttp and the kubeconfig loader take
+    # about 0.4 s to import, which every ``kubectl vram --help`` and ``vramguard explain`` would pay.
+    import asyncio  # noqa: PLC0415
 
-    kubernetes: Any = kubernetes_client
-    if kubeconfig is None and context is None:
-        try:
-            kubernetes.config.load_incluster_config()
-            client = kubernetes.client.ApiClient()
-        except kubernetes.config.ConfigException:
-            client = kubernetes.config.new_client_from_config()
-    else:
-        client = kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context)
-    core = kubernetes.client.CoreV1Api(client)
-    coordination = kubernetes.client.CoordinationV1Api(client)
-    apps = kubernetes.client.AppsV1Api(client)
-    batch = kubernetes.client.BatchV1Api(client)
-    try:
-        snapshot = ClusterSnapshot(
-            nodes=_list(core.list_node, "Node", "v1"),
-            namespaces=_list(core.list_namespace, "Namespace", "v1"),
-            pods=_list(core.list_pod_for_all_namespaces, "Pod", "v1", LIVE_PODS),
+    from vramguard.io.kube import load_connection  # noqa: PLC0415
+
+    return asyncio.run(_read_cluster(load_connection(kubeconfig, context), workloads))
+
+
+# Collections the audit reviews (workloads that make pods): path, kind, apiVersion.
+WORKLOADS = (
+    ("/apis/apps/v1/deployments", "Deployment", "apps/v1"),
+    ("/apis/apps/v1/statefulsets", "StatefulSet", "apps/v1"),
+    ("/apis/apps/v1/daemonsets", "DaemonSet", "apps/v1"),
+    ("/apis/apps/v1/replicasets", "ReplicaSet", "apps/v1"),
+    ("/apis/batch/v1/jobs", "Job", "batch/v1"),
+    ("/apis/batch/v1/cronjobs", "CronJob", "batch/v1"),
+)
+
+
+async def _read_cluster(connection: Connection, workloads: bool) -> tuple[ClusterSnapshot, str | None]:
+    """One listing, through one client and its pager, the lists read concurrently."""
+    import asyncio  # noqa: PLC0415
+
+    from vramguard.cluster import LIVE_PODS_SELECTOR  # noqa: PLC0415
+    from vramguard.io.kube import ApiError, KubeClient  # noqa: PLC0415
+
+    async with KubeClient(connection) as client:
+
+        async def items(path: str, kind: str, api_version: str, params: dict[str, str] | None = None) -> list[JSON]:
+            # Lists carry no kind per item; the rules read it.
+            listed, _ = await client.list_all(path, params)
+            for item in listed:
+                item.setdefault("kind", kind)
+                item.setdefault("apiVersion", api_version)
+            return listed
+
+        async def agent_leases() -> list[JSON]:
+            # Unreadable Leases leave every report untrusted; the table then says why.
+            try:
+                listed, _ = await client.list_all(
+                    f"/apis/coordination.k8s.io/v1/namespaces/{DEFAULT_AGENT_NAMESPACE}/leases"
+                )
+            except ApiError:
+                return []
+            return listed
+
+        async def policy_configmap() -> str | None:
+            try:
+                configmap = await client.get(f"/api/v1/namespaces/{POLICY_NAMESPACE}/configmaps/{POLICY_CONFIGMAP}")
+            except ApiError:
+                return None
+            text = (configmap.get("data") or {}).get(POLICY_KEY)
+            return text if isinstance(text, str) else None
+
+        lists, policy_text = await asyncio.gather(
+            asyncio.gather(
+                items("/api/v1/nodes", "Node", "v1"),
+                items("/api/v1/namespaces", "Namespace", "v1"),
+                items("/api/v1/pods", "Pod", "v1", {"fieldSelector": LIVE_PODS_SELECTOR}),
+                agent_leases(),
+                *(items(*workload) for workload in (WORKLOADS if workloads else ())),
+            ),
+            policy_configmap(),
         )
-        snapshot.leases = _agent_leases(coordination, kubernetes.client.exceptions.ApiException)
-        if workloads:
-            for method, kind, api_version in (
-                (apps.list_deployment_for_all_namespaces, "Deployment", "apps/v1"),
-                (apps.list_stateful_set_for_all_namespaces, "StatefulSet", "apps/v1"),
-                (apps.list_daemon_set_for_all_namespaces, "DaemonSet", "apps/v1"),
-                (apps.list_replica_set_for_all_namespaces, "ReplicaSet", "apps/v1"),
-                (batch.list_job_for_all_namespaces, "Job", "batch/v1"),
-                (batch.list_cron_job_for_all_namespaces, "CronJob", "batch/v1"),
-            ):
-                snapshot.workloads.extend(_list(method, kind, api_version))
-        policy_text = _policy_configmap(core, kubernetes.client.exceptions.ApiException)
-    finally:
-        client.close()
+    nodes, namespaces, pods, leases, *made = lists
+    snapshot = ClusterSnapshot(nodes=nodes, namespaces=namespaces, pods=pods, leases=leases)
+    snapshot.workloads = [obj for listed in made for obj in listed]
     return snapshot, policy_text
-
-
-def _list(method: Any, kind: str, api_version: str, field_selector: str | None = None) -> list[JSON]:
-    """Every item of a collection as plain JSON, following ``continue`` tokens, with ``kind`` set.
-
-    The raw JSON (``_preload_content=False``) keeps the API's field names, which the core reads.
-    """
-    items: list[JSON] = []
-    token: str | None = None
-    while True:
-        options: dict[str, Any] = {"limit": 500, "_preload_content": False, "_request_timeout": _API_TIMEOUT_S}
-        if field_selector:
-            options["field_selector"] = field_selector
-        if token:
-            options["_continue"] = token
-        body = json.loads(method(**options).data)
-        for item in body.get("items") or []:
-            item.setdefault("kind", kind)
-            item.setdefault("apiVersion", api_version)
-            items.append(item)
-        token = (body.get("metadata") or {}).get("continue")
-        if not token:
-            return items
-
-
-def _agent_leases(coordination: Any, api_exception: type[Exception]) -> list[JSON]:
-    """The agents' Leases; none when they cannot be read (the reports then count as untrusted, and
-    the table says why)."""
-    try:
-        response = coordination.list_namespaced_lease(
-            DEFAULT_AGENT_NAMESPACE, _preload_content=False, _request_timeout=_API_TIMEOUT_S
-        )
-    except api_exception:
-        return []
-    items: list[JSON] = json.loads(response.data).get("items") or []
-    return items
-
-
-def _policy_configmap(core: Any, api_exception: type[Exception]) -> str | None:
-    try:
-        response = core.read_namespaced_config_map(
-            POLICY_CONFIGMAP, POLICY_NAMESPACE, _preload_content=False, _request_timeout=_API_TIMEOUT_S
-        )
-    except api_exception:
-        return None
-    data = json.loads(response.data).get("data") or {}
-    text = data.get(POLICY_KEY)
-    return text if isinstance(text, str) else None
 
 
 def choose_policy(path: Path | None, configmap_text: str | None) -> tuple[Policy, str]:
@@ -175,14 +157,16 @@ def choose_policy(path: Path | None, configmap_text: str | None) -> tuple[Policy
 
 
 def build_state(snapshot: ClusterSnapshot, policy: Policy) -> ClusterState:
-    """The extender's cluster state, filled from ``snapshot``: nodes and namespaces first, then pods."""
+    """The cluster model the services keep, fed from ``snapshot``: Leases, nodes and namespaces
+    first (the pods' claims need their classes and devices), then every live pod (the ledger keeps
+    the bound ones, the quota all of them)."""
     from vramguard.cluster import ClusterState  # noqa: PLC0415
 
     state = ClusterState(policy)
     state.leases.replace(snapshot.leases)
     state.nodes.replace(snapshot.nodes)
     state.namespaces.replace(snapshot.namespaces)
-    state.pods.replace(snapshot.bound_pods)
+    state.pods.replace(snapshot.pods)
     return state
 
 

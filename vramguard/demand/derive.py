@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Any
 
 from vramguard import engines
-from vramguard.codecs import VRAM_ANNOTATION, vram_annotation
+from vramguard.codecs import VRAM_ANNOTATION, is_vramguard_key, vram_annotation
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
 from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand
@@ -22,12 +22,20 @@ DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
 GROUP_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 """Set by LeaderWorkerSet on each pod of a group: the number of pods one engine spans."""
+
+
 RAY_SCRIPTS = ("multi-node-serving.sh",)
 """vLLM's documented launcher of a Ray cluster across a LeaderWorkerSet group."""
 MAX_DEVICES = 1024
 """The most GPU devices one pod may hold, per container and in all: more than any node hands out
 (8 GPUs x 128 time-slicing replicas; 8 x 16 is already rare, MIG gives at most 7 per GPU). Every
 later step makes one claim per device, so this bounds what an absurd request costs."""
+
+
+def reads_annotation(key: object) -> bool:
+    """Whether demand reads the annotation ``key``: vramguard's own, and the LeaderWorkerSet group
+    size (the pods a multi-node engine spans). Slimmed objects and template keys keep exactly these."""
+    return is_vramguard_key(key) or key == GROUP_SIZE_ANNOTATION
 
 
 @dataclass(frozen=True, slots=True)

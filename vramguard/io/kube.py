@@ -71,15 +71,21 @@ class Connection:
 
 
 def load_connection(kubeconfig: str | None = None, context: str | None = None) -> Connection:
-    """Read a kubeconfig file (or, with none given, the in-cluster service account, then ~/.kube/config)."""
+    """The one kubeconfig loader of the services and the CLI.
+
+    With neither ``kubeconfig`` nor ``context``: the in-cluster service account, else the default
+    kubeconfig (``$KUBECONFIG``, ``~/.kube/config``). Otherwise that kubeconfig file (default: the
+    default one) and that context (default: its current one). The official client's loader reads
+    the file, so exec plugins and OIDC credentials of managed clusters keep working.
+    """
     configuration = Configuration()
-    if kubeconfig is not None:
-        kube_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    else:
+    if kubeconfig is None and context is None:
         try:
             kube_config.load_incluster_config(client_configuration=configuration)
         except kube_config.ConfigException:
-            kube_config.load_kube_config(context=context, client_configuration=configuration)
+            kube_config.load_kube_config(client_configuration=configuration)
+    else:
+        kube_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
     ssl_context: ssl.SSLContext | bool
     if configuration.verify_ssl:
         ssl_context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
