@@ -56,6 +56,7 @@ def test_quota_counts_the_namespace() -> None:
 
 
 def test_cli_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(kubectl_vram, "read_custom_workloads", lambda *_a: ([], []))
     monkeypatch.setattr(kubectl_vram, "read_cluster", lambda *_a, **_k: (snapshot(vllm_pod("a", 0.3, "ts")), None))
     assert main(["audit", "--kubeconfig", "k"]) == audit.EXIT_CLEAN
     capsys.readouterr()
@@ -85,3 +86,31 @@ def test_placements_the_class_rules_would_refuse(labels: dict[str, str], outcome
         assert report.to_json()["placements"][0]["message"] == (
             "class shared does not allow unshared GPUs (node offers whole GPUs)")
         assert "Placements the class rules would refuse: 1" in report.to_text()
+
+
+def test_the_policy_workload_kinds_are_reviewed() -> None:
+    # A LeaderWorkerSet asking each GPU for 1.5 of itself: audit reviews it as the webhook would.
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": "big", "namespace": "default", "uid": "uid-big"},
+           "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 1, "leaderTemplate": {
+               "spec": vllm_pod("leader", 1.5, None)["spec"]}}}}
+    unknown = {**lws, "apiVersion": "example.com/v1", "metadata": {**lws["metadata"], "name": "other-group"}}
+    snap = snapshot(vllm_pod("a", 0.3, "ts"))
+    snap.workloads = [lws, unknown]
+    found = {(f.kind, f.name) for f in audit_snapshot(snap, default_policy()).violating}
+    assert found == {("LeaderWorkerSet", "big")}  # a kind of another group is not the table's
+
+
+def test_cli_lists_the_policy_workload_kinds(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    asked: list[str] = []
+
+    def custom(_kubeconfig: Any, _context: Any, kinds: Any) -> tuple[list[Any], list[str]]:
+        asked.extend(k.kind for k in kinds)
+        return [], ["RayCluster (ray.io) not read: forbidden"]
+
+    monkeypatch.setattr(kubectl_vram, "read_cluster", lambda *_a, **_k: (snapshot(vllm_pod("a", 0.3, "ts")), None))
+    monkeypatch.setattr(kubectl_vram, "read_custom_workloads", custom)
+    assert main(["audit"]) == audit.EXIT_CLEAN
+    assert "LeaderWorkerSet" in asked and "InferenceService" in asked
+    assert "warning: RayCluster (ray.io) not read: forbidden" in capsys.readouterr().err

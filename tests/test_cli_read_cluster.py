@@ -89,3 +89,37 @@ async def test_workloads_are_listed_only_for_the_audit(tmp_path: Path) -> None:
         snapshot, _ = await asyncio.to_thread(read_cluster, str(config), "fake")
     assert snapshot.workloads == []
     assert not any(path.startswith(("/apis/apps", "/apis/batch")) for path, _, _ in fake.asked)
+
+
+async def test_custom_workloads_are_read_at_the_first_served_version(tmp_path: Path) -> None:
+    from vramguard.cli.kubectl_vram import read_custom_workloads  # noqa: PLC0415
+    from vramguard.workloads import WorkloadKind  # noqa: PLC0415
+
+    asked: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        if request.path == "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets":
+            return web.json_response({"items": [{"metadata": {"name": "lws"}}], "metadata": {}})
+        if request.path.startswith("/apis/ray.io/"):
+            return web.json_response({"reason": "Forbidden", "message": "no"}, status=403)
+        return web.json_response({"reason": "NotFound", "message": "no"}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    template = {"name": "main", "path": "spec.template", "form": "template"}
+    kinds = [
+        WorkloadKind(group="leaderworkerset.x-k8s.io", kind="LeaderWorkerSet", resource="leaderworkersets",
+                     versions=("v2", "v1"), templates=(template,)),  # type: ignore[arg-type]
+        WorkloadKind(group="ray.io", kind="RayCluster", resource="rayclusters", versions=("v1",),
+                     templates=(template,)),  # type: ignore[arg-type]
+        WorkloadKind(group="example.com", kind="Absent", resource="absents", versions=("v1",),
+                     templates=(template,)),  # type: ignore[arg-type]
+    ]
+    async with TestServer(app, host="127.0.0.1") as server:
+        config = kubeconfig(tmp_path / "kubeconfig", server.port or 0)
+        objects, notes = await asyncio.to_thread(read_custom_workloads, str(config), "fake", kinds)
+    assert [(o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in objects] == [
+        ("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "lws")]
+    assert notes == ["RayCluster (ray.io) not read: no"]  # not installed: nothing to say
+    assert "/apis/leaderworkerset.x-k8s.io/v2/leaderworkersets" in asked

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from vramguard.ledger import Invariant
 from vramguard.placement import class_findings
 from vramguard.policy import Policy, PolicyError
 from vramguard.report import GpuRow, gpu_table, render_table
+from vramguard.workloads import WorkloadKind, find_kind
 
 __all__ = ["AuditReport", "ObjectFinding", "PlacementFinding", "audit_snapshot", "register", "run"]
 
@@ -196,7 +197,7 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
     # The webhook's rules on the webhook's view, read from the same model (namespaces, offers, the
     # quota's sums over every live pod).
     rules = AdmissionRules(policy)
-    for obj in _subjects(snapshot.pods, snapshot.workloads):
+    for obj in _subjects(snapshot.pods, snapshot.workloads, policy.workload_kinds):
         kind = str(obj.get("kind"))
         metadata = obj.get("metadata") or {}
         namespace = str(metadata.get("namespace", ""))
@@ -237,11 +238,16 @@ def placement_findings(state: ClusterState, pods: Iterable[Mapping[str, Any]]) -
     return findings
 
 
-def _subjects(pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Live pods, and the workloads not made by a controller (their owner is reviewed instead)."""
+def _subjects(
+    pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]], kinds: Sequence[WorkloadKind]
+) -> list[Mapping[str, Any]]:
+    """Live pods, and the workloads not made by a controller (their owner is reviewed instead):
+    the built-in kinds and the policy's ``workload_kinds``."""
     chosen: list[Mapping[str, Any]] = [p for p in pods if p.get("kind", "Pod") == "Pod"]
     for obj in workloads:
-        if obj.get("kind") not in SUPPORTED_KINDS:
+        kind = obj.get("kind")
+        group = str(obj.get("apiVersion", "")).rpartition("/")[0] or None
+        if kind not in SUPPORTED_KINDS and (not isinstance(kind, str) or find_kind(kinds, kind, group) is None):
             continue
         owners = (obj.get("metadata") or {}).get("ownerReferences") or []
         if any(isinstance(o, Mapping) and o.get("controller") is True for o in owners):
@@ -286,6 +292,15 @@ def run(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if policy.workload_kinds:
+        try:
+            custom, unread = kubectl_vram.read_custom_workloads(args.kubeconfig, args.context, policy.workload_kinds)
+        except Exception as exc:  # as above: config, network, API
+            print(f"{_PROG}: error: cannot read the cluster's workloads: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        snapshot.workloads = [*snapshot.workloads, *custom]
+        for note in unread:
+            print(f"{_PROG}: warning: {note}", file=sys.stderr)
     report = audit_snapshot(snapshot, policy, source)
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))

@@ -28,6 +28,7 @@ from vramguard.demand import derive_pod_demand
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import Policy, PolicyError, default_policy
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
+from vramguard.workloads import WorkloadKind
 
 if TYPE_CHECKING:
     from vramguard.cluster import ClusterState
@@ -141,6 +142,49 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
     snapshot = ClusterSnapshot(nodes=nodes, namespaces=namespaces, pods=pods, leases=leases)
     snapshot.workloads = [obj for listed in made for obj in listed]
     return snapshot, policy_text
+
+
+def read_custom_workloads(
+    kubeconfig: str | None, context: str | None, kinds: Sequence[WorkloadKind]
+) -> tuple[list[JSON], list[str]]:
+    """List the objects of the policy's workload kinds (LeaderWorkerSet, RayCluster, ...); returns
+    them and a note per kind that could not be listed.
+
+    Each kind is listed at the first of its versions the cluster serves; a kind whose CRD is not
+    installed (every version answers 404) is simply absent. A kind the credentials may not list is
+    a note, so the audit says what it could not see instead of reporting a clean cluster.
+    """
+    import asyncio  # noqa: PLC0415 - start-up time, as in read_cluster
+
+    from vramguard.io.kube import load_connection  # noqa: PLC0415
+
+    return asyncio.run(_read_custom_workloads(load_connection(kubeconfig, context), kinds))
+
+
+async def _read_custom_workloads(connection: Connection, kinds: Sequence[WorkloadKind]) -> tuple[list[JSON], list[str]]:
+    import asyncio  # noqa: PLC0415
+
+    from vramguard.io.kube import ApiError, KubeClient  # noqa: PLC0415
+
+    async with KubeClient(connection) as client:
+
+        async def listed(entry: WorkloadKind) -> tuple[list[JSON], str | None]:
+            for version in entry.versions:
+                try:
+                    items, _ = await client.list_all(f"/apis/{entry.group}/{version}/{entry.resource}")
+                except ApiError as exc:
+                    if exc.status == 404:
+                        continue  # this version (or the whole CRD) is not served here
+                    return [], f"{entry.kind} ({entry.group}) not read: {exc.message or exc}"
+                for item in items:
+                    item.setdefault("kind", entry.kind)
+                    item.setdefault("apiVersion", f"{entry.group}/{version}")
+                return items, None
+            return [], None
+
+        results = await asyncio.gather(*(listed(entry) for entry in kinds))
+    objects = [obj for items, _ in results for obj in items]
+    return objects, [note for _, note in results if note is not None]
 
 
 def choose_policy(path: Path | None, configmap_text: str | None) -> tuple[Policy, str]:
