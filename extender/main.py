@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from extender.app import build_app
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
+from vramguard.election import ElectionTimings
 from vramguard.io.kube import MAX_EVENT_BYTES, Connection, KubeClient
+from vramguard.io.leader import LeaderElector
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import Address, ServerSettings, run_https
 from vramguard.io.tls import ReloadingTLSContext
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 # Bound, non-terminal pods only: a pod leaving this set arrives as a DELETED event.
 BOUND_PODS = {"fieldSelector": BOUND_PODS_SELECTOR}
 POLICY_RELOAD_SECONDS = 10.0
+RELEASE_TIMEOUT_SECONDS = 5.0
+"""How long shutdown waits to release the leader Lease; unreleased, it expires by itself."""
 LEASE_CHECK_SECONDS = 2.0
 """How often expired agent Leases are looked for: a Lease expires without any watch event."""
 
@@ -45,6 +49,18 @@ class ExtenderSettings:
     server: ServerSettings
     agent_namespace: str = DEFAULT_AGENT_NAMESPACE
     max_event_bytes: int = MAX_EVENT_BYTES
+    election: LeaderElection | None = None
+    """``None``: this replica always serves (a sidecar whose scheduler elects its own leader)."""
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """The Lease the extender replicas elect their one binder with."""
+
+    namespace: str
+    name: str
+    identity: str
+    timings: ElectionTimings = field(default_factory=ElectionTimings)
 
 
 async def run(settings: ExtenderSettings) -> None:
@@ -64,7 +80,14 @@ async def run(settings: ExtenderSettings) -> None:
     ])
     synced = asyncio.Event()
     verbs = Verbs(state, client)
-    app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False)
+    election = settings.election
+    elector = (
+        LeaderElector(client, election.namespace, election.name, election.identity, election.timings,
+                      registry=runtime.registry)
+        if election is not None else None
+    )
+    app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False,
+                    leader=elector.serving if elector is not None else None)
 
     async def wait_synced() -> None:
         await runtime.wait_synced()
@@ -104,6 +127,8 @@ async def run(settings: ExtenderSettings) -> None:
     runtime.tasks["wait-synced"] = wait_synced()
     runtime.tasks["lease-expiry"] = expire_leases()
     runtime.tasks["confirm-in-flight"] = confirm_in_flight()
+    if elector is not None:
+        runtime.tasks["leader-election"] = elector.run()
     if policy_file is not None:
         runtime.tasks["policy-reload"] = reload_every(POLICY_RELOAD_SECONDS, reload_policy)
     try:
@@ -119,4 +144,8 @@ async def run(settings: ExtenderSettings) -> None:
             may_finish={"wait-synced"},
         )
     finally:
+        if elector is not None:
+            # After the server drained: no bind of this replica is on its way, so the successor
+            # may take the Lease at once, without the takeover grace.
+            await asyncio.wait_for(elector.release(), RELEASE_TIMEOUT_SECONDS)
         await client.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
@@ -57,15 +57,42 @@ class HeldBackCollector(Collector):
         yield held
 
 
+class InFlightCollector(Collector):
+    """Reservations whose Binding was sent but not yet seen by the pod watch, and the oldest's age."""
+
+    def __init__(self, state: ClusterState, oldest_seconds: Callable[[], float]) -> None:
+        self.state = state
+        self.oldest_seconds = oldest_seconds
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Read now; an age that keeps growing means the watch (or housekeeping) is not confirming binds."""
+        count = GaugeMetricFamily("vramguard_extender_in_flight_reservations",
+                                  "GPU reservations held for binds the pod watch has not confirmed yet.")
+        count.add_metric([], len(self.state.in_flight))
+        oldest = GaugeMetricFamily("vramguard_extender_in_flight_oldest_seconds",
+                                   "Age of the oldest unconfirmed reservation (0 when none).")
+        oldest.add_metric([], self.oldest_seconds())
+        yield from (count, oldest)
+
+
 class ExtenderMetrics:
     """Counters of the extender's decisions."""
 
-    def __init__(self, registry: CollectorRegistry, state: ClusterState) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, state: ClusterState, oldest_in_flight: Callable[[], float] = lambda: 0.0
+    ) -> None:
         self.decisions = Counter(
             "vramguard_extender_decisions",
             "Filter verdicts per node and bind outcomes.",
             labelnames=("verb", "result"),
             registry=registry,
         )
+        self.not_leader = Counter(
+            "vramguard_extender_not_leader_refusals",
+            "Verbs answered with an error because this replica does not hold the leader Lease.",
+            labelnames=("verb",),
+            registry=registry,
+        )
+        registry.register(InFlightCollector(state, oldest_in_flight))
         registry.register(LedgerCollector(state))
         registry.register(HeldBackCollector(state))

@@ -54,6 +54,9 @@ SLICE_SECONDS = 0.001
 IN_FLIGHT_TIMEOUT_SECONDS = 60.0
 """A reservation the watch has not confirmed this long after its Binding is checked with a GET."""
 DEFAULT_SCHEDULER = "default-scheduler"
+NOT_LEADER = "vramguard: this extender is not the leader; retrying"
+"""A verb refused by a replica that does not hold the leader Lease: the scheduler retries the pod
+(readiness routes the Service to the leader)."""
 """What the API server puts in ``spec.schedulerName`` when the pod names none."""
 
 
@@ -173,6 +176,15 @@ class Verbs:
         # binds still waiting for the API server: housekeeping leaves those alone.
         self._bound_at: dict[str, float] = {}
         self._binding: set[str] = set()
+        self.serving: Callable[[], bool] = lambda: True
+        """Whether this replica may bind now (the leader election's verdict); checked again right
+        before the reservation, since leadership may lapse while the pod is read."""
+
+    def oldest_in_flight_seconds(self, now: float | None = None) -> float:
+        """Age of the oldest reservation whose Binding was sent but not yet seen by the watch (0: none)."""
+        now = time.monotonic() if now is None else now
+        ages = [now - since for uid, since in self._bound_at.items() if uid in self.state.in_flight]
+        return max(ages, default=0.0)
 
     def _prepare(self, pod: Mapping[str, Any]) -> tuple[PodKey, PodClaims, ClassChoice]:
         """The pod's key, class and claims. A pod asking for more devices than any node has (or than
@@ -364,6 +376,8 @@ class Verbs:
         except ApiError as exc:
             return f"cannot read pod {namespace}/{name}: {exc.message or exc}"
         # From here to the reservation nothing awaits: the checks and the hold are one step.
+        if not self.serving():
+            return NOT_LEADER
         if uid in self.state.in_flight or self.state.is_bound(uid) is not None:
             return f"pod {namespace}/{name} is already being bound"  # by a bind that ran during the GET
         refusal = self.refusal(pod, uid, node)

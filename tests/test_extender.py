@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import NOT_SYNCED, build_app
-from extender.verbs import Verbs
+from extender.verbs import NOT_LEADER, Verbs
 from tests.builders import H100_MIB, gpu_node, vllm_pod
 from tests.podspecs import container
 from vramguard.cluster import ClusterState, slim_node, slim_pod
@@ -661,3 +661,62 @@ async def test_a_malformed_pod_from_the_api_is_refused_not_a_crash() -> None:
     error = await verbs.bind("p", "default", "uid-p", "h100")
     assert error.startswith("refused: the pod read from the API is malformed: metadata.labels")
     assert posts(fake) == []
+
+
+# -- leader election -------------------------------------------------------------------------------
+
+async def test_a_replica_that_is_not_the_leader_refuses_verbs_and_is_not_ready() -> None:
+    _, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.2")
+    synced = asyncio.Event()
+    synced.set()
+    leading = False
+    registry = CollectorRegistry()
+    app = build_app(verbs, synced, Readiness(), registry, leader=lambda: leading)
+    async with TestClient(TestServer(app)) as test_client:
+        response = await test_client.post("/filter", json={"Pod": vllm_pod("p", "0.2"), "NodeNames": ["h100"]})
+        assert (await response.json())["Error"] == NOT_LEADER
+        response = await test_client.post("/bind", json={"PodName": "p", "PodNamespace": "default",
+                                                         "PodUID": "uid-p", "Node": "h100"})
+        assert (await response.json())["Error"] == NOT_LEADER
+        assert not [call for call in fake.calls if call[0] == "POST"]  # nothing bound
+        assert (await test_client.get("/readyz")).status == 503
+        assert registry.get_sample_value("vramguard_extender_not_leader_refusals_total", {"verb": "filter"}) == 1
+        assert registry.get_sample_value("vramguard_extender_not_leader_refusals_total", {"verb": "bind"}) == 1
+        leading = True
+        response = await test_client.post("/filter", json={"Pod": vllm_pod("p", "0.2"), "NodeNames": ["h100"]})
+        assert (await response.json())["NodeNames"] == ["h100"]
+        assert (await test_client.get("/readyz")).status == 200
+
+
+async def test_leadership_lost_while_the_pod_is_read_binds_nothing() -> None:
+    state, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.2")
+    leading = True
+    real_get = fake.get
+
+    async def get_and_lose(path: str, params: Any = None) -> dict[str, Any]:
+        nonlocal leading
+        leading = False  # the renew deadline passes during the GET
+        return await real_get(path, params)
+
+    fake.get = get_and_lose  # type: ignore[method-assign]
+    verbs.serving = lambda: leading
+    assert await verbs.bind("p", "default", "uid-p", "h100") == NOT_LEADER
+    assert not state.in_flight
+    assert [m for m, _, _ in fake.calls] == ["GET"]
+
+
+async def test_in_flight_reservations_and_the_oldest_age_are_exported() -> None:
+    state, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = vllm_pod("p", "0.2")
+    registry = CollectorRegistry()
+    synced = asyncio.Event()
+    build_app(verbs, synced, Readiness(), registry)
+    assert registry.get_sample_value("vramguard_extender_in_flight_reservations") == 0
+    assert await verbs.bind("p", "default", "uid-p", "h100") == ""  # bound, not yet seen by the watch
+    assert registry.get_sample_value("vramguard_extender_in_flight_reservations") == 1
+    assert verbs.oldest_in_flight_seconds(time.monotonic() + 30) >= 30
+    fake.deliver("p")
+    assert registry.get_sample_value("vramguard_extender_in_flight_reservations") == 0
+    assert verbs.oldest_in_flight_seconds(time.monotonic() + 30) == 0

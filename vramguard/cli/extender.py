@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -63,6 +64,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--agent-namespace", default=DEFAULT_AGENT_NAMESPACE, metavar="NAMESPACE",
                         help="where the node agents' Leases are: a report is trusted only while its Lease is fresh "
                              f"(default {DEFAULT_AGENT_NAMESPACE})")
+    parser.add_argument("--leader-elect", type=_boolean, default=True, metavar="true|false",
+                        help="elect one serving replica through a Lease (default true); only the leader answers "
+                             "filter and bind and reports ready. false only for a sidecar whose kube-scheduler elects "
+                             "its own leader, or a single replica")
+    parser.add_argument("--leader-elect-resource-namespace", metavar="NAMESPACE",
+                        help="namespace of the leader Lease (default: --agent-namespace)")
+    parser.add_argument("--leader-elect-resource-name", default="vramguard-extender", metavar="NAME",
+                        help="name of the leader Lease (default vramguard-extender)")
+    parser.add_argument("--leader-elect-identity", metavar="ID",
+                        help="this replica's identity in the Lease (default: <hostname>_<random>)")
+    parser.add_argument("--leader-elect-lease-duration", type=float, default=15.0, metavar="SECONDS",
+                        help="how long a candidate waits on an unrenewed Lease before taking it (default 15)")
+    parser.add_argument("--leader-elect-renew-deadline", type=float, default=10.0, metavar="SECONDS",
+                        help="a leader that has not renewed for this long stops serving (default 10)")
+    parser.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="SECONDS",
+                        help="how often the Lease is tried or renewed (default 2)")
     parser.add_argument("--drain-delay", type=float, default=0.0, metavar="SECONDS",
                         help="on SIGTERM, report not ready for this long before closing the listener")
     add_max_watch_event_bytes(parser)
@@ -70,14 +87,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def _boolean(value: str) -> bool:
+    """``true`` / ``false`` (as kube-scheduler's ``--leader-elect=false``)."""
+    lowered = value.lower()
+    if lowered not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return lowered == "true"
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the extender; return when it has shut down (0) or failed to start (1, 2)."""
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Imported here for start-up time (see vramguard.cli), not for layering.
-    from extender.main import ExtenderSettings  # noqa: PLC0415
+    from extender.main import ExtenderSettings, LeaderElection  # noqa: PLC0415
     from extender.main import run as run_extender  # noqa: PLC0415
+    from vramguard.election import ElectionTimings  # noqa: PLC0415
     from vramguard.io.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
+    from vramguard.io.leader import default_identity  # noqa: PLC0415
     from vramguard.io.server import ServerSettings  # noqa: PLC0415
     from vramguard.io.supervise import TaskDied  # noqa: PLC0415
     from vramguard.io.tls import TLSLoadError, load_server_tls  # noqa: PLC0415
@@ -89,6 +116,18 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_USAGE)
     if args.drain_delay < 0:
         return _fail("--drain-delay must not be negative", EXIT_USAGE)
+    election = None
+    if args.leader_elect:
+        try:
+            timings = ElectionTimings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                                      args.leader_elect_retry_period)
+        except ValueError as exc:
+            return _fail(f"--leader-elect-*: {exc}", EXIT_USAGE)
+        if timings.lease_duration != int(timings.lease_duration):
+            return _fail("--leader-elect-lease-duration must be whole seconds (a Lease counts in seconds)", EXIT_USAGE)
+        election = LeaderElection(args.leader_elect_resource_namespace or args.agent_namespace,
+                                  args.leader_elect_resource_name,
+                                  args.leader_elect_identity or default_identity(socket.gethostname()), timings)
     problem = transport_problem(args.tls_cert, args.tls_key, args.client_ca, args.insecure_skip_client_auth,
                                 args.insecure_http, host)
     if problem:
@@ -103,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
     settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
                                 ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace,
-                                max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES)
+                                max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES, election=election)
     log = logging.getLogger("vramguard.extender")
     log.info("serving on %s://%s:%d (%s), probes and metrics on http://%s:%d, policy %s",
              "https" if tls else "http", host, port,

@@ -172,6 +172,10 @@ class KubeClient:
         """POST (create) an object."""
         return await self.request("POST", path, body)
 
+    async def replace(self, path: str, body: Any) -> JSON:
+        """PUT (replace) an object; its ``metadata.resourceVersion`` makes it conditional (409 if changed)."""
+        return await self.request("PUT", path, body)
+
     async def patch(self, path: str, body: Any, patch_type: str = "merge") -> JSON:
         """PATCH an object (``merge``, ``strategic`` or ``json``)."""
         types = {
