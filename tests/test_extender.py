@@ -708,7 +708,7 @@ async def test_leadership_lost_while_the_pod_is_read_binds_nothing() -> None:
 
 
 async def test_in_flight_reservations_and_the_oldest_age_are_exported() -> None:
-    state, verbs, fake = make([gpu_node("h100")])
+    _, verbs, fake = make([gpu_node("h100")])
     fake.pods["p"] = vllm_pod("p", "0.2")
     registry = CollectorRegistry()
     synced = asyncio.Event()

@@ -314,6 +314,8 @@ def test_second_scheduler_calls_its_sidecar_over_tls() -> None:
     assert "--listen=127.0.0.1:8443" in args
     assert "--client-ca=/etc/vramguard/tls/ca.crt" in args
     assert "--ops-listen=0.0.0.0:8080" in args
+    # kube-scheduler's own leader election picks the one sidecar that is called.
+    assert "--leader-elect=false" in args
     assert extender["tlsConfig"]["certFile"] == "/etc/vramguard/scheduler-client/tls.crt"
 
 
@@ -325,7 +327,16 @@ def test_default_scheduler_overlay_drops_the_second_scheduler() -> None:
     deployment = next(
         o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-extender"
     )
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    # Two replicas elect a leader; a rollout replaces both at once (a standby is never ready).
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "100%", "maxUnavailable": "100%"}
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect=true" in args and "--leader-elect-resource-name=vramguard-extender" in args
+    role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "vramguard-extender-leader")
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["vramguard-extender"],
+            "verbs": ["get", "update"]} in role["rules"]
+    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "vramguard-critical"
+    assert ("PriorityClass", "vramguard-critical") in names
 
 
 def test_webhook_reads_the_policy_configmap() -> None:

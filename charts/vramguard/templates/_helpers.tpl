@@ -54,6 +54,14 @@ capabilities:
     - --ops-listen=0.0.0.0:{{ .Values.extender.opsPort }}
     - --policy=/etc/vramguard/policy/policy.yaml
     - --agent-namespace={{ .Release.Namespace }}
+    {{- if eq .Values.mode "second-scheduler" }}
+    # kube-scheduler's own leader election picks the one sidecar that is called (README "High availability").
+    - --leader-elect=false
+    {{- else }}
+    - --leader-elect=true
+    - --leader-elect-resource-name=vramguard-extender
+    - --drain-delay=5
+    {{- end }}
   ports:
     {{- if ne .Values.mode "second-scheduler" }}
     - name: https
