@@ -53,6 +53,7 @@ from e2e.procs import (
     wait_until,
     write_records,
 )
+from e2e.service_proxy import Backend, ServiceProxy
 
 VramguardMode = Literal["auto", "on", "off"]
 
@@ -92,6 +93,9 @@ class ClusterConfig:
     """Let the processes outlive this Python process (the command line does this)."""
     timeout: float = 120.0
     """Seconds each component may take to become ready."""
+    extender_replicas: int = 1
+    """Extender processes electing a leader; more than one sit behind a :class:`ServiceProxy` on
+    the extender's port, as replicas behind a Service (processes ``vramguard-extender-<i>``)."""
 
 
 @dataclass
@@ -144,6 +148,7 @@ class Cluster:
         self.config = config
         self.directory = config.directory.resolve()
         self.processes: list[ManagedProcess] = []
+        self._extender_service: ServiceProxy | None = None
         self.state: ClusterState | None = None
         self._ca: CertificateAuthority | None = None
         self._atexit_registered = False
@@ -164,6 +169,7 @@ class Cluster:
         image: str | None = None,
         detach: bool = False,
         timeout: float = 120.0,
+        extender_replicas: int = 1,
     ) -> Cluster:
         """Build (if needed) and start a cluster in ``directory``; return once it is ready."""
         cluster = cls(
@@ -178,6 +184,7 @@ class Cluster:
                 image=image,
                 detach=detach,
                 timeout=timeout,
+                extender_replicas=extender_replicas,
             )
         )
         cluster.start()
@@ -471,12 +478,11 @@ class Cluster:
             ports = {"extender": extender_port, "webhook": webhook_port}
             ops_ports = {"extender": extender_ops_port}
             for name in wanted:
-                urls[name] = self._start_vramguard_service(
-                    name,
-                    ports[name],
-                    write_kubeconfig(self.pki / f"{name}.kubeconfig", identities[name].username, tokens[name]),
-                    ops_ports.get(name),
-                )
+                kubeconfig = write_kubeconfig(self.pki / f"{name}.kubeconfig", identities[name].username, tokens[name])
+                if name == "extender" and cfg.extender_replicas > 1:
+                    urls[name] = self._start_extender_replicas(ports[name], kubeconfig)
+                    continue
+                urls[name] = self._start_vramguard_service(name, ports[name], kubeconfig, ops_ports.get(name))
             if "webhook" in urls:
                 webhook = services.localize_webhook_configuration(
                     services.webhook_configuration(cfg.manifests), webhook_url=urls["webhook"], ca_b64=ca.cert_b64
@@ -485,7 +491,7 @@ class Cluster:
                 _log(f"registered ValidatingWebhookConfiguration {webhook['metadata']['name']}")
                 for policy in services.admission_policies(cfg.manifests):
                     self.create(policy)
-        self.state.vramguard = urls
+        self.state.vramguard.update(urls)  # the extender replicas (if any) are there already
 
         # kube-scheduler (and the second scheduler)
         extender_url = urls.get("extender")
@@ -564,9 +570,41 @@ class Cluster:
             raise RuntimeError(f"vramguard {service} is not running in this cluster")
         return url
 
+    def _start_extender_replicas(self, port: int, kubeconfig: Path) -> str:
+        """``extender_replicas`` extenders on ports of their own, behind a Service proxy on ``port``.
+
+        Each one's probes are at ``state.vramguard_ops["extender-<i>"]``. Returns once one of them
+        (the leader) is ready; the others are live standbys, never ready while it leads."""
+        backends = []
+        for replica in range(self.config.extender_replicas):
+            backend_port, ops_port = free_ports(2)
+            process = f"vramguard-extender-{replica}"
+            url = self._start_vramguard_service("extender", backend_port, kubeconfig, ops_port, process=process,
+                                                ready=False)
+            self._require_state().vramguard[f"extender-{replica}"] = url
+            ops = self._require_state().vramguard_ops.pop("extender")
+            self._require_state().vramguard_ops[f"extender-{replica}"] = ops
+            backends.append(Backend(backend_port, f"{ops}/readyz"))
+        self._extender_service = ServiceProxy(port, backends)
+        self._extender_service.start()
+        wait_until(
+            "an extender replica /readyz",
+            lambda: any(http_status(backend.ready_url) == 200 for backend in backends),
+            timeout=self.config.timeout,
+        )
+        return f"https://127.0.0.1:{port}"
+
     def _start_vramguard_service(
-        self, name: services.ServiceName, port: int, kubeconfig: Path, ops_port: int | None = None
+        self,
+        name: services.ServiceName,
+        port: int,
+        kubeconfig: Path,
+        ops_port: int | None = None,
+        *,
+        process: str | None = None,
+        ready: bool = True,
     ) -> str:
+        """Start one vramguard service; wait for ``/readyz`` (``ready``) or only ``/healthz`` (a standby)."""
         command = self._command()
         assert command, "checked by _vramguard_services"
         pair: KeyPair = self.ca.issue_localhost_server(f"vramguard-{name}")
@@ -601,11 +639,16 @@ class Cluster:
                 ops_port=ops_port,
             )
         argv += self.config.service_args.get(name, ())
-        proc = self._spawn(f"vramguard-{name}", argv)
+        proc = self._spawn(process or f"vramguard-{name}", argv)
         url = f"https://127.0.0.1:{port}"
         ready_url = url
         if ops_port is not None:
             ready_url = self._require_state().vramguard_ops[name] = f"http://127.0.0.1:{ops_port}"
+        if not ready:
+            waited = wait_until(f"vramguard {name} /healthz", lambda: http_status(f"{ready_url}/healthz") == 200,
+                                timeout=self.config.timeout, process=proc)
+            _log(f"vramguard {name} live on {url} ({waited:.1f}s)")
+            return url
         waited = self._wait_ready(name, ready_url, proc)
         _log(f"vramguard {name} ready on {url} ({waited:.1f}s)")
         return url
@@ -696,6 +739,9 @@ class Cluster:
     def down(self) -> None:
         """Stop every component (newest first) and verify no process of theirs is left."""
         errors = []
+        if self._extender_service is not None:
+            self._extender_service.stop()
+            self._extender_service = None
         for proc in reversed(self.processes):
             try:
                 proc.stop()

@@ -1,0 +1,126 @@
+"""Two extenders against one API server: one leader binds, a SIGKILLed leader is replaced.
+
+The replicas sit behind a Service proxy that routes each new connection to a ready replica, as
+kube-proxy does; only the leader is ready. Every check of the outcome is made on the API server's
+objects alone (the ledger rebuilt from them), never on an extender's view.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import gpu_nodes
+from e2e.cluster import Cluster
+from e2e.procs import http_status
+from e2e.scenario import ledger_from_api
+from e2e.test_extender import add_nodes, vllm_pod
+from extender.verbs import NOT_LEADER
+
+pytestmark = pytest.mark.timeout(420)
+
+NAMESPACE = "default"
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/vramguard-system/leases/vramguard-extender"
+LEASE_DURATION = 15.0
+
+
+@pytest.fixture(scope="module")
+def ha_cluster(local_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster.up(tmp_path_factory.mktemp("ha"), kube_version=local_control_plane.version,
+                         extender_replicas=2)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def replicas(cluster: Cluster) -> list[int]:
+    """The replicas' indexes, the ready one (the leader) first."""
+    ops = cluster.state.vramguard_ops if cluster.state else {}
+    indexes = sorted(int(key.rpartition("-")[2]) for key in ops if key.startswith("extender-"))
+    return sorted(indexes, key=lambda i: http_status(f"{ops[f'extender-{i}']}/readyz") != 200)
+
+
+def ready(cluster: Cluster, replica: int) -> bool:
+    assert cluster.state is not None
+    return http_status(f"{cluster.state.vramguard_ops[f'extender-{replica}']}/readyz") == 200
+
+
+def post(cluster: Cluster, replica: int, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to one replica directly, with kube-scheduler's client certificate."""
+    assert cluster.state is not None
+    request = urllib.request.Request(f"{cluster.state.vramguard[f'extender-{replica}']}/{verb}",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                     method="POST")
+    with urllib.request.urlopen(request, context=cluster.client_ssl_context(), timeout=30) as response:
+        answer: dict[str, Any] = json.load(response)
+        return answer
+
+
+def bound(core_v1: Any, prefix: str) -> dict[str, str | None]:
+    return {p.metadata.name: p.spec.node_name for p in core_v1.list_namespaced_pod(NAMESPACE).items
+            if p.metadata.name.startswith(prefix)}
+
+
+def wait_bound(core_v1: Any, prefix: str, count: int, timeout: float) -> dict[str, str | None]:
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = bound(core_v1, prefix)
+        if sum(1 for node in pods.values() if node) >= count or time.monotonic() > deadline:
+            return pods
+        time.sleep(0.25)
+
+
+def test_only_the_leader_serves_and_a_killed_leader_is_replaced(ha_cluster: Cluster, unique: str) -> None:
+    cluster = ha_cluster
+    core_v1 = cluster.core_v1()
+    leader, standby = replicas(cluster)
+    assert ready(cluster, leader) and not ready(cluster, standby)
+    holder = cluster.request("GET", LEASE)["spec"]["holderIdentity"]
+    assert holder
+
+    # The standby refuses the verbs, whatever a client sends it.
+    pod = vllm_pod("probe", "0.3", unique)
+    answer = post(cluster, standby, "filter", {"Pod": pod, "NodeNames": ["anything"]})
+    assert answer["Error"] == NOT_LEADER
+    answer = post(cluster, standby, "bind", {"PodName": "probe", "PodNamespace": NAMESPACE, "PodUID": "u",
+                                             "Node": "anything"})
+    assert answer["Error"] == NOT_LEADER
+
+    # 4 GPUs time-sliced 4 ways: three 0.30 pods fit on each (0.90), twelve in all.
+    add_nodes(core_v1, unique, *[gpu_nodes.time_sliced(f"g{i}", "H100-80GB", replicas=4) for i in range(4)])
+    for i in range(8):
+        core_v1.create_namespaced_pod(NAMESPACE, vllm_pod(f"w{i:02}-{unique}", "0.30", unique))
+    wait_bound(core_v1, "w", 4, timeout=60)
+
+    # SIGKILL the leader mid-wave: no release, the standby must wait the Lease out.
+    [proc] = [p for p in cluster.processes if p.name == f"vramguard-extender-{leader}"]
+    killed = time.monotonic()
+    proc.send(signal.SIGKILL)
+    for i in range(8, 16):
+        core_v1.create_namespaced_pod(NAMESPACE, vllm_pod(f"w{i:02}-{unique}", "0.30", unique))
+    while not ready(cluster, standby):
+        assert time.monotonic() - killed < 3 * LEASE_DURATION + 30, "the standby never took over"
+        time.sleep(0.2)
+    took_over = time.monotonic() - killed
+    new_holder = cluster.request("GET", LEASE)["spec"]["holderIdentity"]
+    assert new_holder and new_holder != holder
+    # The Lease is taken after 15 s unrenewed, then the takeover grace (15 s) lets the dead
+    # leader's last Bindings arrive before the new leader places anything.
+    print(f"failover: standby serving {took_over:.1f}s after the leader was SIGKILLed")
+    assert took_over >= LEASE_DURATION
+
+    pods = wait_bound(core_v1, "w", 12, timeout=120)
+    placed = sum(1 for node in pods.values() if node)
+    print(f"bound {placed} of {len(pods)} pods, {time.monotonic() - killed:.1f}s after the kill")
+    assert len(pods) == 16, "no pod lost"
+    assert placed == 12, pods
+    assert ledger_from_api(cluster).ledger.check_invariants() == []
+
