@@ -384,6 +384,9 @@ def test_alert_rules_are_complete_and_use_exported_metrics() -> None:
     assert "14 * 86400" in exprs["VramguardCertificateExpiringSoon"]
     assert exprs["VramguardWatchDead"] == "vramguard_watch_healthy == 0"
     assert "vramguard_watch_oversized_events_total" in exprs["VramguardWatchOversizedEvents"]
+    assert exprs["VramguardExtenderNoLeader"] == "sum(vramguard_extender_leader) == 0"
+    assert exprs["VramguardExtenderTwoLeaders"] == "sum(vramguard_extender_leader) > 1"
+    assert "vramguard_extender_in_flight_oldest_seconds" in exprs["VramguardExtenderReservationsUnconfirmed"]
     ledger_source = Path(LedgerCollector.__module__.replace(".", "/") + ".py")
     over = exprs["VramguardGpuOverReserved"]
     for metric in ("vramguard_gpu_reserved_bytes", "vramguard_gpu_budget_bytes"):
