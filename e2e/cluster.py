@@ -674,18 +674,25 @@ class Cluster:
         )
 
     def restart_vramguard(
-        self, service: services.ServiceName, sig: signal.Signals = signal.SIGTERM, *, grace: float = 15.0
+        self,
+        service: services.ServiceName,
+        sig: signal.Signals = signal.SIGTERM,
+        *,
+        grace: float = 15.0,
+        replica: int | None = None,
     ) -> None:
         """Stop a running vramguard service with ``sig`` and start it again with the same command line.
 
         The port, certificate and kubeconfig stay the same, so the schedulers and the webhook
-        configuration keep pointing at it. Returns once the new process answers ``/readyz``.
+        configuration keep pointing at it. Returns once the new process answers ``/readyz``, or
+        ``/healthz`` for one of several extender ``replica``s (a standby is never ready).
         SIGKILL simulates a crash; SIGTERM a rolling restart. Whatever is left after ``grace``
         seconds is killed.
         """
-        name = f"vramguard-{service}"
+        key = service if replica is None else f"{service}-{replica}"
+        name = f"vramguard-{key}"
         state = self._require_state()
-        url = state.vramguard.get(service)
+        url = state.vramguard.get(key)
         index = next((i for i, proc in enumerate(self.processes) if proc.name == name), None)
         if url is None or index is None:
             raise RuntimeError(f"vramguard {service} is not running in this cluster")
@@ -704,6 +711,12 @@ class Cluster:
         )
         self.processes[index] = proc
         write_records(self.directory / PROCESSES_FILE, self.processes)
+        if replica is not None:
+            ops = state.vramguard_ops[key]
+            waited = wait_until(f"vramguard {key} /healthz", lambda: http_status(f"{ops}/healthz") == 200,
+                                timeout=self.config.timeout, process=proc)
+            _log(f"vramguard {key} live again on {url} ({waited:.1f}s)")
+            return
         waited = self._wait_ready(service, self.ops_url(service), proc)
         _log(f"vramguard {service} ready again on {url} ({waited:.1f}s)")
 
