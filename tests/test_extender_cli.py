@@ -49,6 +49,10 @@ def test_transport_problem(
         pytest.param(["--tls-cert", "c", "--tls-key", "k"], "need --client-ca", id="no-client-ca"),
         pytest.param(["--ops-listen", "nope"], "--ops-listen 'nope'", id="bad-ops-listen"),
         pytest.param(["--listen", "0.0.0.0:8443", "--insecure-http"], "loopback", id="insecure-http-off-loopback"),
+        pytest.param(["--leader-elect-renew-deadline", "15"], "renew deadline < lease duration",
+                     id="renew-deadline-not-below-lease-duration"),
+        pytest.param(["--leader-elect-retry-period", "0"], "0 < retry period", id="zero-retry-period"),
+        pytest.param(["--leader-elect-lease-duration", "15.5"], "whole seconds", id="fractional-lease-duration"),
     ],
 )
 def test_refuses_to_start(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
@@ -67,3 +71,10 @@ def test_unusable_client_ca_fails_at_start(tmp_path: Path, capsys: pytest.Captur
                  "--client-ca", str(tmp_path / "junk.crt")])
     assert code == 1
     assert "client CA" in capsys.readouterr().err
+
+
+def test_leader_elect_takes_true_or_false_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["extender", "--leader-elect=yes"])
+    assert exited.value.code == 2
+    assert "expected true or false" in capsys.readouterr().err
