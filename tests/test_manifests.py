@@ -441,7 +441,9 @@ def test_dashboard_queries_known_metrics() -> None:
     for metric in (
         "vramguard_gpu_budget_bytes", "vramguard_gpu_reserved_bytes", "vramguard_gpu_free_bytes", "vramguard_gpu_pods",
         "vramguard_extender_decisions_total", "vramguard_http_request_duration_seconds_bucket",
-        "vramguard_webhook_reviews_total",
+        "vramguard_webhook_reviews_total", "vramguard_extender_leader", "vramguard_extender_lease_transitions_total",
+        "vramguard_extender_not_leader_refusals_total", "vramguard_extender_in_flight_reservations",
+        "vramguard_extender_in_flight_oldest_seconds",
     ):
         assert metric in exprs, metric
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
