@@ -88,5 +88,15 @@ def build_app(
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/prioritize", prioritize_handler)
     app.router.add_post("/bind", bind_handler)
-    app.router.add_post("/preempt", preempt_handler(verbs.state, synced))
+    preempt = preempt_handler(verbs.state, synced)
+
+    async def preempt_if_leader(request: web.Request) -> web.Response:
+        # Victims chosen by a standby would ignore the leader's reservations in flight.
+        if refused("preempt"):
+            # The result has no error field: a non-200 answer fails this preemption attempt.
+            return web.json_response({"Error": NOT_LEADER}, status=503)
+        response: web.Response = await preempt(request)
+        return response
+
+    app.router.add_post("/preempt", preempt_if_leader)
     return app

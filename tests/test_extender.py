@@ -681,6 +681,10 @@ async def test_a_replica_that_is_not_the_leader_refuses_verbs_and_is_not_ready()
         assert (await response.json())["Error"] == NOT_LEADER
         assert not [call for call in fake.calls if call[0] == "POST"]  # nothing bound
         assert (await test_client.get("/readyz")).status == 503
+        response = await test_client.post("/preempt", json={"Pod": vllm_pod("p", "0.2"),
+                                                            "NodeNameToMetaVictims": {}})
+        assert response.status == 503 and (await response.json())["Error"] == NOT_LEADER
+        assert registry.get_sample_value("vramguard_extender_not_leader_refusals_total", {"verb": "preempt"}) == 1
         assert registry.get_sample_value("vramguard_extender_not_leader_refusals_total", {"verb": "filter"}) == 1
         assert registry.get_sample_value("vramguard_extender_not_leader_refusals_total", {"verb": "bind"}) == 1
         leading = True
