@@ -45,6 +45,12 @@ def pin_to_test(spec: dict[str, Any], unique: str) -> dict[str, Any]:
     }
 
 
+def violations_on_own_nodes(cluster: Any, unique: str) -> list[str]:
+    """The ledger rebuilt from the API server alone, checked against the rule, on the nodes of the
+    test named by ``unique`` (other tests' nodes share the control plane, with their own states)."""
+    return [v for v in ledger_from_api(cluster).ledger.check_invariants() if unique in v]
+
+
 def ledger_from_api(cluster: Any) -> ClusterState:
     """The ledger rebuilt from the API server alone, as a restarted extender would build it."""
     state = ClusterState(default_policy())

@@ -29,7 +29,13 @@ import pytest
 
 from e2e import gpu_nodes
 from e2e.kube import api_exception, kubernetes_module
-from e2e.scenario import AGENT_LEASES, ledger_from_api, pin_to_test, private_node, require_extender
+from e2e.scenario import (
+    AGENT_LEASES,
+    pin_to_test,
+    private_node,
+    require_extender,
+    violations_on_own_nodes,
+)
 from e2e.test_manifests import FIELD_MANAGER, REAL_KINDS, _as_agent
 from tests.test_manifests import BASE, render_kustomization
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, agent_lease_name
@@ -126,9 +132,10 @@ def wait_for_extender(
         time.sleep(0.5)
 
 
-def ledger_violations(cluster: Any) -> list[str]:
-    """The ledger rebuilt from the API server alone (annotation included), checked against the rule."""
-    return ledger_from_api(cluster).ledger.check_invariants()
+def ledger_violations(cluster: Any, unique: str) -> list[str]:
+    """The ledger rebuilt from the API server alone (annotation included), checked against the rule,
+    on this test's nodes."""
+    return violations_on_own_nodes(cluster, unique)
 
 
 def fill_conservatively(core_v1: Any, namespace: str, unique: str, node: str) -> None:
@@ -162,7 +169,7 @@ def test_a_report_lets_the_extender_place_more_without_overcommitting(
     assert wait_for_extender(core_v1, namespace, "p3", unique) == node
     # p3's GPU is not reported: it may be GPU 0 (0.60 known), so a fifth could overcommit GPU 0.
     assert place(core_v1, namespace, "p4", unique) is None
-    assert ledger_violations(cluster) == []
+    assert ledger_violations(cluster, unique) == []
 
 
 def test_the_agent_process_reports_and_the_extender_uses_it(
@@ -212,7 +219,7 @@ def test_the_agent_process_reports_and_the_extender_uses_it(
     }
     assert wait_for_extender(core_v1, namespace, "p3", unique) == node
     assert place(core_v1, namespace, "p4", unique) is None
-    assert ledger_violations(cluster) == []
+    assert ledger_violations(cluster, unique) == []
 
 
 def start_agent(cluster: Any, node: str, tmp_path: Path, recording: Path, socket: Path,
@@ -294,7 +301,7 @@ def test_measured_use_above_the_declaration_keeps_a_later_pod_pending(
     del report["used"]
     core_v1.patch_node(node, {"metadata": {"annotations": {AGENT_REPORT_ANNOTATION: json.dumps(report)}}})
     assert wait_for_extender(core_v1, namespace, "big", unique, annotations=big) == node
-    assert ledger_violations(cluster) == []
+    assert ledger_violations(cluster, unique) == []
 
 
 def test_an_expired_lease_falls_back_to_the_conservative_rule(
@@ -328,7 +335,7 @@ def test_an_expired_lease_falls_back_to_the_conservative_rule(
     assert place(core_v1, namespace, "p4", unique) is None
     message = refusal(core_v1, namespace, "p4")
     assert f"agent report stale: lease {DEFAULT_AGENT_NAMESPACE}/{agent_lease_name(node)} expired at" in message
-    assert ledger_violations(cluster) == []
+    assert ledger_violations(cluster, unique) == []
 
 
 @pytest.fixture
