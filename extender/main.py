@@ -45,6 +45,7 @@ class ExtenderSettings:
     server: ServerSettings
     agent_namespace: str = DEFAULT_AGENT_NAMESPACE
     max_event_bytes: int = MAX_EVENT_BYTES
+    per_gpu_metrics: bool = False
 
 
 async def run(settings: ExtenderSettings) -> None:
@@ -64,7 +65,8 @@ async def run(settings: ExtenderSettings) -> None:
     ])
     synced = asyncio.Event()
     verbs = Verbs(state, client)
-    app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False)
+    app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False,
+                    per_gpu_metrics=settings.per_gpu_metrics)
 
     async def wait_synced() -> None:
         await runtime.wait_synced()
