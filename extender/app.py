@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from extender.findings import FindingsReporter
-from extender.metrics import ExtenderMetrics
+from extender.metrics import ExtenderMetrics, LedgerExposition
 from extender.preemption import mark_unhelpable, preempt_handler
 from extender.verbs import Verbs
 from extender.wire import (
@@ -27,6 +27,8 @@ from vramguard.io.http import CACHED_EXPOSITION_KEY, Readiness, RequestError, cr
 logger = logging.getLogger(__name__)
 
 NOT_SYNCED = "vramguard: cluster state not synced yet; retrying"
+LEDGER_EXPOSITION_KEY = web.AppKey("vramguard_ledger_exposition", LedgerExposition)
+"""The app's cached ledger series (to render them now: tests, the benchmark)."""
 
 
 def build_app(
@@ -48,6 +50,7 @@ def build_app(
     readiness.add("caches-synced", synced.is_set)
     app = create_app(registry=registry, readiness=readiness, operational_routes=operational_routes)
     app[CACHED_EXPOSITION_KEY] = metrics.ledger.cached
+    app[LEDGER_EXPOSITION_KEY] = metrics.ledger
 
     async def render_ledger_metrics(_: web.Application) -> AsyncIterator[None]:
         await metrics.ledger.render()

@@ -1,7 +1,7 @@
 """Prometheus metrics of the extender: the ledger as gauges and the extender's decisions.
 
-The ledger's series are rendered by :class:`LedgerExposition` off the request path, a slice of
-nodes at a time between which the event loop serves the verbs, and ``/metrics`` sends the cached
+The ledger's series are rendered by :class:`LedgerExposition` off the request path, in slices of
+at most 2 ms with pauses between them in which the event loop serves the verbs, and ``/metrics`` sends the cached
 text: a scrape never holds a filter up. They are aggregated per node and product by default (five
 numbers a node); ``per_gpu`` adds the four series per GPU (labels node, gpu, product, sharing), which
 at thousands of nodes is megabytes a scrape.
@@ -26,8 +26,13 @@ logger = logging.getLogger(__name__)
 
 RENDER_INTERVAL_SECONDS = 10.0
 """How often the ledger's series are rendered; a scrape sees numbers at most this old."""
-NODES_PER_SLICE = 200
-"""Nodes read, or rows formatted, between two yields to the event loop (well under a millisecond each)."""
+NODES_PER_STEP = 25
+"""Nodes read, or ten times as many rows formatted, between two points where rendering may pause."""
+RENDER_BUDGET_SECONDS = 0.002
+"""Rendering runs at most this long at a time on the event loop..."""
+RENDER_PAUSE_SECONDS = 0.008
+"""...then sleeps this long, so that the verbs get the loop to themselves for most of the time (a
+filter arriving meanwhile waits at most one budget, and runs its own slices back to back)."""
 
 # (name, help) of the per-node and per-GPU families, in exposition order.
 NODE_FAMILIES = (
@@ -86,43 +91,47 @@ def _gpu_rows(state: ClusterState, node: str) -> list[_Row]:
 
 
 def render_ledger(state: ClusterState, *, per_gpu: bool = False,
-                  slice_size: int = NODES_PER_SLICE) -> Generator[None, None, bytes]:
-    """The ledger's series in the Prometheus text format, built a slice at a time.
+                  step: int = NODES_PER_STEP) -> Generator[None, None, bytes]:
+    """The ledger's series in the Prometheus text format, built a step at a time.
 
     Each ``yield`` is a point where the caller may let other work run; the ledger may change
-    between slices, so a node's numbers are consistent with themselves, not with every other
+    between steps, so a node's numbers are consistent with themselves, not with every other
     node's (as with any scrape of a live system).
     """
     nodes = sorted(state.node_names())
     rows: list[_Row] = []
     pods: list[_Row] = []
     gpus: list[_Row] = []
-    for index, node in enumerate(nodes, 1):
-        rows.extend(_node_rows(state, node))
-        pods.append(_Row(f'node="{_label(node)}"', (len(state.ledger.pods_on(node)),)))
-        if per_gpu:
-            gpus.extend(_gpu_rows(state, node))
-        if index % slice_size == 0:
-            yield
+    by_namespace: dict[str, int] = {}
+    for start in range(0, len(nodes), step):
+        chunk = nodes[start:start + step]
+        for node in chunk:
+            rows.extend(_node_rows(state, node))
+            pods.append(_Row(f'node="{_label(node)}"', (len(state.ledger.pods_on(node)),)))
+            if per_gpu:
+                gpus.extend(_gpu_rows(state, node))
+        for namespace, count in state.ledger.namespace_bytes(chunk).items():
+            by_namespace[namespace] = by_namespace.get(namespace, 0) + count
+        yield
     namespaces = [_Row(f'namespace="{_label(namespace)}"', (count,))
-                  for namespace, count in sorted(state.ledger.namespace_bytes().items())]
-    yield
+                  for namespace, count in sorted(by_namespace.items())]
     tables = [(family, rows, column) for column, family in enumerate(NODE_FAMILIES)]
     tables.append((NODE_PODS, pods, 0))
     tables.extend((family, gpus, column) for column, family in enumerate(GPU_FAMILIES) if per_gpu)
     tables.append((NAMESPACE_RESERVED, namespaces, 0))
     parts: list[str] = []
+    lines = step * 10
     for (name, help_text), table, column in tables:
         parts.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
-        for start in range(0, len(table), slice_size * 5):
+        for start in range(0, len(table), lines):
             parts.append("".join(f"{name}{{{row.labels}}} {row.values[column]}\n"
-                                 for row in table[start:start + slice_size * 5]))
+                                 for row in table[start:start + lines]))
             yield
     return "".join(parts).encode()
 
 
 def render_ledger_now(state: ClusterState, *, per_gpu: bool = False) -> bytes:
-    """:func:`render_ledger` in one go (tests, the CLI)."""
+    """:func:`render_ledger` in one go (tests, the benchmark)."""
     steps = render_ledger(state, per_gpu=per_gpu)
     while True:
         try:
@@ -157,13 +166,16 @@ class LedgerExposition:
         """Render now, yielding to the event loop between slices, and replace the cache."""
         started = time.perf_counter()
         steps = render_ledger(self.state, per_gpu=self.per_gpu)
+        slice_started = started
         while True:
             try:
                 next(steps)
             except StopIteration as done:
                 self.text = bytes(done.value)
                 break
-            await asyncio.sleep(0)
+            if time.perf_counter() - slice_started >= RENDER_BUDGET_SECONDS:
+                await asyncio.sleep(RENDER_PAUSE_SECONDS)
+                slice_started = time.perf_counter()
         self.render_seconds.set(time.perf_counter() - started)
         self.size.set(len(self.text))
         self.rendered.set_to_current_time()

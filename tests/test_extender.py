@@ -12,19 +12,19 @@ import time
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from extender.app import NOT_SYNCED, build_app
-from extender.metrics import NODES_PER_SLICE, LedgerExposition, render_ledger_now
+from extender import metrics
+from extender.app import LEDGER_EXPOSITION_KEY, NOT_SYNCED, build_app
+from extender.metrics import LedgerExposition, render_ledger_now
 from extender.verbs import Verbs
 from tests.builders import H100_MIB, gpu_node, vllm_pod
 from tests.podspecs import container
 from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
-from vramguard.io.http import CACHED_EXPOSITION_KEY, Readiness
+from vramguard.io.http import Readiness
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
 
@@ -392,23 +392,18 @@ async def test_a_scrape_sends_the_cached_rendering_and_does_not_render() -> None
         state.pods.upsert(vllm_pod("a", "0.5", node="h100"))
         cached = samples(await (await test_client.get("/metrics")).read())
         assert cached[("vramguard_node_pods", pods)] == 0, "a scrape must not render on the request path"
-        await verbs_metrics_render(app)
+        await app[LEDGER_EXPOSITION_KEY].render()  # what the periodic refresh does
         fresh = samples(await (await test_client.get("/metrics")).read())
         assert fresh[("vramguard_node_pods", pods)] == 1
         assert fresh[("vramguard_ledger_exposition_bytes", frozenset())] > 0
 
 
-async def verbs_metrics_render(app: web.Application) -> None:
-    """What the periodic refresh does, now (the app's cached exposition belongs to its LedgerExposition)."""
-    cached = app[CACHED_EXPOSITION_KEY]
-    ledger = cached.__self__  # type: ignore[attr-defined]
-    assert isinstance(ledger, LedgerExposition)
-    await ledger.render()
-
-
-async def test_rendering_yields_to_the_event_loop_between_slices() -> None:
+async def test_rendering_yields_to_the_event_loop_between_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A zero budget: a pause after every step, so the count of the other task's turns is exact enough.
+    monkeypatch.setattr(metrics, "RENDER_BUDGET_SECONDS", 0.0)
+    monkeypatch.setattr(metrics, "RENDER_PAUSE_SECONDS", 0.0)
     nodes = [gpu_node(f"n{i}", gpus=2) for i in range(1000)]
-    state, _, _ = make(nodes)
+    state, _, _ = make(nodes, [vllm_pod(f"p{i}", "0.1", node=f"n{i}") for i in range(0, 1000, 7)])
     exposition = LedgerExposition(state, CollectorRegistry(), per_gpu=True)
     ticks = 0
 
@@ -421,8 +416,12 @@ async def test_rendering_yields_to_the_event_loop_between_slices() -> None:
     other = asyncio.create_task(other_requests())
     await exposition.render()
     other.cancel()
-    assert ticks >= 1000 // NODES_PER_SLICE + 4, ticks
+    assert ticks >= 1000 // metrics.NODES_PER_STEP, ticks
     assert exposition.cached().count(b"vramguard_gpu_budget_bytes{") == 2000
+    assert exposition.cached() == render_ledger_now(state, per_gpu=True)
+    namespaces = samples(exposition.cached())
+    assert namespaces[("vramguard_namespace_reserved_bytes", frozenset({("namespace", "default")}))] == sum(
+        state.ledger.namespace_bytes().values()), "added up slice by slice, the same as in one piece"
 
 
 def test_namespace_bytes_for_chargeback() -> None:

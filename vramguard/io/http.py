@@ -356,13 +356,28 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-async def _metrics(request: web.Request) -> web.Response:
+METRICS_WRITE_BYTES = 64 * 1024
+"""A large exposition is sent in pieces this size, each awaited, so that encrypting and writing
+megabytes does not hold the event loop in one go."""
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
     payload = generate_latest(request.config_dict[REGISTRY_KEY])
     cached = request.config_dict.get(CACHED_EXPOSITION_KEY)
     if cached is not None:
         payload += cached()
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants passed separately.
-    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    headers = {"Content-Type": CONTENT_TYPE_LATEST}
+    if len(payload) <= METRICS_WRITE_BYTES:
+        return web.Response(body=payload, headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(payload)
+    await response.prepare(request)
+    view = memoryview(payload)
+    for start in range(0, len(payload), METRICS_WRITE_BYTES):
+        await response.write(view[start:start + METRICS_WRITE_BYTES])
+    await response.write_eof()
+    return response
 
 
 def _route_label(request: web.Request) -> str:
