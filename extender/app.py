@@ -53,7 +53,7 @@ def build_app(
     app[LEDGER_EXPOSITION_KEY] = metrics.ledger
 
     async def render_ledger_metrics(_: web.Application) -> AsyncIterator[None]:
-        await metrics.ledger.render()
+        await metrics.ledger.refresh()  # before the first request: a scrape never finds the cache empty
         task = asyncio.create_task(metrics.ledger.refresh_forever(), name="ledger-metrics")
         yield
         task.cancel()

@@ -180,14 +180,18 @@ class LedgerExposition:
         self.size.set(len(self.text))
         self.rendered.set_to_current_time()
 
+    async def refresh(self) -> None:
+        """Render now; a failure is logged and the previous rendering kept (metrics never stop the verbs)."""
+        try:
+            await self.render()
+        except Exception:
+            logger.exception("rendering the ledger's metrics failed; serving the previous rendering")
+
     async def refresh_forever(self) -> NoReturn:
-        """Render every ``interval`` seconds after the first; a failure is logged and the old cache kept."""
+        """:meth:`refresh` every ``interval`` seconds (the first rendering is the caller's)."""
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.render()
-            except Exception:
-                logger.exception("rendering the ledger's metrics failed; serving the previous rendering")
+            await self.refresh()
 
 
 class HeldBackCollector(Collector):

@@ -24,7 +24,7 @@ from tests.builders import H100_MIB, gpu_node, vllm_pod
 from tests.podspecs import container
 from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
-from vramguard.io.http import Readiness
+from vramguard.io.http import Readiness, create_operational_app
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
 
@@ -396,6 +396,24 @@ async def test_a_scrape_sends_the_cached_rendering_and_does_not_render() -> None
         fresh = samples(await (await test_client.get("/metrics")).read())
         assert fresh[("vramguard_node_pods", pods)] == 1
         assert fresh[("vramguard_ledger_exposition_bytes", frozenset())] > 0
+
+
+async def test_the_operational_listener_serves_the_cached_series_and_a_failed_rendering_keeps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, verbs, _ = make([gpu_node("h100")])
+    app = build_app(verbs, asyncio.Event(), Readiness(), CollectorRegistry(), operational_routes=False)
+    ledger = app[LEDGER_EXPOSITION_KEY]
+    await ledger.refresh()
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(metrics, "_node_rows", broken)
+    await ledger.refresh()  # logged, not raised
+    async with TestClient(TestServer(create_operational_app(app))) as ops:
+        text = await (await ops.get("/metrics")).text()
+    assert 'vramguard_node_budget_bytes{node="h100"' in text
 
 
 async def test_rendering_yields_to_the_event_loop_between_slices(monkeypatch: pytest.MonkeyPatch) -> None:
