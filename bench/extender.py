@@ -421,7 +421,7 @@ async def bench_scrape(model: ClusterModel, requests: int) -> list[JSON]:
         start_cpu = time.process_time()
         text = render_ledger_now(state, per_gpu=per_gpu)
         records.append({"bench": "scrape", "phase": "exposition", "per_gpu": per_gpu, "nodes": len(names),
-                        "bytes": len(text), "series": text.count(b"\n") - text.count(b"\n#"),
+                        "bytes": len(text), "series": sum(1 for line in text.splitlines() if not line.startswith(b"#")),
                         "render_cpu_ms": round((time.process_time() - start_cpu) * 1000, 1)})
     apps = {}
     for mode in SCRAPE_MODES:
