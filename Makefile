@@ -43,9 +43,10 @@ e2e: $(INSTALLED) tools
 demo: $(INSTALLED)
 	$(BIN)/python -m e2e.demo
 
+# All figures into one JSON file (BENCH_OUT); BENCH_COMPARE=older.json prints each figure's ratio.
+BENCH_OUT ?= bench-results.json
 bench: $(INSTALLED)
-	$(BIN)/python -m bench.demand
-	$(BIN)/python -m bench.webhook
+	$(BIN)/python -m bench.run --out $(BENCH_OUT) $(if $(BENCH_COMPARE),--compare $(BENCH_COMPARE))
 
 # --- the image (scripts/image.sh, scripts/lock.sh) ------------------------------------------------
 lock: $(INSTALLED)  ## regenerate requirements.lock (hashed, all transitive runtime dependencies)

@@ -15,7 +15,12 @@ Prints one JSON line per measurement, then a summary table.
   p99 / max) while filters and prioritizes of pods of new shapes run over the 5,000 nodes, with the
   work sliced as served and unsliced as the baseline, interleaved round by round. Then the filter
   time of pathological pods (200 containers x 1,000 GPUs; 4 x 1,000, just under the device cap).
-- **memory**: in a fresh interpreter, resident memory (``VmRSS``) and Python heap (``tracemalloc``)
+- **scrape**: filters over HTTPS with all node names while nothing else runs, and while a
+  Prometheus scrape of ``/metrics`` and a rendering of the ledger's series run on the same event
+  loop (per node and product, the default; per GPU, ``--metrics-per-gpu``), interleaved request by
+  request; with the size of each exposition and its render time (in one piece, and in slices as served).
+- **memory**: in a fresh interpreter, the process's resident memory (``VmRSS``, the figure that
+  counts) and, from a second run with ``tracemalloc`` on (its timings discarded), the Python heap
   held by the cluster state after the informers' lists of 5,000 Nodes and 50,000 Pods were fed
   to it and dropped, and the peak (``VmHWM``) while they were.
 - **throughput**: on the local control plane (``e2e.cluster``), 2,000 GPU pods onto 500 cordoned
@@ -56,7 +61,8 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
-from extender.app import build_app
+from extender.app import LEDGER_EXPOSITION_KEY, build_app
+from extender.metrics import render_ledger_now
 from extender.verbs import SLICE_SECONDS, Verbs
 from vramguard.cluster import ClusterState
 from vramguard.io.certs import create_ca, issue_serving_certificate, write_serving_files
@@ -66,7 +72,7 @@ from vramguard.io.tls import load_server_tls
 from vramguard.policy import default_policy
 
 JSON = dict[str, Any]
-PARTS = ("latency", "lag", "memory", "throughput")
+PARTS = ("latency", "lag", "scrape", "memory", "throughput")
 SCHEDULER = "vramguard"
 """The scheduler name of the pods the benchmark schedules (the default policy's)."""
 EXTENDER_ONLY = (
@@ -401,6 +407,94 @@ async def bench_lag(model: ClusterModel, requests: int, rounds: int) -> list[JSO
     return records
 
 
+# --------------------------------------------------------------------------- scrapes
+
+SCRAPE_MODES = ("quiet", "scrape-per-node", "scrape-per-gpu")
+
+
+async def bench_scrape(model: ClusterModel, requests: int) -> list[JSON]:
+    """Filter latency over HTTPS without and during a scrape (per node, per GPU), interleaved."""
+    state, names, _ = loaded_state(model)
+    gc.freeze()  # as the extender does once its caches are synced
+    records: list[JSON] = []
+    for per_gpu in (False, True):
+        start_cpu = time.process_time()
+        text = render_ledger_now(state, per_gpu=per_gpu)
+        records.append({"bench": "scrape", "phase": "exposition", "per_gpu": per_gpu, "nodes": len(names),
+                        "bytes": len(text), "series": sum(1 for line in text.splitlines() if not line.startswith(b"#")),
+                        "render_cpu_ms": round((time.process_time() - start_cpu) * 1000, 1)})
+    apps = {}
+    for mode in SCRAPE_MODES:
+        synced = asyncio.Event()
+        synced.set()
+        apps[mode] = build_app(Verbs(state, StubApi()), synced, Readiness(),  # type: ignore[arg-type]
+                               CollectorRegistry(), per_gpu_metrics=mode == "scrape-per-gpu")
+    timings: dict[str, list[float]] = {mode: [] for mode in SCRAPE_MODES}
+    render_wall: dict[str, list[float]] = {"scrape-per-node": [], "scrape-per-gpu": []}
+    with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
+        ca = create_ca("vramguard bench CA")
+        files = write_serving_files(tmp, issue_serving_certificate(ca, dns_names=["localhost"],
+                                                                     ip_addresses=["127.0.0.1"]))
+        tls = load_server_tls(files.tls_cert, files.tls_key)
+        client_tls = ssl.create_default_context(cafile=str(files.ca_cert))
+        async with contextlib.AsyncExitStack() as stack:
+            servers = {mode: await stack.enter_async_context(serve(app, "127.0.0.1", 0, tls))
+                       for mode, app in apps.items()}
+            verbs_session = await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls, limit=1)))
+            scrape_session = await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls, limit=1)))
+
+            async def filter_once(mode: str, serial: int) -> float:
+                shape = NEW_POD_SHAPES[serial % len(NEW_POD_SHAPES)]
+                pod = new_pod(shape, 500_000 + serial)
+                pod["spec"]["schedulerName"] = SCHEDULER
+                body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+                started = time.perf_counter()
+                async with verbs_session.post(f"{servers[mode].url}/filter", data=body,
+                                              headers={"Content-Type": "application/json"}) as response:
+                    response.raise_for_status()
+                    await response.read()
+                return time.perf_counter() - started
+
+            async def scrape(mode: str) -> None:
+                async with scrape_session.get(f"{servers[mode].url}/metrics") as response:
+                    response.raise_for_status()
+                    await response.read()
+
+            async def render(mode: str) -> None:
+                started = time.perf_counter()
+                await apps[mode][LEDGER_EXPOSITION_KEY].render()
+                render_wall[mode].append(time.perf_counter() - started)
+
+            for mode in SCRAPE_MODES:  # a first rendering and the per-shape caches, untimed
+                if mode != "quiet":
+                    await render(mode)
+                for serial in range(len(NEW_POD_SHAPES)):
+                    await filter_once(mode, serial)
+            render_wall = {mode: [] for mode in render_wall}
+            for number in range(requests):
+                order = SCRAPE_MODES if number % 2 == 0 else tuple(reversed(SCRAPE_MODES))
+                for mode in order:
+                    if mode == "quiet":
+                        timings[mode].append(await filter_once(mode, number))
+                        continue
+                    # The scrape and the periodic rendering both under way when the filter arrives.
+                    background = [asyncio.create_task(scrape(mode)), asyncio.create_task(render(mode))]
+                    await asyncio.sleep(0)
+                    timings[mode].append(await filter_once(mode, number))
+                    await asyncio.gather(*background)
+    quiet = latency_stats(timings["quiet"])
+    for mode in SCRAPE_MODES:
+        stats = latency_stats(timings[mode])
+        record: JSON = {"bench": "scrape", "mode": mode, "nodes": len(names), "filter": stats}
+        if mode != "quiet":
+            record["p99_ratio_to_quiet"] = round(float(stats["p99_ms"]) / float(quiet["p99_ms"]), 2)
+            record["render_sliced"] = latency_stats(render_wall[mode])
+        records.append(record)
+    return records
+
+
 # --------------------------------------------------------------------------- memory
 
 
@@ -444,11 +538,16 @@ def bench_memory(nodes: int, pods: int) -> list[JSON]:
             [sys.executable, "-m", "bench.extender", "--memory-child", f"{nodes},{pods},{int(traced)}"],
             check=True, capture_output=True, text=True, timeout=1800,
         )
-        merged |= json.loads(out.stdout.strip().splitlines()[-1])
+        run = json.loads(out.stdout.strip().splitlines()[-1])
+        if traced:
+            # tracemalloc slows every allocation down: only its heap figures are kept, no timing.
+            run = {k: v for k, v in run.items() if k.startswith("tracemalloc_")}
+        merged |= run
     mib = 1 << 20
     merged["rss_delta_mib"] = round(merged["rss_delta_bytes"] / mib, 1)
     merged["tracemalloc_held_mib"] = round(merged["tracemalloc_held_bytes"] / mib, 1)
     merged["peak_rss_mib"] = round(merged["peak_rss_bytes"] / mib, 1)
+    merged["rss_mib"] = round(merged["rss_bytes"] / mib, 1)
     merged["bytes_per_pod"] = round(merged["tracemalloc_held_bytes"] / max(1, merged["pods"]))
     return [merged]
 
@@ -616,10 +715,25 @@ def summary_table(records: list[JSON]) -> str:
             )
         elif r.get("bench") == "lag":
             lines.append(f"| filter of the {r['pod']} GPU pod, {r['nodes']:,} nodes | {r['filter_ms']} ms |")
+        elif r.get("bench") == "scrape" and r.get("phase") == "exposition":
+            lines.append(
+                f"| /metrics ledger series, {r['nodes']:,} nodes, {'per GPU' if r['per_gpu'] else 'per node'}: "
+                f"size / render CPU | {r['bytes'] / (1 << 20):.2f} MiB ({r['series']:,} series) / "
+                f"{r['render_cpu_ms']} ms |"
+            )
+        elif r.get("bench") == "scrape":
+            f = r["filter"]
+            extra = (f", {r['p99_ratio_to_quiet']}x quiet p99; render in slices p50 {r['render_sliced']['p50_ms']} ms"
+                     if "p99_ratio_to_quiet" in r else "")
+            lines.append(
+                f"| https filter, {r['nodes']:,} names, {r['mode']}: p50 / p99 | "
+                f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}{extra}) |"
+            )
         elif r.get("bench") == "memory":
             lines.append(
-                f"| memory, {r['nodes']:,} nodes + {r['pods']:,} pods: RSS delta / Python heap held | "
-                f"{r['rss_delta_mib']} / {r['tracemalloc_held_mib']} MiB ({r['bytes_per_pod']} B per pod) |"
+                f"| memory, {r['nodes']:,} nodes + {r['pods']:,} pods, lists dropped: process RSS / peak RSS | "
+                f"{r['rss_mib']} / {r['peak_rss_mib']} MiB (growth {r['rss_delta_mib']} MiB; Python heap "
+                f"{r['tracemalloc_held_mib']} MiB, {r['bytes_per_pod']} B per pod) |"
             )
             lines.append(f"| re-list of {r['pods']:,} pods fed to the state | {r['relist_pods_s']} s |")
         elif r.get("bench") == "throughput" and "scheduler" in r:
@@ -664,6 +778,10 @@ def main(argv: list[str] | None = None) -> int:
             records.append(record)
     if "lag" in parts:
         for record in asyncio.run(bench_lag(big, 12 if args.quick else 40, 2 if args.quick else 4)):
+            emit(record)
+            records.append(record)
+    if "scrape" in parts:
+        for record in asyncio.run(bench_scrape(big, 100)):
             emit(record)
             records.append(record)
     if "memory" in parts:

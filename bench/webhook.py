@@ -57,6 +57,8 @@ def review_body(index: int = 0) -> bytes:
     """The AdmissionReview the API server sends for the typical pod (CREATE)."""
     obj = copy.deepcopy(TYPICAL_VLLM_POD)
     obj["metadata"]["uid"] = f"00000000-0000-0000-0000-{index:012d}"
+    # The default policy admits GPU pods only for the schedulers that call the extender.
+    obj["spec"]["schedulerName"] = "vramguard"
     return json.dumps({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",

@@ -496,13 +496,10 @@ class Cluster:
         # kube-scheduler (and the second scheduler)
         extender_url = urls.get("extender")
         if cfg.second_scheduler:
+            second = services.load_yaml(cfg.manifests / "scheduler" / services.SECOND_SCHEDULER_CONFIG.name)
             schedulers = {
-                "kube-scheduler": (services.plain_scheduler_config(), sched_port, None),
-                "vramguard-scheduler": (
-                    services.load_yaml(cfg.manifests / "scheduler" / services.SECOND_SCHEDULER_CONFIG.name),
-                    second_port,
-                    extender_url,
-                ),
+                "kube-scheduler": (services.plain_scheduler_config(second), sched_port, None),
+                "vramguard-scheduler": (second, second_port, extender_url),
             }
         else:
             schedulers = {

@@ -218,11 +218,15 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def plain_scheduler_config() -> dict[str, Any]:
-    """A KubeSchedulerConfiguration with only the default profile (no extender)."""
+def plain_scheduler_config(like: Mapping[str, Any]) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with only the default profile (no extender), with the API rate
+    limit (``clientConnection.qps/burst``) of the shipped configuration ``like``, so that the stock
+    scheduler it is compared with is not throttled differently."""
+    connection = like.get("clientConnection") or {}
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {key: connection[key] for key in ("qps", "burst") if key in connection},
         "profiles": [{"schedulerName": "default-scheduler"}],
     }
 

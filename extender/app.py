@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from extender.findings import FindingsReporter
-from extender.metrics import ExtenderMetrics
+from extender.metrics import ExtenderMetrics, LedgerExposition
 from extender.preemption import mark_unhelpable, preempt_handler
 from extender.verbs import NOT_LEADER, Verbs
-from extender.wire import ExtenderArgs, ExtenderBindingArgs, binding_result, filter_result, host_priorities
-from vramguard.io.http import Readiness, create_app, read_model
+from extender.wire import (
+    NODE_CACHE_REQUIRED,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    binding_result,
+    filter_result,
+    host_priorities,
+    sends_whole_nodes,
+)
+from vramguard.io.http import CACHED_EXPOSITION_KEY, Readiness, RequestError, create_app, read_body, read_model
 
 logger = logging.getLogger(__name__)
 
 NOT_SYNCED = "vramguard: cluster state not synced yet; retrying"
+LEDGER_EXPOSITION_KEY = web.AppKey("vramguard_ledger_exposition", LedgerExposition)
+"""The app's cached ledger series (to render them now: tests, the benchmark)."""
 
 
 def build_app(
@@ -29,6 +39,7 @@ def build_app(
     *,
     operational_routes: bool = True,
     leader: Callable[[], bool] | None = None,
+    per_gpu_metrics: bool = False,
 ) -> web.Application:
     """The aiohttp application of the extender; ``synced`` gates every verb.
 
@@ -36,8 +47,9 @@ def build_app(
     Service routes only to the leader; ``None``: this replica always serves (a sidecar whose
     scheduler has its own leader election, or a single replica).
     ``operational_routes`` False leaves probes and metrics to a listener of their own.
+    ``per_gpu_metrics`` adds the ledger's series per GPU to those per node and product.
     """
-    metrics = ExtenderMetrics(registry, verbs.state, verbs.oldest_in_flight_seconds)
+    metrics = ExtenderMetrics(registry, verbs.state, verbs.oldest_in_flight_seconds, per_gpu=per_gpu_metrics)
     verbs.findings = FindingsReporter(verbs.client, registry)
     readiness.add("caches-synced", synced.is_set)
     if leader is not None:
@@ -51,22 +63,51 @@ def build_app(
         metrics.not_leader.labels(verb).inc()
         return True
     app = create_app(registry=registry, readiness=readiness, operational_routes=operational_routes)
+    app[CACHED_EXPOSITION_KEY] = metrics.ledger.cached
+    app[LEDGER_EXPOSITION_KEY] = metrics.ledger
+
+    async def render_ledger_metrics(_: web.Application) -> AsyncIterator[None]:
+        await metrics.ledger.refresh()  # before the first request: a scrape never finds the cache empty
+        task = asyncio.create_task(metrics.ledger.refresh_forever(), name="ledger-metrics")
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(render_ledger_metrics)
+
+    async def read_names(request: web.Request, verb: str) -> ExtenderArgs | None:
+        """The body of filter or prioritize; None when it carries whole Nodes (refused, counted)."""
+        try:
+            body = await read_body(request)
+        except RequestError as exc:
+            if exc.status == 413:
+                raise RequestError(413, f"{exc.message}; {NODE_CACHE_REQUIRED}") from None
+            raise
+        args = None if sends_whole_nodes(body) else await read_model(request, ExtenderArgs)
+        if args is None or args.whole_nodes():
+            metrics.node_cache_refused.labels(verb).inc()
+            return None
+        return args
 
     async def filter_handler(request: web.Request) -> web.Response:
-        args = await read_model(request, ExtenderArgs)
+        args = await read_names(request, "filter")
+        if args is None:
+            return web.json_response(filter_result([], {}, {}, NODE_CACHE_REQUIRED))
         if not synced.is_set():
             # An error fails this scheduling attempt; the scheduler retries the pod later.
-            return web.json_response(filter_result(args, [], {}, {}, NOT_SYNCED))
+            return web.json_response(filter_result([], {}, {}, NOT_SYNCED))
         if refused("filter"):
-            return web.json_response(filter_result(args, [], {}, {}, NOT_LEADER))
+            return web.json_response(filter_result([], {}, {}, NOT_LEADER))
         outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()))
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
-        return web.json_response(filter_result(args, outcome.passing, outcome.failed, outcome.unresolvable))
+        return web.json_response(filter_result(outcome.passing, outcome.failed, outcome.unresolvable))
 
     async def prioritize_handler(request: web.Request) -> web.Response:
-        args = await read_model(request, ExtenderArgs)
+        args = await read_names(request, "prioritize")
+        if args is None:
+            # HostPriorityList has no error field: a 4xx is the scheduler's only sign.
+            raise RequestError(400, NODE_CACHE_REQUIRED)
         if not synced.is_set():
             return web.json_response(host_priorities(dict.fromkeys(args.node_names(), 0)))
         return web.json_response(host_priorities(await verbs.prioritize(args.Pod, args.node_names())))

@@ -51,6 +51,7 @@ class ExtenderSettings:
     max_event_bytes: int = MAX_EVENT_BYTES
     election: LeaderElection | None = None
     """``None``: this replica always serves (a sidecar whose scheduler elects its own leader)."""
+    per_gpu_metrics: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ async def run(settings: ExtenderSettings) -> None:
         if election is not None else None
     )
     app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False,
-                    leader=elector.serving if elector is not None else None)
+                    leader=elector.serving if elector is not None else None,
+                    per_gpu_metrics=settings.per_gpu_metrics)
 
     async def wait_synced() -> None:
         await runtime.wait_synced()

@@ -1,46 +1,197 @@
-"""Prometheus metrics of the extender: the ledger as gauges (read at scrape time) and decisions."""
+"""Prometheus metrics of the extender: the ledger as gauges and the extender's decisions.
+
+The ledger's series are rendered by :class:`LedgerExposition` off the request path, in slices of
+at most 2 ms with pauses between them in which the event loop serves the verbs, and ``/metrics`` sends the cached
+text: a scrape never holds a filter up. They are aggregated per node and product by default (five
+numbers a node); ``per_gpu`` adds the four series per GPU (labels node, gpu, product, sharing), which
+at thousands of nodes is megabytes a scrape.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import NoReturn
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vramguard.cluster import ClusterState
 
+logger = logging.getLogger(__name__)
 
-class LedgerCollector(Collector):
-    """Per GPU budget, reserved (worst case) and free bytes, and pods per GPU; per namespace bytes."""
+RENDER_INTERVAL_SECONDS = 10.0
+"""How often the ledger's series are rendered; a scrape sees numbers at most this old."""
+NODES_PER_STEP = 25
+"""Nodes read, or ten times as many rows formatted, between two points where rendering may pause."""
+RENDER_BUDGET_SECONDS = 0.002
+"""Rendering runs at most this long at a time on the event loop..."""
+RENDER_PAUSE_SECONDS = 0.008
+"""...then sleeps this long, so that the verbs get the loop to themselves for most of the time (a
+filter arriving meanwhile waits at most one budget, and runs its own slices back to back)."""
 
-    def __init__(self, state: ClusterState) -> None:
+# (name, help) of the per-node and per-GPU families, in exposition order.
+NODE_FAMILIES = (
+    ("vramguard_node_budget_bytes", "VRAM budget of a node's GPUs of one product (memory less headroom)."),
+    ("vramguard_node_reserved_bytes", "VRAM a node's GPUs of one product may hold in the worst case."),
+    ("vramguard_node_free_bytes", "Budget left on a node's GPUs of one product in the worst case (sum over GPUs)."),
+    ("vramguard_node_largest_free_bytes", "Largest budget left on any one of a node's GPUs of one product."),
+    ("vramguard_node_gpus", "GPUs of one product on a node."),
+    ("vramguard_node_overcommitted_gpus",
+     "GPUs of one product on a node whose worst-case reservations exceed their budget."),
+)
+NODE_PODS = ("vramguard_node_pods", "Pods known or intended on a node's GPUs.")
+GPU_FAMILIES = (
+    ("vramguard_gpu_budget_bytes", "VRAM budget of a GPU (memory less headroom)."),
+    ("vramguard_gpu_reserved_bytes", "VRAM a GPU may hold in the worst case, whatever replica the plugin picked."),
+    ("vramguard_gpu_free_bytes", "Budget left on a GPU in the worst case."),
+    ("vramguard_gpu_pods", "Pods known or intended on a GPU."),
+)
+NAMESPACE_RESERVED = ("vramguard_namespace_reserved_bytes",
+                      "VRAM held by a namespace's bound GPU pods (for chargeback).")
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    labels: str
+    values: tuple[int, ...]
+
+
+def _label(value: str) -> str:
+    # The exposition format's escapes: product names come from nodes' labels or agents' reports.
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _node_rows(state: ClusterState, node: str) -> list[_Row]:
+    by_product: dict[str, list[int]] = {}
+    for usage in state.ledger.usage(node, pods=False):
+        free = max(0, usage.budget - usage.worst_bytes)
+        totals = by_product.setdefault(usage.device.product, [0, 0, 0, 0, 0, 0])
+        totals[0] += usage.budget
+        totals[1] += usage.worst_bytes
+        totals[2] += free
+        totals[3] = max(totals[3], free)
+        totals[4] += 1
+        totals[5] += usage.worst_bytes > usage.budget
+    return [_Row(f'node="{_label(node)}",product="{_label(product)}"', tuple(totals))
+            for product, totals in sorted(by_product.items())]
+
+
+def _gpu_rows(state: ClusterState, node: str) -> list[_Row]:
+    return [
+        _Row(f'gpu="{_label(u.device.id)}",node="{_label(node)}",product="{_label(u.device.product)}",'
+             f'sharing="{_label(u.device.sharing)}"',
+             (u.budget, u.worst_bytes, max(0, u.budget - u.worst_bytes), len(u.pods)))
+        for u in state.ledger.usage(node, pods=True)
+    ]
+
+
+def render_ledger(state: ClusterState, *, per_gpu: bool = False,
+                  step: int = NODES_PER_STEP) -> Generator[None, None, bytes]:
+    """The ledger's series in the Prometheus text format, built a step at a time.
+
+    Each ``yield`` is a point where the caller may let other work run; the ledger may change
+    between steps, so a node's numbers are consistent with themselves, not with every other
+    node's (as with any scrape of a live system).
+    """
+    nodes = sorted(state.node_names())
+    rows: list[_Row] = []
+    pods: list[_Row] = []
+    gpus: list[_Row] = []
+    by_namespace: dict[str, int] = {}
+    for start in range(0, len(nodes), step):
+        chunk = nodes[start:start + step]
+        for node in chunk:
+            rows.extend(_node_rows(state, node))
+            pods.append(_Row(f'node="{_label(node)}"', (len(state.ledger.pods_on(node)),)))
+            if per_gpu:
+                gpus.extend(_gpu_rows(state, node))
+        for namespace, count in state.ledger.namespace_bytes(chunk).items():
+            by_namespace[namespace] = by_namespace.get(namespace, 0) + count
+        yield
+    namespaces = [_Row(f'namespace="{_label(namespace)}"', (count,))
+                  for namespace, count in sorted(by_namespace.items())]
+    tables = [(family, rows, column) for column, family in enumerate(NODE_FAMILIES)]
+    tables.append((NODE_PODS, pods, 0))
+    tables.extend((family, gpus, column) for column, family in enumerate(GPU_FAMILIES) if per_gpu)
+    tables.append((NAMESPACE_RESERVED, namespaces, 0))
+    parts: list[str] = []
+    lines = step * 10
+    for (name, help_text), table, column in tables:
+        parts.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
+        for start in range(0, len(table), lines):
+            parts.append("".join(f"{name}{{{row.labels}}} {row.values[column]}\n"
+                                 for row in table[start:start + lines]))
+            yield
+    return "".join(parts).encode()
+
+
+def render_ledger_now(state: ClusterState, *, per_gpu: bool = False) -> bytes:
+    """:func:`render_ledger` in one go (tests, the benchmark)."""
+    steps = render_ledger(state, per_gpu=per_gpu)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return bytes(done.value)
+
+
+class LedgerExposition:
+    """The ledger's series, re-rendered every ``interval`` seconds in slices on the event loop and
+    served from the cache: reading them costs a scrape nothing but sending the bytes."""
+
+    def __init__(self, state: ClusterState, registry: CollectorRegistry, *, per_gpu: bool = False,
+                 interval: float = RENDER_INTERVAL_SECONDS) -> None:
         self.state = state
+        self.per_gpu = per_gpu
+        self.interval = interval
+        self.text = b""
+        self.render_seconds = Gauge("vramguard_ledger_render_seconds",
+                                    "Wall time of the last rendering of the ledger's series, slices and "
+                                    "the requests served between them included.", registry=registry)
+        self.size = Gauge("vramguard_ledger_exposition_bytes", "Size of the cached ledger series.",
+                          registry=registry)
+        self.rendered = Gauge("vramguard_ledger_rendered_timestamp_seconds",
+                              "When the cached ledger series were last rendered (Unix time).", registry=registry)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Read the ledger now; nothing is cached between scrapes."""
-        labels = ["node", "gpu", "product", "sharing"]
-        budget = GaugeMetricFamily("vramguard_gpu_budget_bytes", "VRAM budget of a GPU (memory less headroom).",
-                                   labels=labels)
-        reserved = GaugeMetricFamily("vramguard_gpu_reserved_bytes",
-                                     "VRAM a GPU may hold in the worst case, whatever replica the plugin picked.",
-                                     labels=labels)
-        free = GaugeMetricFamily("vramguard_gpu_free_bytes", "Budget left on a GPU in the worst case.",
-                                 labels=labels)
-        pods = GaugeMetricFamily("vramguard_gpu_pods", "Pods known or intended on a GPU.", labels=labels)
-        for node in sorted(self.state.node_names()):
-            for row in self.state.ledger.usage(node):
-                values = [node, row.device.id, row.device.product, row.device.sharing]
-                budget.add_metric(values, row.budget)
-                reserved.add_metric(values, row.worst_bytes)
-                free.add_metric(values, max(0, row.budget - row.worst_bytes))
-                pods.add_metric(values, len(row.pods))
-        namespaces = GaugeMetricFamily("vramguard_namespace_reserved_bytes",
-                                       "VRAM held by a namespace's bound GPU pods (for chargeback).",
-                                       labels=["namespace"])
-        for namespace, count in sorted(self.state.ledger.namespace_bytes().items()):
-            namespaces.add_metric([namespace], count)
-        yield from (budget, reserved, free, pods, namespaces)
+    def cached(self) -> bytes:
+        """The last rendering (empty before the first)."""
+        return self.text
+
+    async def render(self) -> None:
+        """Render now, yielding to the event loop between slices, and replace the cache."""
+        started = time.perf_counter()
+        steps = render_ledger(self.state, per_gpu=self.per_gpu)
+        slice_started = started
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                self.text = bytes(done.value)
+                break
+            if time.perf_counter() - slice_started >= RENDER_BUDGET_SECONDS:
+                await asyncio.sleep(RENDER_PAUSE_SECONDS)
+                slice_started = time.perf_counter()
+        self.render_seconds.set(time.perf_counter() - started)
+        self.size.set(len(self.text))
+        self.rendered.set_to_current_time()
+
+    async def refresh(self) -> None:
+        """Render now; a failure is logged and the previous rendering kept (metrics never stop the verbs)."""
+        try:
+            await self.render()
+        except Exception:
+            logger.exception("rendering the ledger's metrics failed; serving the previous rendering")
+
+    async def refresh_forever(self) -> NoReturn:
+        """:meth:`refresh` every ``interval`` seconds (the first rendering is the caller's)."""
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.refresh()
 
 
 class HeldBackCollector(Collector):
@@ -76,10 +227,15 @@ class InFlightCollector(Collector):
 
 
 class ExtenderMetrics:
-    """Counters of the extender's decisions."""
+    """Counters of the extender's decisions and the cached ledger series."""
 
     def __init__(
-        self, registry: CollectorRegistry, state: ClusterState, oldest_in_flight: Callable[[], float] = lambda: 0.0
+        self,
+        registry: CollectorRegistry,
+        state: ClusterState,
+        oldest_in_flight: Callable[[], float] = lambda: 0.0,
+        *,
+        per_gpu: bool = False,
     ) -> None:
         self.decisions = Counter(
             "vramguard_extender_decisions",
@@ -94,5 +250,12 @@ class ExtenderMetrics:
             registry=registry,
         )
         registry.register(InFlightCollector(state, oldest_in_flight))
-        registry.register(LedgerCollector(state))
+        self.node_cache_refused = Counter(
+            "vramguard_extender_node_cache_refused",
+            "Requests carrying full Node objects (the scheduler's nodeCacheCapable: false), answered "
+            "with an error: only nodeCacheCapable: true is supported.",
+            labelnames=("verb",),
+            registry=registry,
+        )
+        self.ledger = LedgerExposition(state, registry, per_gpu=per_gpu)
         registry.register(HeldBackCollector(state))

@@ -16,12 +16,6 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class NodeList(_Wire):
-    """``v1.NodeList``: only the items matter."""
-
-    items: list[dict[str, Any]] = Field(default_factory=list)
-
-
 def pod_problem(pod: Mapping[str, Any]) -> str | None:
     """What makes ``pod`` unlike any object the API server would send, or ``None``.
 
@@ -53,11 +47,12 @@ class ExtenderArgs(_Wire):
     """The body of ``filter`` and ``prioritize``.
 
     With ``nodeCacheCapable: true`` the scheduler sends ``NodeNames`` and ``Nodes`` is null;
-    otherwise it sends whole ``Nodes``.
+    otherwise it sends whole ``Nodes``, which the extender refuses (:data:`NODE_CACHE_REQUIRED`).
     """
 
     Pod: dict[str, Any]
-    Nodes: NodeList | None = None
+    Nodes: Any = None
+    """Only whether it is there matters: whole Nodes are refused unread."""
     NodeNames: list[str] | None = None
 
     @field_validator("Pod")
@@ -68,19 +63,31 @@ class ExtenderArgs(_Wire):
             raise ValueError(problem)
         return pod
 
+    def whole_nodes(self) -> bool:
+        """Whether the candidates came as whole Nodes (``nodeCacheCapable: false``), not names."""
+        return self.NodeNames is None and self.Nodes is not None
+
     def node_names(self) -> list[str]:
-        """The candidate nodes' names, whichever form they came in."""
-        if self.NodeNames is not None:
-            return self.NodeNames
-        if self.Nodes is None:
-            return []
-        names = []
-        for node in self.Nodes.items:
-            metadata = node.get("metadata")
-            name = metadata.get("name") if isinstance(metadata, dict) else None
-            if isinstance(name, str):
-                names.append(name)
-        return names
+        """The candidate nodes' names (none when they came as whole Nodes: see :meth:`whole_nodes`)."""
+        return self.NodeNames or []
+
+
+NODE_CACHE_REQUIRED = (
+    "vramguard: the scheduler sent whole Node objects (its extenders entry has nodeCacheCapable: false); "
+    "only nodeCacheCapable: true is supported: set it in the scheduler configuration "
+    "(counted in vramguard_extender_node_cache_refused_total)"
+)
+
+
+def sends_whole_nodes(body: bytes) -> bool:
+    """Whether a filter or prioritize body is from a scheduler with ``nodeCacheCapable: false``,
+    read from the raw bytes so that megabytes of Nodes are never turned into objects.
+
+    Go encodes ``ExtenderArgs`` in field order (Pod, Nodes, NodeNames) without omitempty, so such a
+    body ends with ``"NodeNames":null}``; a body from any other encoder is caught after parsing by
+    :meth:`ExtenderArgs.whole_nodes`.
+    """
+    return body.rstrip().endswith(b'"NodeNames":null}')
 
 
 class ExtenderBindingArgs(_Wire):
@@ -93,20 +100,15 @@ class ExtenderBindingArgs(_Wire):
 
 
 def filter_result(
-    args: ExtenderArgs,
     passing: list[str],
     failed: dict[str, str],
     unresolvable: dict[str, str],
     error: str = "",
 ) -> dict[str, Any]:
-    """``ExtenderFilterResult``: ``NodeNames`` always a list (null would filter out every node),
-    and ``Nodes`` echoed back for schedulers that are not node-cache capable."""
-    nodes: dict[str, Any] | None = None
-    if args.NodeNames is None and args.Nodes is not None:
-        keep = set(passing)
-        nodes = {"items": [n for n in args.Nodes.items if (n.get("metadata") or {}).get("name") in keep]}
+    """``ExtenderFilterResult``: ``NodeNames`` always a list (null would filter out every node);
+    ``Nodes`` null, as only node-cache capable schedulers are served."""
     return {
-        "Nodes": nodes,
+        "Nodes": None,
         "NodeNames": passing,
         "FailedNodes": failed,
         "FailedAndUnresolvableNodes": unresolvable,

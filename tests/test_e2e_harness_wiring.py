@@ -26,6 +26,34 @@ _QUALIFIED_NAME = re.compile(
 )
 
 
+# kube-scheduler's defaults when clientConnection leaves them out: they throttle a wave of GPU pods.
+DEFAULT_QPS, DEFAULT_BURST = 50, 100
+
+
+IN_CLUSTER = [Path("manifests/base/scheduler-config.yaml"), Path("charts/vramguard/files/scheduler-config.yaml")]
+
+
+@pytest.mark.parametrize("path", [*SHIPPED, *IN_CLUSTER], ids=str)
+def test_shipped_scheduler_configs_set_the_api_rate_limit(path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    connection = services.load_yaml(path if path.is_absolute() else root / path)["clientConnection"]
+    reference = services.load_yaml(services.SECOND_SCHEDULER_CONFIG)["clientConnection"]
+    assert connection["qps"] > DEFAULT_QPS and connection["burst"] > DEFAULT_BURST
+    assert (connection["qps"], connection["burst"]) == (reference["qps"], reference["burst"]), "one setting everywhere"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.name)
+def test_the_stock_scheduler_compared_with_gets_the_same_rate_limit(path: Path, tmp_path: Path) -> None:
+    shipped = services.load_yaml(path)
+    stock = services.localize_scheduler_config(services.plain_scheduler_config(shipped), kubeconfig=tmp_path / "k",
+                                               extender_url=None, ca_b64=None)
+    local = services.localize_scheduler_config(shipped, kubeconfig=tmp_path / "k", extender_url="https://x:1",
+                                               ca_b64="Y2E=")
+    for key in ("qps", "burst"):
+        assert stock["clientConnection"][key] == local["clientConnection"][key] == shipped["clientConnection"][key]
+    assert "extenders" not in stock
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.name)
 def test_shipped_scheduler_configs_declare_the_extender(path: Path) -> None:
     config = services.load_yaml(path)

@@ -14,14 +14,17 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
-from extender.app import NOT_SYNCED, build_app
+from extender import metrics
+from extender.app import LEDGER_EXPOSITION_KEY, NOT_SYNCED, build_app
+from extender.metrics import LedgerExposition, render_ledger_now
 from extender.verbs import NOT_LEADER, Verbs
 from tests.builders import H100_MIB, gpu_node, vllm_pod
 from tests.podspecs import container
 from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
-from vramguard.io.http import Readiness
+from vramguard.io.http import Readiness, create_operational_app
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
 
@@ -254,12 +257,48 @@ async def test_filter_wire_format_node_names(client: TestClient) -> None:  # typ
     assert body["FailedNodes"] == {"cpu-1": "node cpu-1 is not known to vramguard yet"}
 
 
-async def test_filter_wire_format_full_nodes(client: TestClient) -> None:  # type: ignore[type-arg]
-    nodes = [gpu_node("h100"), gpu_node("h200", memory_mib=143771)]
-    response = await client.post("/filter", json={"Pod": vllm_pod("p", "0.6"), "Nodes": {"items": nodes}})
-    body = await response.json()
-    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["h100", "h200"]
-    assert body["NodeNames"] == ["h100", "h200"]
+def go_encoded_whole_nodes(nodes: list[dict[str, Any]]) -> bytes:
+    """ExtenderArgs as kube-scheduler encodes it with nodeCacheCapable: false (field order, no spaces)."""
+    return json.dumps({"Pod": vllm_pod("p", "0.6"), "Nodes": {"items": nodes}, "NodeNames": None},
+                      separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/filter", go_encoded_whole_nodes([gpu_node("h100")])),
+        # Never parsed: the raw bytes say what it is (megabytes of Nodes are not turned into objects).
+        ("/filter", b'{"Pod":{},"Nodes":{"items":[{"not": json at all]},"NodeNames":null}'),
+        # Another encoder (NodeNames left out, spaces): caught after parsing.
+        ("/filter", json.dumps({"Pod": vllm_pod("p", "0.6"), "Nodes": {"items": [gpu_node("h100")]}}).encode()),
+        ("/prioritize", go_encoded_whole_nodes([gpu_node("h100")])),
+    ],
+    ids=["filter-go-encoding", "filter-unparsed", "filter-other-encoder", "prioritize"],
+)
+async def test_whole_nodes_are_refused_naming_the_setting(
+    client: TestClient, path: str, body: bytes,  # type: ignore[type-arg]
+) -> None:
+    response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    answer = await response.json()
+    if path == "/filter":
+        assert response.status == 200, "the scheduler shows a filter's Error, not an HTTP status's body"
+        assert answer["NodeNames"] == [] and answer["Nodes"] is None
+        message = answer["Error"]
+    else:
+        assert response.status == 400
+        message = answer["error"]
+    assert "nodeCacheCapable: true" in message
+    verb = path.strip("/")
+    metrics = await (await client.get("/metrics")).text()
+    assert f'vramguard_extender_node_cache_refused_total{{verb="{verb}"}} 1.0' in metrics
+
+
+async def test_oversized_filter_body_names_the_setting(client: TestClient) -> None:  # type: ignore[type-arg]
+    body = go_encoded_whole_nodes([gpu_node(f"n{i}") for i in range(3000)])
+    assert len(body) > 1 << 20
+    response = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 413
+    assert "nodeCacheCapable: true" in (await response.json())["error"]
 
 
 async def test_filter_nothing_passes_gives_empty_list_not_null(client: TestClient) -> None:  # type: ignore[type-arg]
@@ -305,9 +344,102 @@ async def test_not_synced_answers_with_error() -> None:
         assert (await test_client.get("/readyz")).status == 503
 
 
-async def test_metrics_show_per_gpu_budget(client: TestClient) -> None:  # type: ignore[type-arg]
-    text = await (await client.get("/metrics")).text()
-    assert 'vramguard_gpu_budget_bytes{gpu="0",node="h100"' in text
+def samples(exposition: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The exposition parsed as Prometheus would (a format error raises)."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(exposition.decode())
+        for sample in family.samples
+    }
+
+
+@pytest.mark.parametrize("per_gpu", [False, True], ids=["per-node-default", "per-gpu-opt-in"])
+def test_ledger_series_per_node_and_product_and_per_gpu_opt_in(per_gpu: bool) -> None:
+    quad = gpu_node("quad", gpus=4, product='H100 "SXM"\\x')
+    state, _, _ = make([gpu_node("h100"), quad],
+                       [vllm_pod("a", "0.6", node="h100"), vllm_pod("b", "0.6", node="h100"),
+                        vllm_pod("c", "0.25", node="quad")])
+    found = samples(render_ledger_now(state, per_gpu=per_gpu))
+    budget = found[("vramguard_node_budget_bytes", frozenset({("node", "h100"), ("product", "NVIDIA H100 80GB HBM3")}))]
+    product = next(dict(labels)["product"] for name, labels in found if dict(labels).get("node") == "quad")
+    assert product == 'H100 "SXM"\\x', "label values are escaped and read back unchanged"
+    quad_labels = frozenset({("node", "quad"), ("product", product)})
+    assert found[("vramguard_node_gpus", quad_labels)] == 4
+    assert found[("vramguard_node_budget_bytes", quad_labels)] == 4 * budget
+    assert 0 < found[("vramguard_node_largest_free_bytes", quad_labels)] < budget, "c may be on any of them"
+    assert found[("vramguard_node_free_bytes", quad_labels)] < 4 * budget
+    h100 = frozenset({("node", "h100"), ("product", "NVIDIA H100 80GB HBM3")})
+    assert found[("vramguard_node_overcommitted_gpus", h100)] == 1, "two 0.6 pods bound past the extender"
+    assert found[("vramguard_node_overcommitted_gpus", quad_labels)] == 0
+    assert found[("vramguard_node_pods", frozenset({("node", "h100")}))] == 2
+    per_gpu_names = {name for name, _ in found if name.startswith("vramguard_gpu_")}
+    assert per_gpu_names == ({"vramguard_gpu_budget_bytes", "vramguard_gpu_reserved_bytes", "vramguard_gpu_free_bytes",
+                              "vramguard_gpu_pods"} if per_gpu else set())
+    if per_gpu:
+        assert found[("vramguard_gpu_pods", frozenset({("node", "h100"), ("gpu", "0"), ("sharing", "time-slicing"),
+                                                       ("product", "NVIDIA H100 80GB HBM3")}))] == 2
+
+
+async def test_a_scrape_sends_the_cached_rendering_and_does_not_render() -> None:
+    state, verbs, _ = make([gpu_node("h100")])
+    synced = asyncio.Event()
+    synced.set()
+    app = build_app(verbs, synced, Readiness(), CollectorRegistry())
+    pods = frozenset({("node", "h100")})
+    async with TestClient(TestServer(app)) as test_client:
+        before = samples(await (await test_client.get("/metrics")).read())
+        assert before[("vramguard_node_pods", pods)] == 0, "rendered once at start-up"
+        state.pods.upsert(vllm_pod("a", "0.5", node="h100"))
+        cached = samples(await (await test_client.get("/metrics")).read())
+        assert cached[("vramguard_node_pods", pods)] == 0, "a scrape must not render on the request path"
+        await app[LEDGER_EXPOSITION_KEY].render()  # what the periodic refresh does
+        fresh = samples(await (await test_client.get("/metrics")).read())
+        assert fresh[("vramguard_node_pods", pods)] == 1
+        assert fresh[("vramguard_ledger_exposition_bytes", frozenset())] > 0
+
+
+async def test_the_operational_listener_serves_the_cached_series_and_a_failed_rendering_keeps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, verbs, _ = make([gpu_node("h100")])
+    app = build_app(verbs, asyncio.Event(), Readiness(), CollectorRegistry(), operational_routes=False)
+    ledger = app[LEDGER_EXPOSITION_KEY]
+    await ledger.refresh()
+
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(metrics, "_node_rows", broken)
+    await ledger.refresh()  # logged, not raised
+    async with TestClient(TestServer(create_operational_app(app))) as ops:
+        text = await (await ops.get("/metrics")).text()
+    assert 'vramguard_node_budget_bytes{node="h100"' in text
+
+
+async def test_rendering_yields_to_the_event_loop_between_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A zero budget: a pause after every step, so the count of the other task's turns is exact enough.
+    monkeypatch.setattr(metrics, "RENDER_BUDGET_SECONDS", 0.0)
+    monkeypatch.setattr(metrics, "RENDER_PAUSE_SECONDS", 0.0)
+    nodes = [gpu_node(f"n{i}", gpus=2) for i in range(1000)]
+    state, _, _ = make(nodes, [vllm_pod(f"p{i}", "0.1", node=f"n{i}") for i in range(0, 1000, 7)])
+    exposition = LedgerExposition(state, CollectorRegistry(), per_gpu=True)
+    ticks = 0
+
+    async def other_requests() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_requests())
+    await exposition.render()
+    other.cancel()
+    assert ticks >= 1000 // metrics.NODES_PER_STEP, ticks
+    assert exposition.cached().count(b"vramguard_gpu_budget_bytes{") == 2000
+    assert exposition.cached() == render_ledger_now(state, per_gpu=True)
+    namespaces = samples(exposition.cached())
+    assert namespaces[("vramguard_namespace_reserved_bytes", frozenset({("namespace", "default")}))] == sum(
+        state.ledger.namespace_bytes().values()), "added up slice by slice, the same as in one piece"
 
 
 def test_namespace_bytes_for_chargeback() -> None:

@@ -533,11 +533,14 @@ class Ledger:
             self._fast.keep_usage(node, state.generation, tuple(rows))
         return tuple(rows)
 
-    def namespace_bytes(self) -> dict[str, int]:
+    def namespace_bytes(self, nodes: Iterable[str] | None = None) -> dict[str, int]:
         """Bytes each namespace's pods hold (chargeback): a claim of unknown placement counts at its
-        size on the largest device it could be on."""
+        size on the largest device it could be on. ``nodes`` limits the count to pods on those nodes
+        (to add it up a slice of nodes at a time)."""
         totals: dict[str, int] = {}
-        for record in self._records.values():
+        records = (self._records.values() if nodes is None
+                   else (self._records[uid] for name in nodes for uid in self._pods_on.get(name, ())))
+        for record in records:
             node = self._nodes.get(record.node)
             if node is None:
                 continue

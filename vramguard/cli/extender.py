@@ -82,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="how often the Lease is tried or renewed (default 2)")
     parser.add_argument("--drain-delay", type=float, default=0.0, metavar="SECONDS",
                         help="on SIGTERM, report not ready for this long before closing the listener")
+    parser.add_argument("--metrics-per-gpu", action="store_true",
+                        help="also export the ledger's series per GPU (labels node, gpu, product, sharing), not only "
+                             "per node and product: four series a GPU, megabytes a scrape at thousands of nodes")
     add_max_watch_event_bytes(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run)
@@ -142,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot load the Kubernetes configuration: {exc}", EXIT_FAILED)
     settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
                                 ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace,
-                                max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES, election=election)
+                                max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES, election=election,
+                                per_gpu_metrics=args.metrics_per_gpu)
     log = logging.getLogger("vramguard.extender")
     log.info("serving on %s://%s:%d (%s), probes and metrics on http://%s:%d, policy %s",
              "https" if tls else "http", host, port,

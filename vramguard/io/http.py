@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "BODY_LIMIT_KEY",
+    "CACHED_EXPOSITION_KEY",
     "CLIENT_CERTIFICATE_OBSERVER_KEY",
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_CLIENT_MAX_SIZE",
@@ -155,6 +156,10 @@ LATENCY_KEY = web.AppKey("vramguard_latency_histogram", Histogram)
 # over mutual TLS; ``vramguard.io.server.serve`` sets it to record the expiry of the client's certificate.
 ClientCertificateObserver = Callable[[Mapping[str, Any]], None]
 CLIENT_CERTIFICATE_OBSERVER_KEY = web.AppKey[ClientCertificateObserver]("vramguard_client_certificate_observer")
+# Returns text in the exposition format that ``/metrics`` appends to the registry's: series too many
+# to render on the request path, rendered elsewhere and cached (the extender's ledger).
+CachedExposition = Callable[[], bytes]
+CACHED_EXPOSITION_KEY = web.AppKey[CachedExposition]("vramguard_cached_exposition")
 
 
 def create_app(
@@ -211,6 +216,8 @@ def create_operational_app(app: web.Application) -> web.Application:
     )
     operational[READINESS_KEY] = app[READINESS_KEY]
     operational[REGISTRY_KEY] = app[REGISTRY_KEY]
+    if CACHED_EXPOSITION_KEY in app:
+        operational[CACHED_EXPOSITION_KEY] = app[CACHED_EXPOSITION_KEY]
     _add_operational_routes(operational)
     return operational
 
@@ -349,10 +356,28 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-async def _metrics(request: web.Request) -> web.Response:
+METRICS_WRITE_BYTES = 64 * 1024
+"""A large exposition is sent in pieces this size, each awaited, so that encrypting and writing
+megabytes does not hold the event loop in one go."""
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
     payload = generate_latest(request.config_dict[REGISTRY_KEY])
+    cached = request.config_dict.get(CACHED_EXPOSITION_KEY)
+    if cached is not None:
+        payload += cached()
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants passed separately.
-    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    headers = {"Content-Type": CONTENT_TYPE_LATEST}
+    if len(payload) <= METRICS_WRITE_BYTES:
+        return web.Response(body=payload, headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_length = len(payload)
+    await response.prepare(request)
+    view = memoryview(payload)
+    for start in range(0, len(payload), METRICS_WRITE_BYTES):
+        await response.write(view[start:start + METRICS_WRITE_BYTES])
+    await response.write_eof()
+    return response
 
 
 def _route_label(request: web.Request) -> str:
