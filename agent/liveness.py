@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 from vramguard.codecs import agent_lease_name
 from vramguard.lease import format_micro_time, lease_body
@@ -44,8 +43,10 @@ class LeaseRenewer:
         self._holder = holder
         self._duration = duration
         self._clock = clock
-        self._collection = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
-        self._path = f"{self._collection}/{quote(agent_lease_name(node), safe='')}"
+        from vramguard.io.kube import LEASES, collection_path, object_path  # noqa: PLC0415 - loads aiohttp
+
+        self._collection = collection_path(LEASES, namespace)
+        self._path = object_path(LEASES, namespace, agent_lease_name(node))
         self._current: JSON | None = None
         self._renewed_at: float | None = None
         self.renew_every = duration / 4

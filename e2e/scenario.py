@@ -45,6 +45,25 @@ def pin_to_test(spec: dict[str, Any], unique: str) -> dict[str, Any]:
     }
 
 
+def pinned_vllm_pod(
+    name: str, unique: str, utilization: str = "0.30", annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A one-GPU vLLM pod at ``utilization`` that runs only on the test's private nodes."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": pin_to_test({
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.21.0",
+                "args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", utilization],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }],
+        }, unique),
+    }
+
+
 def violations_on_own_nodes(cluster: Any, unique: str) -> list[str]:
     """The ledger rebuilt from the API server alone, checked against the rule, on the nodes of the
     test named by ``unique`` (other tests' nodes share the control plane, with their own states)."""

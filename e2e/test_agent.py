@@ -31,7 +31,7 @@ from e2e import gpu_nodes
 from e2e.kube import api_exception, kubernetes_module
 from e2e.scenario import (
     AGENT_LEASES,
-    pin_to_test,
+    pinned_vllm_pod,
     private_node,
     require_extender,
     violations_on_own_nodes,
@@ -52,22 +52,6 @@ def quad_node(core_v1: Any, unique: str) -> str:
     spec = private_node(gpu_nodes.time_sliced("quad", "H100-80GB", gpus=2, replicas=4), unique)
     gpu_nodes.create_gpu_node(core_v1, spec)
     return spec.name
-
-
-def vllm_pod(name: str, unique: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": pin_to_test({
-            "containers": [{
-                "name": "vllm",
-                "image": "vllm/vllm-openai:v0.21.0",
-                "args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu-memory-utilization", "0.30"],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            }],
-        }, unique),
-    }
 
 
 def refusal(core_v1: Any, namespace: str, name: str) -> str:
@@ -96,7 +80,7 @@ def scheduled(core_v1: Any, namespace: str, name: str, timeout: float = 60.0) ->
 def place(
     core_v1: Any, namespace: str, name: str, unique: str, annotations: dict[str, str] | None = None
 ) -> str | None:
-    core_v1.create_namespaced_pod(namespace, vllm_pod(name, unique, annotations))
+    core_v1.create_namespaced_pod(namespace, pinned_vllm_pod(name, unique, annotations=annotations))
     return scheduled(core_v1, namespace, name)
 
 

@@ -20,7 +20,7 @@ import pytest
 from e2e import build, gpu_nodes
 from e2e.cluster import Cluster
 from e2e.procs import http_status
-from e2e.scenario import pin_to_test, private_node
+from e2e.scenario import pinned_vllm_pod, private_node
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,22 +68,6 @@ def wait_for(what: str, probe: Any, timeout: float = 60.0) -> None:
         time.sleep(0.25)
 
 
-def gpu_pod(name: str, utilization: str, unique: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": pin_to_test({
-            "containers": [{
-                "name": "vllm",
-                "image": "vllm/vllm-openai:v0.21.0",
-                "args": ["--model", "m", "--gpu-memory-utilization", utilization],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            }],
-        }, unique),
-    }
-
-
 def node_of(core_v1: Any, namespace: str, name: str) -> str | None:
     node: str | None = core_v1.read_namespaced_pod(name, namespace).spec.node_name
     return node
@@ -105,7 +89,7 @@ def test_oversized_watch_events_force_a_relist_and_deleted_pods_still_free_their
     before = metric(cluster, "vramguard_watch_oversized_events_total", resource="pods")
 
     # 1. A bound GPU pod whose watch events are over the limit: counted, re-listed, still held.
-    core_v1.create_namespaced_pod(namespace, gpu_pod("big", "0.6", unique, {"note": BLOB}))
+    core_v1.create_namespaced_pod(namespace, pinned_vllm_pod("big", unique, "0.6", {"note": BLOB}))
     wait_for("big to be bound", lambda: node_of(core_v1, namespace, "big") == node.name)
     wait_for("the oversized event to be counted",
              lambda: metric(cluster, "vramguard_watch_oversized_events_total", resource="pods") > before)
@@ -124,7 +108,7 @@ def test_oversized_watch_events_force_a_relist_and_deleted_pods_still_free_their
     wait_for("the DELETED event to be counted",
              lambda: metric(cluster, "vramguard_watch_oversized_events_total", resource="pods") > counted)
     wait_for("big's VRAM to be released", lambda: metric(cluster, "vramguard_node_reserved_bytes", **reserved) == 0)
-    core_v1.create_namespaced_pod(namespace, gpu_pod("later", "0.6", unique))
+    core_v1.create_namespaced_pod(namespace, pinned_vllm_pod("later", unique, "0.6"))
     wait_for("later to be bound where big was", lambda: node_of(core_v1, namespace, "later") == node.name)
     assert http_status(ready_url) == 200
     core_v1.delete_namespace(namespace)

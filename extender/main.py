@@ -17,7 +17,7 @@ from extender.app import build_app
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
-from vramguard.io.kube import MAX_EVENT_BYTES, Connection, KubeClient
+from vramguard.io.kube import LEASES, MAX_EVENT_BYTES, Connection, KubeClient, collection_path
 from vramguard.io.leader import LeaderElector
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import Address, ServerSettings, run_https
@@ -77,7 +77,7 @@ async def run(settings: ExtenderSettings) -> None:
         Watch("/api/v1/nodes", state.nodes, slim=slim_node),
         Watch("/api/v1/namespaces", state.namespaces),
         Watch("/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
-        Watch(f"/apis/coordination.k8s.io/v1/namespaces/{settings.agent_namespace}/leases", state.leases),
+        Watch(collection_path(LEASES, settings.agent_namespace), state.leases),
     ])
     synced = asyncio.Event()
     verbs = Verbs(state, client)

@@ -1,8 +1,8 @@
-"""The node agent's liveness: one ``coordination.k8s.io/v1`` Lease per node, renewed every cycle.
+"""The node agent's liveness: one ``coordination.k8s.io/v1`` Lease per node.
 
 The agent renews its node's Lease (namespace of the agent, name :func:`vramguard.codecs.agent_lease_name`) every
-interval and patches the Node's ``vramguard.io/gpus`` annotation only when the report changes, so
-a quiet node costs one small Lease write per interval instead of a Node update that every Node
+quarter of its duration and patches the Node's ``vramguard.io/gpus`` annotation only when the report
+changes, so a quiet node costs one small Lease write every 10 s instead of a Node update that every Node
 watcher (the scheduler included) would receive.
 
 A report is trusted only while its Lease is fresh: ``renewTime + leaseDurationSeconds`` is still

@@ -98,7 +98,7 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
     import asyncio  # noqa: PLC0415
 
     from vramguard.cluster import LIVE_PODS_SELECTOR  # noqa: PLC0415
-    from vramguard.io.kube import ApiError, KubeClient  # noqa: PLC0415
+    from vramguard.io.kube import LEASES, ApiError, KubeClient, collection_path  # noqa: PLC0415
 
     async with KubeClient(connection) as client:
 
@@ -113,9 +113,7 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
         async def agent_leases() -> list[JSON]:
             # Unreadable Leases leave every report untrusted; the table then says why.
             try:
-                listed, _ = await client.list_all(
-                    f"/apis/coordination.k8s.io/v1/namespaces/{DEFAULT_AGENT_NAMESPACE}/leases"
-                )
+                listed, _ = await client.list_all(collection_path(LEASES, DEFAULT_AGENT_NAMESPACE))
             except ApiError:
                 return []
             return listed

@@ -337,6 +337,16 @@ def _api_error(status: int, payload: bytes) -> ApiError:
         return ApiError(status, "", payload[:200].decode("utf-8", "replace"))
 
 
+LEASES = "/apis/coordination.k8s.io/v1/leases"
+"""The Lease collection (agents' liveness, the extenders' leader election), for the path helpers."""
+
+
+def collection_path(kind_path: str, namespace: str | None) -> str:
+    """``/apis/coordination.k8s.io/v1/namespaces/ns/leases`` from the cluster-wide collection path."""
+    base, _, resource = kind_path.rpartition("/")
+    return f"{base}/namespaces/{quote(namespace, safe='')}/{resource}" if namespace else kind_path
+
+
 def object_path(kind_path: str, namespace: str | None, name: str) -> str:
     """``/api/v1/namespaces/ns/pods/name`` from ``/api/v1`` + ``pods`` style pieces."""
     base, _, resource = kind_path.rpartition("/")

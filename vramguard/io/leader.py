@@ -17,14 +17,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from vramguard.election import Action, ElectionTimings, LeaderRecord, decide, parse_record, serve_after, still_leading
-from vramguard.io.kube import JSON, ApiError, KubeClient, object_path
+from vramguard.io.kube import JSON, LEASES, ApiError, KubeClient, object_path
 from vramguard.lease import format_micro_time
 
 __all__ = ["LEASES", "LeaderElector", "default_identity"]
 
 logger = logging.getLogger(__name__)
 
-LEASES = "/apis/coordination.k8s.io/v1/leases"
 
 
 def default_identity(hostname: str) -> str:
