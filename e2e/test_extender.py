@@ -177,7 +177,7 @@ def test_two_hundred_pods_at_once_onto_twenty_nodes(
     bound = [n for n in placed.values() if n]
     assert len(bound) >= 40, f"only {len(bound)} pods bound"
     state = ledger_from_api(cluster)
-    assert state.ledger.check_invariants() == []
+    assert violations_on_own_nodes(cluster, unique) == []  # other tests' nodes have their own states
     for node in set(bound):
         for row in state.ledger.usage(node):
             assert row.worst_bytes <= row.budget
