@@ -23,9 +23,13 @@ Prints one JSON line per measurement, then a summary table.
   counts) and, from a second run with ``tracemalloc`` on (its timings discarded), the Python heap
   held by the cluster state after the informers' lists of 5,000 Nodes and 50,000 Pods were fed
   to it and dropped, and the peak (``VmHWM``) while they were.
-- **throughput**: on the local control plane (``e2e.cluster``), 2,000 GPU pods onto 500 cordoned
-  time-sliced nodes, then the nodes are uncordoned: pods bound per second from the first binding
-  to the last, once with kube-scheduler alone and once with the extender wired in. The final
+- **throughput**: on the local control plane (``e2e.cluster``, the second-scheduler layout), the
+  stock kube-scheduler and one with the extender wired in, both with the shipped client settings,
+  alternated on one cluster (``--repeats`` waves each, 3 by default; which goes first alternates):
+  each wave creates 1,000 GPU pods for one of them while 500 time-sliced nodes are cordoned, then
+  uncordons the nodes; pods bound per second from the first binding to the last. Each wave also
+  reports the CPU time every component used per pod (from ``/proc``), and the idle control
+  plane's CPU per second beforehand (a slower wave accrues more of that background). The final
   placement is checked against the ledger's invariants (no GPU above budget whatever the device
   plugin picked).
 
@@ -74,6 +78,8 @@ from vramguard.policy import default_policy
 JSON = dict[str, Any]
 PARTS = ("latency", "lag", "scrape", "memory", "throughput")
 SCHEDULER = "vramguard"
+IDLE_SAMPLE_SECONDS = 5.0
+"""How long the throughput benchmark samples the idle control plane's CPU use."""
 """The scheduler name of the pods the benchmark schedules (the default policy's)."""
 EXTENDER_ONLY = (
     "import sys\n"
@@ -555,51 +561,86 @@ def bench_memory(nodes: int, pods: int) -> list[JSON]:
 # --------------------------------------------------------------------------- throughput
 
 
-def bench_throughput(nodes: int, pods: int, work_dir: Path, timeout_s: float, *, webhook: bool) -> list[JSON]:
-    """Pods/s onto the real control plane without and with the extender; see the module docstring.
+def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeout_s: float, *,
+                     webhook: bool) -> list[JSON]:
+    """Pods/s onto the real control plane, the stock scheduler and the extender's alternated on one
+    cluster; see the module docstring.
 
-    ``webhook``: start the admission webhook too (it then sees every pod creation and the
-    extender's annotation patch); by default the extender runs alone.
+    Both schedulers run side by side with the same client settings (``e2e.services``'s second
+    scheduler layout): ``default-scheduler`` without the extender, ``vramguard`` with it. Waves
+    alternate (stock first in even repeats, the extender's first in odd ones), so both see the same
+    machine load. ``webhook``: start the admission webhook too; by default the extender runs alone.
     """
     # Imported here: the e2e harness is only needed for this part.
+    from e2e import services as e2e_services  # noqa: PLC0415
     from e2e.cluster import Cluster  # noqa: PLC0415
 
+    command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
     records: list[JSON] = []
-    for mode in ("off", "auto"):
-        directory = work_dir / f"throughput-{'plain' if mode == 'off' else 'extender'}"
-        command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
-        with Cluster.up(directory, vramguard=mode, vramguard_command=command) as cluster:
-            services = sorted((cluster.state.vramguard if cluster.state else {}).keys())
-            if mode == "auto" and "extender" not in services:
-                raise RuntimeError("the extender did not start (`vramguard extender --help` failed)")
-            result = asyncio.run(_schedule_all(cluster.kubeconfig, nodes, pods, timeout_s))
-            url = (cluster.state.vramguard if cluster.state else {}).get("extender")
-            if url:
-                result["extender_mean_ms"] = _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())
-        records.append({"bench": "throughput", "scheduler": "kube-scheduler" + (" + extender" if services else ""),
-                        "vramguard_services": services, **result})
-    plain, extended = records
-    if plain.get("pods_per_s") and extended.get("pods_per_s"):
-        records.append({"bench": "throughput", "ratio": round(extended["pods_per_s"] / plain["pods_per_s"], 2)})
+    with Cluster.up(work_dir / "throughput", second_scheduler=True, vramguard="auto",
+                    vramguard_command=command) as cluster:
+        services = sorted((cluster.state.vramguard if cluster.state else {}).keys())
+        if "extender" not in services:
+            raise RuntimeError("the extender did not start (`vramguard extender --help` failed)")
+        schedulers = {"kube-scheduler": "default-scheduler",
+                      "kube-scheduler + extender": e2e_services.SECOND_SCHEDULER_NAME}
+        pids = {proc.record.name: proc.record.pid for proc in cluster.processes} | {"bench client": os.getpid()}
+        runs = asyncio.run(_alternate(cluster.kubeconfig, nodes, pods, repeats, timeout_s, schedulers,
+                                      lambda: cpu_seconds(pids)))
+        for run in runs:
+            records.append({"bench": "throughput", "vramguard_services": services, **run})
+        # The extender's own view of its verbs, over every wave it served.
+        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods,
+                        "mean_ms": _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())})
+    rates = {name: [r["pods_per_s"] for r in runs if r["scheduler"] == name and r.get("pods_per_s")]
+             for name in schedulers}
+    if all(rates.values()):
+        stock = statistics.median(rates["kube-scheduler"])
+        extended = statistics.median(rates["kube-scheduler + extender"])
+        per_repeat = [round(e / s, 2) for s, e in zip(rates["kube-scheduler"], rates["kube-scheduler + extender"],
+                                                      strict=False)]
+        records.append({"bench": "throughput", "phase": "ratio", "nodes": nodes, "pods": pods,
+                        "repeats": repeats, "stock_pods_per_s_median": stock,
+                        "extender_pods_per_s_median": extended, "ratio": round(extended / stock, 2),
+                        "ratio_median_of_repeats": statistics.median(per_repeat), "ratios_per_repeat": per_repeat})
     return records
 
 
-async def _schedule_all(kubeconfig: Path, nodes: int, pods: int, timeout_s: float) -> JSON:
+def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
+    """CPU time (user + system) each process has used so far, from ``/proc/<pid>/stat``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            fields = raw[raw.rfind(")") + 2:].split()
+            used[name] = (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, timeout_s: float,
+                     schedulers: Mapping[str, str], cpu: Callable[[], dict[str, float]]) -> list[JSON]:
+    """Create the nodes once, then ``repeats`` waves per scheduler, alternating which goes first."""
     from e2e import gpu_nodes  # noqa: PLC0415
     from vramguard.io.kube import KubeClient, load_connection  # noqa: PLC0415
 
     client = KubeClient(load_connection(str(kubeconfig)))
     namespace = "bench"
     names = [f"bench-gpu-{i:04d}" for i in range(nodes)]
+    limit = asyncio.Semaphore(32)
+
+    async def bounded(call: Any) -> Any:
+        async with limit:
+            return await call
+
+    async def cordon(unschedulable: bool) -> None:
+        await asyncio.gather(*(bounded(client.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": unschedulable}}))
+                               for n in names))
+
     try:
         await client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
-        limit = asyncio.Semaphore(32)
 
-        async def bounded(call: Any) -> Any:
-            async with limit:
-                return await call
-
-        # Cordoned nodes: every pod is created and pending before any can be scheduled.
+        # Cordoned nodes: every pod of a wave is created and pending before any can be scheduled.
         async def create_node(name: str) -> None:
             spec = gpu_nodes.time_sliced(name, "H100-80GB", gpus=1, replicas=4)
             manifest = gpu_nodes.node_manifest(spec)
@@ -609,52 +650,90 @@ async def _schedule_all(kubeconfig: Path, nodes: int, pods: int, timeout_s: floa
                                  {**manifest, "status": gpu_nodes.node_status(spec)})
 
         await asyncio.gather(*(bounded(create_node(n)) for n in names))
-        template = gpu_pod("x", namespace, "x", "0.20")
-        for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "managedFields"):
-            template["metadata"].pop(key, None)
-        template.pop("status", None)
-        text = json.dumps(template)
-
-        async def create_pod(i: int) -> None:
-            body = json.loads(text)
-            body["metadata"]["name"] = f"chat-{i:05d}"
-            await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
-
-        created = time.monotonic()
-        await asyncio.gather(*(bounded(create_pod(i)) for i in range(pods)))
-        create_s = time.monotonic() - created
-        listed = await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})
-        version = str(listed["metadata"]["resourceVersion"])
-
-        bound_at: dict[str, float] = {}
-        done = asyncio.Event()
-
-        async def watch() -> None:
-            while not done.is_set():
-                async for _, pod in client.watch(f"/api/v1/namespaces/{namespace}/pods", version):
-                    if (pod.get("spec") or {}).get("nodeName"):
-                        bound_at.setdefault(pod["metadata"]["name"], time.monotonic())
-                    if len(bound_at) >= pods:
-                        done.set()
-                        return
-
-        watcher = asyncio.create_task(watch())
-        uncordoned = time.monotonic()
-        await asyncio.gather(*(bounded(client.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": False}}))
-                               for n in names))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), timeout_s)
-        watcher.cancel()
-        times = sorted(bound_at.values())
-        result: JSON = {"nodes": nodes, "pods": pods, "bound": len(times), "create_s": round(create_s, 1)}
-        if len(times) >= 2:
-            result["first_to_last_s"] = round(times[-1] - times[0], 2)
-            result["pods_per_s"] = round((len(times) - 1) / (times[-1] - times[0]), 1)
-            result["uncordon_to_last_s"] = round(times[-1] - uncordoned, 2)
-        result["violations"] = await _invariants(client, namespace)
-        return result
+        # What the control plane burns with nothing to schedule (watches, leases, housekeeping):
+        # a slower wave accrues more of it, so it is reported to read the per-pod figures against.
+        idle_before, idle_started = cpu(), time.monotonic()
+        await asyncio.sleep(IDLE_SAMPLE_SECONDS)
+        idle_after, idle_s = cpu(), time.monotonic() - idle_started
+        runs: list[JSON] = [{"scheduler": "idle", "seconds": round(idle_s, 1), "cpu_ms_per_s": {
+            name: round(1000 * (idle_after[name] - idle_before[name]) / idle_s, 2)
+            for name in idle_after if name in idle_before}}]
+        for repeat in range(repeats):
+            order = list(schedulers.items())
+            if repeat % 2:
+                order.reverse()
+            for label, scheduler_name in order:
+                result = await _wave(client, names, namespace, pods, scheduler_name, timeout_s, cordon, bounded,
+                                     cpu)
+                runs.append({"scheduler": label, "repeat": repeat, **result})
+                print(f"throughput {label} repeat {repeat}: {result.get('pods_per_s')} pods/s "
+                      f"({result['bound']}/{pods} bound)", file=sys.stderr, flush=True)
+        return runs
     finally:
         await client.close()
+
+
+async def _wave(client: Any, names: list[str], namespace: str, pods: int, scheduler_name: str,
+                timeout_s: float, cordon: Callable[[bool], Any], bounded: Callable[[Any], Any],
+                cpu: Callable[[], dict[str, float]]) -> JSON:
+    """One wave: ``pods`` pending pods of ``scheduler_name``, the nodes uncordoned, pods/s from the
+    first binding to the last; then the placement checked, the nodes cordoned and the pods deleted.
+    ``cpu_ms_per_pod``: each component's CPU time from the uncordon to the last binding, per pod."""
+    template = gpu_pod("x", namespace, "x", "0.20")
+    for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "managedFields"):
+        template["metadata"].pop(key, None)
+    template.pop("status", None)
+    template["spec"]["schedulerName"] = scheduler_name
+    text = json.dumps(template)
+
+    async def create_pod(i: int) -> None:
+        body = json.loads(text)
+        body["metadata"]["name"] = f"chat-{i:05d}"
+        await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
+
+    created = time.monotonic()
+    await asyncio.gather(*(bounded(create_pod(i)) for i in range(pods)))
+    create_s = time.monotonic() - created
+    listed = await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})
+    version = str(listed["metadata"]["resourceVersion"])
+
+    bound_at: dict[str, float] = {}
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            async for _, pod in client.watch(f"/api/v1/namespaces/{namespace}/pods", version):
+                if (pod.get("spec") or {}).get("nodeName"):
+                    bound_at.setdefault(pod["metadata"]["name"], time.monotonic())
+                if len(bound_at) >= pods:
+                    done.set()
+                    return
+
+    watcher = asyncio.create_task(watch())
+    uncordoned = time.monotonic()
+    cpu_before = cpu()
+    await cordon(False)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), timeout_s)
+    cpu_after = cpu()
+    watcher.cancel()
+    times = sorted(bound_at.values())
+    result: JSON = {"nodes": len(names), "pods": pods, "bound": len(times), "create_s": round(create_s, 1),
+                    "cpu_ms_per_pod": {name: round(1000 * (cpu_after[name] - cpu_before[name]) / max(1, len(times)), 2)
+                                       for name in cpu_after if name in cpu_before}}
+    if len(times) >= 2:
+        result["first_to_last_s"] = round(times[-1] - times[0], 2)
+        result["pods_per_s"] = round((len(times) - 1) / (times[-1] - times[0]), 1)
+        result["uncordon_to_last_s"] = round(times[-1] - uncordoned, 2)
+    result["violations"] = await _invariants(client, namespace)
+    await cordon(True)
+    await client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+    for _ in range(600):  # gone from the API (and so, soon, from the extender's ledger)
+        if not (await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})).get("items"):
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(2.0)  # the watches deliver the deletions; the machine settles
+    return result
 
 
 def _mean_latencies(url: str, context: ssl.SSLContext) -> dict[str, float]:
@@ -736,13 +815,19 @@ def summary_table(records: list[JSON]) -> str:
                 f"{r['tracemalloc_held_mib']} MiB, {r['bytes_per_pod']} B per pod) |"
             )
             lines.append(f"| re-list of {r['pods']:,} pods fed to the state | {r['relist_pods_s']} s |")
+        elif r.get("bench") == "throughput" and r.get("scheduler") == "idle":
+            lines.append(f"| control plane idle, CPU ms per second | {r['cpu_ms_per_s']} |")
         elif r.get("bench") == "throughput" and "scheduler" in r:
             lines.append(
-                f"| {r['pods']:,} pods onto {r['nodes']} nodes, {r['scheduler']} | "
-                f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations) |"
+                f"| {r['pods']:,} pods onto {r['nodes']} nodes, {r['scheduler']}, repeat {r['repeat']} | "
+                f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations; "
+                f"CPU ms per pod {r['cpu_ms_per_pod']}) |"
             )
+        elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
+            lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms |")
         elif r.get("bench") == "throughput" and "ratio" in r:
-            lines.append(f"| throughput with / without the extender | {r['ratio']} |")
+            lines.append(f"| throughput with / without the extender, median of {r['repeats']} | {r['ratio']} "
+                         f"(per repeat {r['ratios_per_repeat']}) |")
     return "\n".join(lines)
 
 
@@ -755,6 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where the control planes run, kept afterwards (default: a temporary directory)")
     parser.add_argument("--throughput-timeout", type=float, default=240.0, help="seconds each run may take")
+    parser.add_argument("--throughput-nodes", type=int, default=500, help="nodes (throughput)")
+    parser.add_argument("--throughput-pods", type=int, default=1000, help="pods per wave (throughput)")
+    parser.add_argument("--repeats", type=int, default=3, help="waves per scheduler, alternated (throughput)")
     parser.add_argument("--with-webhook", action="store_true", help="start the admission webhook too (throughput)")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -789,10 +877,11 @@ def main(argv: list[str] | None = None) -> int:
             emit(record)
             records.append(record)
     if "throughput" in parts:
-        nodes, pods = (100, 400) if args.quick else (500, 2000)
+        nodes, pods = (100, 400) if args.quick else (args.throughput_nodes, args.throughput_pods)
         with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
             work = args.work_dir or Path(tmp)
-            for record in bench_throughput(nodes, pods, work, args.throughput_timeout, webhook=args.with_webhook):
+            for record in bench_throughput(nodes, pods, args.repeats, work, args.throughput_timeout,
+                                           webhook=args.with_webhook):
                 emit(record)
                 records.append(record)
     emit({"bench": "machine", "load_average_after": [round(v, 1) for v in os.getloadavg()]})

@@ -53,6 +53,8 @@ SLICE_SECONDS = 0.001
 """The longest stretch of filter or prioritize work before the event loop gets a turn."""
 IN_FLIGHT_TIMEOUT_SECONDS = 60.0
 """A reservation the watch has not confirmed this long after its Binding is checked with a GET."""
+CACHED_READ = {"resourceVersion": "0"}
+"""A GET answered from the API server's watch cache."""
 DEFAULT_SCHEDULER = "default-scheduler"
 NOT_LEADER = "vramguard: this extender is not the leader; retrying"
 """A verb refused by a replica that does not hold the leader Lease: the scheduler retries the pod
@@ -372,7 +374,7 @@ class Verbs:
         if uid in self.state.in_flight:
             return f"pod {namespace}/{name} is already being bound"
         try:
-            pod = await self._client().get(object_path("/api/v1/pods", namespace, name))
+            pod = await self._read_pod(namespace, name, uid)
         except ApiError as exc:
             return f"cannot read pod {namespace}/{name}: {exc.message or exc}"
         # From here to the reservation nothing awaits: the checks and the hold are one step.
@@ -435,6 +437,27 @@ class Verbs:
         if verdict.findings and self.findings is not None:
             await self.findings.report(key, node, choice.enforcement, verdict.findings)
         return ""
+
+    async def _read_pod(self, namespace: str, name: str, uid: str) -> Mapping[str, Any]:
+        """The pod from the API server's watch cache (``resourceVersion=0``: no etcd read, the API
+        server's cheapest answer), or from etcd when that copy is not the pod being bound (not there
+        yet, or another UID: the cache lags a re-creation).
+
+        A cached copy of the right UID decides as well as a fresh one: what bind checks and derives
+        claims from is immutable once the pod exists (scheduler, containers, node selection;
+        tolerations can only be added), an annotation can change after either read, and a pod
+        bound or deleted meanwhile makes the Binding fail (its UID and the API server's checks)."""
+        path = object_path("/api/v1/pods", namespace, name)
+        try:
+            cached = await self._client().get(path, CACHED_READ)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        else:
+            metadata = cached.get("metadata")
+            if isinstance(metadata, dict) and metadata.get("uid") == uid:
+                return cached
+        return await self._client().get(path)
 
     async def confirm_in_flight(self, older_than: float = IN_FLIGHT_TIMEOUT_SECONDS) -> int:
         """Check with a GET each reservation the watch has not confirmed for ``older_than`` seconds.

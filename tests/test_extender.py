@@ -37,10 +37,20 @@ class FakeKube:
         self.pods = pods
         self.calls: list[tuple[str, str, Any]] = []
         self.fail_binding: ApiError | None = None
+        self.reads: list[Any] = []
+        """The query of each GET (``{"resourceVersion": "0"}``: from the watch cache)."""
+        self.watch_cache: dict[str, dict[str, Any] | None] = {}
+        """What the watch cache answers instead of :attr:`pods`, where it lags (``None``: not there yet)."""
 
     async def get(self, path: str, params: Any = None) -> dict[str, Any]:
         self.calls.append(("GET", path, None))
+        self.reads.append(params)
         name = path.rsplit("/", 1)[-1]
+        if params == {"resourceVersion": "0"} and name in self.watch_cache:
+            cached = self.watch_cache[name]
+            if cached is None:
+                raise ApiError(404, "NotFound", f"pods {name!r} not found")
+            return cached
         if name not in self.pods:
             raise ApiError(404, "NotFound", f"pods {name!r} not found")
         return self.pods[name]
@@ -508,6 +518,41 @@ async def test_bind_with_a_uid_other_than_the_pods_is_refused() -> None:
     error = await verbs.bind("p", "default", "uid-forged", "h100")
     assert error == "refused: pod default/p was replaced (its UID is not uid-forged)"
     assert posts(fake) == []
+
+
+async def test_bind_reads_the_pod_from_the_api_servers_watch_cache() -> None:
+    # resourceVersion=0: the API server answers from its cache, without a read from etcd.
+    _, verbs, fake = make([gpu_node("h100")])
+    assert await schedule(verbs, fake, vllm_pod("p", "0.2"), ["h100"]) == "h100"
+    assert fake.reads == [{"resourceVersion": "0"}]
+
+
+def _replaced(name: str) -> dict[str, Any]:
+    old = vllm_pod(name, "0.05")
+    old["metadata"]["uid"] = "uid-old"
+    return old
+
+
+@pytest.mark.parametrize("cached", [None, _replaced("p")], ids=["not-in-the-cache-yet", "cache-shows-an-older-pod"])
+async def test_bind_reads_from_etcd_when_the_watch_cache_lags(cached: dict[str, Any] | None) -> None:
+    state, verbs, fake = make([gpu_node("h100")], [vllm_pod("held", "0.5", node="h100")])
+    fake.pods["p"] = vllm_pod("p", "0.3")
+    fake.watch_cache["p"] = cached
+    assert await verbs.bind("p", "default", "uid-p", "h100") == ""
+    assert fake.reads == [{"resourceVersion": "0"}, None]
+    fake.deliver("p")
+    # The claims are the current pod's (0.3), not the stale copy's.
+    assert (await verbs.filter(vllm_pod("q", "0.15"), ["h100"])).failed
+    assert state.ledger.check_invariants() == []
+
+
+async def test_bind_refuses_when_etcd_shows_another_pod_too() -> None:
+    _, verbs, fake = make([gpu_node("h100")])
+    fake.pods["p"] = _replaced("p")
+    fake.watch_cache["p"] = _replaced("p")
+    error = await verbs.bind("p", "default", "uid-p", "h100")
+    assert error == "refused: pod default/p was replaced (its UID is not uid-p)"
+    assert fake.reads == [{"resourceVersion": "0"}, None] and posts(fake) == []
 
 
 def _pod_with(**spec: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import re
 import ssl
@@ -46,6 +47,11 @@ READ_BUFFER_BYTES = 1 << 20
 """aiohttp's read buffer: flow control only (it pauses the socket at twice this much unread). Watch
 lines are framed by :func:`event_lines`, never by aiohttp's ``readline``, whose own limit is that
 high-water mark: so the event limit is :data:`MAX_EVENT_BYTES` (or the one configured), not aiohttp's."""
+TOKEN_REUSE_SECONDS = 10.0
+"""How long a bearer token from the official client's loader is reused. Its refresh hook applies the
+whole configuration again on every call (reading the proxy settings from the environment: about a
+millisecond per API call); the loaders renew tokens minutes before they expire, so seconds-old
+tokens are always valid."""
 STALE_AFTER_SECONDS = 2.0 * WATCH_TIMEOUT_SECONDS
 """An informer with no successful list or watch progress for this long is unhealthy: a healthy
 watch ends (and counts as progress) every :data:`WATCH_TIMEOUT_SECONDS` at the latest."""
@@ -99,7 +105,24 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
         token: str | None = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         return token
 
-    return Connection(configuration.host.rstrip("/"), ssl_context, authorization)
+    return Connection(configuration.host.rstrip("/"), ssl_context, reused_for(TOKEN_REUSE_SECONDS, authorization))
+
+
+def reused_for(
+    seconds: float, read: Callable[[], str | None], clock: Callable[[], float] = time.monotonic
+) -> Callable[[], str | None]:
+    """``read``, called at most once per ``seconds``: its last answer is returned in between."""
+    last: str | None = None
+    until = -math.inf
+
+    def reuse() -> str | None:
+        nonlocal last, until
+        now = clock()
+        if now >= until:
+            last, until = read(), now + seconds
+        return last
+
+    return reuse
 
 
 class KubeClient:
