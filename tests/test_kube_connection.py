@@ -1,13 +1,17 @@
-"""The API connection's bearer token: read from the official client's loader, reused for seconds."""
+"""The API connection: the bearer token read from the official client's loader and reused for seconds,
+and requests in flight at once."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from vramguard.io import kube
-from vramguard.io.kube import TOKEN_REUSE_SECONDS, load_connection, reused_for
+from vramguard.io.kube import MAX_CONNECTIONS, TOKEN_REUSE_SECONDS, Connection, KubeClient, load_connection, reused_for
 
 
 class Clock:
@@ -65,3 +69,31 @@ def test_load_connection_does_not_refresh_the_token_on_every_request(monkeypatch
     assert [connection.authorization() for _ in range(50)] == ["Bearer t"] * 50
     assert loader.refreshes == 1
     assert TOKEN_REUSE_SECONDS <= 60, "tokens are renewed minutes before expiry; reuse must stay far shorter"
+
+
+async def test_requests_in_flight_are_not_queued_behind_a_small_pool() -> None:
+    # Bindings wait on etcd commits; the client must not hold them back behind a few connections.
+    # The API answers only once this many requests are in flight at the same time.
+    in_flight = 100
+    arrived = 0
+    all_there = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived >= in_flight:
+            all_there.set()
+        await all_there.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/namespaces/ns/pods/{name}/binding", handler)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with KubeClient(Connection(str(server.make_url("")).rstrip("/"), False, lambda: None)) as client:
+            calls = [client.create(f"/api/v1/namespaces/ns/pods/p{i}/binding", {}) for i in range(in_flight)]
+            await asyncio.wait_for(asyncio.gather(*calls), 10)
+    finally:
+        await server.close()
+    assert in_flight <= MAX_CONNECTIONS

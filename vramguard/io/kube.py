@@ -47,6 +47,12 @@ READ_BUFFER_BYTES = 1 << 20
 """aiohttp's read buffer: flow control only (it pauses the socket at twice this much unread). Watch
 lines are framed by :func:`event_lines`, never by aiohttp's ``readline``, whose own limit is that
 high-water mark: so the event limit is :data:`MAX_EVENT_BYTES` (or the one configured), not aiohttp's."""
+MAX_CONNECTIONS = 256
+"""Requests in flight at once (each on a kept-alive connection of its own: HTTP/1.1). Watches hold
+one each for minutes, and binds wait on etcd commits (hundreds of milliseconds when the disk is
+busy): a small pool queued the extender's Bindings behind each other, a client-side limit the
+scheduler's own HTTP/2 client does not have. The API server bounds its own concurrency
+(max-requests-inflight, API Priority and Fairness)."""
 TOKEN_REUSE_SECONDS = 10.0
 """How long a bearer token from the official client's loader is reused. Its refresh hook applies the
 whole configuration again on every call (reading the proxy settings from the environment: about a
@@ -150,7 +156,7 @@ class KubeClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._connection.ssl_context, limit=32)
+            connector = aiohttp.TCPConnector(ssl=self._connection.ssl_context, limit=MAX_CONNECTIONS)
             self._session = aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFFER_BYTES)
         return self._session
 
