@@ -589,9 +589,24 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
                                       lambda: cpu_seconds(pids)))
         for run in runs:
             records.append({"bench": "throughput", "vramguard_services": services, **run})
-        # The extender's own view of its verbs, over every wave it served.
+        # The extender's own view of its verbs, over every wave it served, and the schedulers' view
+        # of their cycles: where the extender's share of a scheduling cycle goes.
+        verbs = _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())
         records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods,
-                        "mean_ms": _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())})
+                        "mean_ms": verbs})
+        state = cluster.state
+        assert state is not None
+        for process, label in (("kube-scheduler", "kube-scheduler"),
+                               ("vramguard-scheduler", "kube-scheduler + extender")):
+            cycle = _scheduling_cycle(state.scheduler_ports[process], state.admin_token)
+            if label.endswith("extender") and cycle.get("algorithm_ms"):
+                # What the scheduler's own filter and score plugins do not account for is the
+                # extender's filter and prioritize round trips (prioritize overlaps the score plugins).
+                cycle["extender_round_trips_ms"] = round(
+                    cycle["algorithm_ms"] - cycle.get("filter_plugins_ms", 0.0) - cycle.get("score_plugins_ms", 0.0), 2)
+                cycle["extender_handlers_ms"] = round(verbs.get("filter", 0.0) + verbs.get("prioritize", 0.0), 2)
+            records.append({"bench": "throughput", "phase": "cycle", "scheduler": label, "nodes": nodes,
+                            "pods": pods, **cycle})
     rates = {name: [r["pods_per_s"] for r in runs if r["scheduler"] == name and r.get("pods_per_s")]
              for name in schedulers}
     if all(rates.values()):
@@ -736,6 +751,50 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
     return result
 
 
+def _scheduling_cycle(port: int, token: str) -> dict[str, float]:
+    """Mean milliseconds per scheduling attempt from a kube-scheduler's ``/metrics``: the serial
+    algorithm (filter and score plugins, extenders), its filter and score plugins alone, and the
+    whole attempt up to the end of binding."""
+    # The scheduler serves a self-signed certificate from memory, on loopback.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+        return cycle_figures(response.read().decode())
+
+
+def cycle_figures(text: str) -> dict[str, float]:
+    """:func:`_scheduling_cycle`'s figures from a kube-scheduler's exposition text."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    wanted = {
+        "scheduler_scheduling_algorithm_duration_seconds": ("algorithm_ms", None),
+        "scheduler_framework_extension_point_duration_seconds": ("", "extension_point"),
+        "scheduler_scheduling_attempt_duration_seconds": ("attempt_scheduled_ms", "result"),
+    }
+    for line in text.splitlines():
+        if line.startswith("#") or not ("_sum" in line or "_count" in line):
+            continue
+        name, _, value = line.rpartition(" ")
+        base, _, labels = name.partition("{")
+        metric = base.removesuffix("_sum").removesuffix("_count")
+        if metric not in wanted:
+            continue
+        key, label = wanted[metric]
+        if label == "extension_point":
+            point = labels.split('extension_point="', 1)[1].split('"', 1)[0] if "extension_point" in labels else ""
+            if point not in ("Filter", "Score"):
+                continue
+            key = f"{point.lower()}_plugins_ms"
+        elif label == "result" and 'result="scheduled"' not in labels:
+            continue
+        target = sums if base.endswith("_sum") else counts
+        target[key] = target.get(key, 0.0) + float(value)
+    return {key: round(1000 * sums[key] / counts[key], 2) for key in sums if counts.get(key)}
+
+
 def _mean_latencies(url: str, context: ssl.SSLContext) -> dict[str, float]:
     """Mean time the extender took to answer each verb, from its ``/metrics``."""
     with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=10) as response:
@@ -823,6 +882,9 @@ def summary_table(records: list[JSON]) -> str:
                 f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations; "
                 f"CPU ms per pod {r['cpu_ms_per_pod']}) |"
             )
+        elif r.get("bench") == "throughput" and r.get("phase") == "cycle":
+            shown = {k: v for k, v in r.items() if k.endswith("_ms")}
+            lines.append(f"| {r['scheduler']}: mean per scheduling attempt | {shown} |")
         elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
             lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms |")
         elif r.get("bench") == "throughput" and "ratio" in r:
