@@ -259,7 +259,24 @@ def summarize_waves(mode: str, waves: dict[str, Wave], nodes: int) -> list[JSON]
     return records
 
 
-async def bench_latency(model: ClusterModel, requests: int) -> list[JSON]:
+DEFAULT_SCORED_NODES = 500
+"""What kube-scheduler sends an extender from 5,000 nodes by default (``percentageOfNodesToScore``
+adapts to 10% there)."""
+
+
+def cold_pods(count: int, serial: int, offset: float = 0.0) -> list[JSON]:
+    """``count`` pending pods, each of a shape of its own (its utilization; 1, 2 or 4 GPUs); another
+    ``offset`` in [0, 1) gives shapes none of which the first call gave."""
+    pods = []
+    for i in range(count):
+        shape = Shape(f"cold-{serial + i}", f"{0.05 + 0.6 * (i + offset) / count:.5f}", gpus=(1, 1, 2, 4)[i % 4])
+        pod = new_pod(shape, serial + i)
+        pod["spec"]["schedulerName"] = SCHEDULER
+        pods.append(pod)
+    return pods
+
+
+async def bench_latency(model: ClusterModel, requests: int, cold_requests: int = 120) -> list[JSON]:
     """Filter and prioritize latency in-process and over HTTPS; see the module docstring."""
     started = time.perf_counter()
     state, names, on_node = loaded_state(model)
@@ -319,7 +336,19 @@ async def bench_latency(model: ClusterModel, requests: int) -> list[JSON]:
 
             waves = await run_waves(state, verbs, names, on_node, NEW_POD_SHAPES, requests,
                                     filter_https, prioritize_https, 200_000, rng)
-    records += summarize_waves("https", waves, len(names))
+            records += summarize_waves("https", waves, len(names))
+            # Cold filters: each of these pods is the first of its shape, so no verdict is cached.
+            for offset, (count, label) in enumerate(
+                ((len(names), "all"), (min(len(names), DEFAULT_SCORED_NODES), "default"))
+            ):
+                cold: list[float] = []
+                for pod in cold_pods(cold_requests, 600_000 + 10_000 * offset, offset / 2):
+                    asked = names if count == len(names) else rng.sample(names, count)
+                    started = time.perf_counter()
+                    await filter_https(pod, asked)
+                    cold.append(time.perf_counter() - started)
+                records.append({"bench": "latency", "mode": "https", "phase": "cold-shapes", "names": label,
+                                "nodes": count, "filter": latency_stats(cold)})
     problems = state.ledger.check_invariants()
     records.append({"bench": "latency", "phase": "invariants", "violations": len(problems),
                     "pods": state.ledger.pod_count()})
@@ -843,6 +872,10 @@ def summary_table(records: list[JSON]) -> str:
                 f"| {r['mode']}, {r['phase']}, {r['nodes']:,} nodes: prioritize p50 / p99 | "
                 f"{p['p50_ms']} / {p['p99_ms']} ms |"
             )
+        elif r.get("bench") == "latency" and r.get("phase") == "cold-shapes":
+            f = r["filter"]
+            lines.append(f"| https filter, first pod of a new shape, {r['nodes']:,} names: p50 / p99 | "
+                         f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}) |")
         elif r.get("bench") == "latency" and r.get("phase") == "first-after-sync":
             lines.append(f"| first filter after a full sync ({r['nodes']:,} nodes) | {r['filter_ms']} ms |")
         elif r.get("bench") == "lag" and "lag" in r:
@@ -874,6 +907,9 @@ def summary_table(records: list[JSON]) -> str:
                 f"{r['tracemalloc_held_mib']} MiB, {r['bytes_per_pod']} B per pod) |"
             )
             lines.append(f"| re-list of {r['pods']:,} pods fed to the state | {r['relist_pods_s']} s |")
+        elif r.get("bench") == "throughput" and r.get("phase") == "cycle":
+            shown = {k: v for k, v in r.items() if k.endswith("_ms")}
+            lines.append(f"| {r['scheduler']}: mean per scheduling attempt | {shown} |")
         elif r.get("bench") == "throughput" and r.get("scheduler") == "idle":
             lines.append(f"| control plane idle, CPU ms per second | {r['cpu_ms_per_s']} |")
         elif r.get("bench") == "throughput" and "scheduler" in r:
@@ -882,9 +918,6 @@ def summary_table(records: list[JSON]) -> str:
                 f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations; "
                 f"CPU ms per pod {r['cpu_ms_per_pod']}) |"
             )
-        elif r.get("bench") == "throughput" and r.get("phase") == "cycle":
-            shown = {k: v for k, v in r.items() if k.endswith("_ms")}
-            lines.append(f"| {r['scheduler']}: mean per scheduling attempt | {shown} |")
         elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
             lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms |")
         elif r.get("bench") == "throughput" and "ratio" in r:
@@ -923,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     emit(machine)
     records: list[JSON] = []
     if "latency" in parts:
-        for record in asyncio.run(bench_latency(big, requests)):
+        for record in asyncio.run(bench_latency(big, requests, 24 if args.quick else 120)):
             emit(record)
             records.append(record)
     if "lag" in parts:
