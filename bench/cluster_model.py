@@ -26,6 +26,9 @@ UTILIZATIONS = ("0.10", "0.15", "0.20", "0.22")
 """vLLM ``--gpu-memory-utilization`` of the pods already running: four of the largest share one
 H100's 0.9 budget, so no GPU is overcommitted even in the worst case of the device plugin's choice."""
 ANNOTATED = ("6Gi", "10Gi", "12Gi")
+APPS = 1009
+"""Applications the running pods belong to, each a template of its own (its served model name):
+a cluster of many teams' Deployments, not a few shapes repeated."""
 """``vramguard.io/vram`` amounts of the annotated pods already running."""
 
 JSON = dict[str, Any]
@@ -209,9 +212,10 @@ def gpu_pod(name: str, namespace: str, uid: str, utilization: str | None = None,
     if vram is not None:
         metadata["annotations"]["vramguard.io/vram"] = vram
         container["image"] = "example.com/inference/server:2.3"
-        container["args"] = ["--port", "8000"]
+        container["args"] = ["--port", "8000", "--service", app]
     else:
         args[args.index("--gpu-memory-utilization") + 1] = utilization or "0.20"
+        args[args.index("--served-model-name") + 1] = app
         if gpus > 1:
             args += ["--tensor-parallel-size", str(gpus)]
     container["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
@@ -268,7 +272,6 @@ class ClusterModel:
         Each node gets at most as many pods as it has GPUs times replicas, and pods are drawn so
         that no GPU can be overcommitted whatever the device plugin picked.
         """
-        rng = random.Random(self.seed + 1)
         gpus = self.node_gpus()
         slots = [g * REPLICAS for g in gpus]
         total = sum(slots)
@@ -284,14 +287,16 @@ class ClusterModel:
         for index, count in enumerate(counts):
             for _ in range(count):
                 namespace = f"team-{serial % 40:02d}"
-                name = f"svc-{serial % 997:03d}-{serial:06x}"
+                name = f"svc-{serial % APPS:03d}-{serial:06x}"
                 uid = f"{serial:08x}-1111-4000-8000-{index:012d}"
-                if rng.random() < 0.2:
-                    pod = gpu_pod(name, namespace, uid, vram=rng.choice(ANNOTATED), node=node_name(index),
-                                  app=f"svc-{serial % 997:03d}")
+                # One Deployment per app, all its replicas of one template (APPS templates in all).
+                app = serial % APPS
+                if app % 5 == 0:
+                    pod = gpu_pod(name, namespace, uid, vram=ANNOTATED[app // 5 % len(ANNOTATED)],
+                                  node=node_name(index), app=f"svc-{app:03d}")
                 else:
-                    pod = gpu_pod(name, namespace, uid, rng.choice(UTILIZATIONS), node=node_name(index),
-                                  app=f"svc-{serial % 997:03d}")
+                    pod = gpu_pod(name, namespace, uid, UTILIZATIONS[app % len(UTILIZATIONS)],
+                                  node=node_name(index), app=f"svc-{app:03d}")
                 serial += 1
                 yield pod
 
