@@ -771,8 +771,10 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
         result["uncordon_to_last_s"] = round(times[-1] - uncordoned, 2)
     result["violations"] = await _invariants(client, namespace)
     await cordon(True)
-    await client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
-    for _ in range(600):  # gone from the API (and so, soon, from the extender's ledger)
+    with contextlib.suppress(TimeoutError):
+        # Thousands of pods outlast the client's request timeout; the API server deletes on regardless.
+        await client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
+    for _ in range(3000):  # gone from the API (and so, soon, from the extender's ledger)
         if not (await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})).get("items"):
             break
         await asyncio.sleep(0.1)
