@@ -41,6 +41,8 @@ from vramguard.codecs import (
 )
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
+from vramguard.dra.review import DraContext
+from vramguard.dra.state import DraState
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
@@ -256,6 +258,9 @@ class ClusterState:
         """Changes whenever what the nodes offer may have changed (sizes computed earlier are stale)."""
         self._offers: dict[str, ResourceOffer] | None = None
         self._node_offers: dict[str, dict[str, ResourceOffer]] = {}
+        self.dra = DraState()
+        """DRA devices, classes and claims (fed only where their watches run: :mod:`vramguard.io.dra`)."""
+        self._dra_context: tuple[tuple[int, int], DraContext] | None = None
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -699,6 +704,28 @@ class ClusterState:
     def node_names(self) -> Iterable[str]:
         """Every node with an inventory."""
         return self._inventories.keys()
+
+    # -- DRA ------------------------------------------------------------------------------------
+
+    def dra_context(self) -> DraContext:
+        """What admission checks claims against: the DRA state, and per extended resource the nodes
+        whose device plugin advertises it (DRA serves it only elsewhere). Cached until either changes."""
+        key = (self.dra.generation, self.node_generation)
+        if self._dra_context is not None and self._dra_context[0] == key:
+            return self._dra_context[1]
+        plugin: dict[str, set[str]] = {}
+        for name, inventory in self._inventories.items():
+            for resource in inventory.resources():
+                plugin.setdefault(resource, set()).add(name)
+        context = DraContext(
+            self.dra.device_classes(),
+            self.dra.devices(),
+            self.dra.claim,
+            self.dra.template,
+            {resource: frozenset(nodes) for resource, nodes in plugin.items()},
+        )
+        self._dra_context = (key, context)
+        return context
 
 
 class _Delegate:
