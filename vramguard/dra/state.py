@@ -116,7 +116,7 @@ class DraState:
 
     def device_classes(self) -> dict[str, DeviceClassInfo]:
         """DeviceClasses by name."""
-        return dict(self.classes.records)
+        return {info.name: info for info in self.classes.records.values()}
 
     def claim(self, namespace: str, name: str) -> ClaimSpec | None:
         """The requests of a ResourceClaim, ``None`` when the watch has not shown it."""
