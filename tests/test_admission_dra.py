@@ -115,7 +115,8 @@ def test_named_claim() -> None:
     shared = claim("shared-gpu", NS, memory="16Gi")
     decision = review(state("memory", shared), vllm_claim_pod(claim_name="shared-gpu", utilization="0.3"))
     assert decision.violations == (
-        "claim gpu requests 16Gi of memory but vLLM will reserve 0.30 x 80Gi = 24Gi; set capacity.requests.memory: 24Gi",
+        "claim gpu requests 16Gi of memory but vLLM will reserve 0.30 x 80Gi = 24Gi; "
+        "set capacity.requests.memory: 24Gi",
     )
 
 
