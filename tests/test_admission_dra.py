@@ -235,3 +235,16 @@ def test_claim_objects_warn_only(mode: str | int, obj: dict[str, Any], kind: str
     if warned:
         assert "consumes no memory" in decision.warnings[0]
         assert decision.remarks[0].code == Code.CLAIM_UNCHECKED
+
+
+async def test_webhook_checks_claims_once_its_dra_watches_run() -> None:
+    from vramguard.io.dra import dra_watches  # noqa: PLC0415
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    webhook = WebhookState(PolicySource(default_policy()))
+    subject = Subject("Pod", "CREATE", NS, vllm_claim_pod())
+    assert (await webhook.view(subject, None)).dra is None
+    dra_watches(webhook.cluster.dra)
+    webhook.cluster.dra.templates.replace([template("8Gi")])
+    view = await webhook.view(subject, None)
+    assert view.dra is not None and view.dra.template(NS, "gpu-4gi") is not None
