@@ -252,6 +252,8 @@ class Share:
     request: str
     share_id: str | None
     memory_bytes: int
+    pods: tuple[str, ...] = ()
+    """Names of the pods the claim is reserved for (``status.reservedFor``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,5 +312,6 @@ def device_usage(
                 result.request,
                 result.share_id,
                 result_memory(result, device, notes),
+                tuple(name for name, _ in allocation.reserved_for if name),
             )
     return {d.uuid: DeviceUsage(d, tuple(shares[d.uuid].values())) for d in inventory.devices}
