@@ -735,13 +735,7 @@ class ClusterState:
         for name, resources in self._plugin_resources.items():
             for resource in resources:
                 plugin.setdefault(resource, set()).add(name)
-        context = DraContext(
-            self.dra.device_classes(),
-            self.dra.devices(),
-            self.dra.claim,
-            self.dra.template,
-            {resource: frozenset(nodes) for resource, nodes in plugin.items()},
-        )
+        context = self.dra.context({resource: frozenset(nodes) for resource, nodes in plugin.items()})
         self._dra_context = (key, context)
         return context
 

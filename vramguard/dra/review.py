@@ -33,7 +33,7 @@ from vramguard.dra.classes import DeviceClassInfo, class_for_extended_resource
 from vramguard.dra.devices import DraDevice
 from vramguard.dra.fields import items, mapping, text
 from vramguard.dra.pods import ClaimUse, container_claim_uses, pod_claim_sources
-from vramguard.dra.sizing import Need, Shortfall, check_request
+from vramguard.dra.sizing import Need, Shortfall, check_request, reserved_on
 
 ClaimLookup = Callable[[str, str], ClaimSpec | None]
 """``(namespace, name)`` -> the claim's requests, ``None`` when not known."""
@@ -49,6 +49,24 @@ class DraContext:
     template: ClaimLookup = lambda namespace, name: None
     plugin_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Per extended resource, the nodes whose device plugin advertises it: DRA does not serve it there."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReport:
+    """One claim request a pod's containers use, sized on the largest device it could get."""
+
+    claim: str
+    """The pod's name for the claim."""
+    request: str
+    memory: int | None
+    """``capacity.requests.memory`` (the first alternative's), ``None`` when not set."""
+    device: DraDevice | None
+    """The largest device the request could get; ``None`` when no known device matches."""
+    consumed: int | None
+    """What the request consumes on that device."""
+    needs: tuple[Need, ...]
+    reserved: int | None
+    """What the containers using it reserve on that device."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +87,8 @@ class ClaimReview:
     """Per pod claim name, the largest device it could get (for ``explain``)."""
     consumed: Mapping[str, int | None] = field(default_factory=dict)
     """Per pod claim name, the memory its requests consume on that device (``None``: unknown)."""
+    requests: tuple[RequestReport, ...] = ()
+    """Every request a container uses, with the claim's memory next to the containers' reservation."""
 
     @property
     def found_anything(self) -> bool:
@@ -88,6 +108,7 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
     notes: list[str] = []
     largest: dict[str, DraDevice] = {}
     consumed: dict[str, int | None] = {}
+    reports: list[RequestReport] = []
     uses = container_claim_uses(pod)
     sources = {s.name: s for s in pod_claim_sources(pod)}
     for claim_name, source in sources.items():
@@ -113,10 +134,18 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
             notes.extend(check.notes)
             if check.shortfall is not None:
                 shortfalls.append(check.shortfall)
-            if check.largest is not None and users:
-                largest[claim_name] = check.largest
-                alternative = request.alternatives[0]
-                consumed[claim_name] = alternative.consumes_on(check.largest)
+            if not users:
+                continue
+            alternative = request.alternatives[0]
+            device = check.largest
+            used = alternative.consumes_on(device) if device is not None else None
+            if device is not None:
+                largest[claim_name] = device
+                consumed[claim_name] = used
+            reserved = reserved_on(needs, device) if device is not None else None
+            reports.append(
+                RequestReport(claim_name, request.name, alternative.memory, device, used, tuple(needs), reserved)
+            )
     extended = _extended(demand, context, notes)
     return ClaimReview(
         tuple(shortfalls),
@@ -126,7 +155,9 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         bool(uses and sources),
         largest,
         consumed,
+        tuple(reports),
     )
+
 
 
 def _containers(pod: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], bool]]:

@@ -74,7 +74,7 @@ class Shortfall:
     @property
     def reserved(self) -> int:
         """Bytes the containers reserve on the device."""
-        return _reserved(self.needs, self.device)
+        return reserved_on(self.needs, self.device)
 
     def message(self) -> str:
         """The finding's text, with the number to write."""
@@ -109,7 +109,7 @@ class RequestCheck:
     """The largest device the request could get (what fractions are sized on)."""
 
 
-def _reserved(needs: Sequence[Need], device: DraDevice) -> int:
+def reserved_on(needs: Sequence[Need], device: DraDevice) -> int:
     """App containers run together (their reservations add up); init containers run one at a time first."""
     apps = sum(n.on(device) for n in needs if not n.init)
     init = max((n.on(device) for n in needs if n.init), default=0)
@@ -149,7 +149,7 @@ def check_request(
                 continue  # the device cannot serve this request; the allocator will not pick it
             if largest is None or device.memory_bytes > largest.memory_bytes:
                 largest = device
-            reserved = _reserved(needs, device)
+            reserved = reserved_on(needs, device)
             if consumed >= reserved:
                 continue
             required = device.consumes(reserved) if device.shareable else None

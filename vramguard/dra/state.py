@@ -9,8 +9,8 @@ recomputation. Touched from one event loop only, like :class:`vramguard.cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from vramguard.dra.claims import (
     ClaimAllocation,
@@ -21,11 +21,45 @@ from vramguard.dra.claims import (
     read_claim,
     read_claim_template,
 )
-from vramguard.dra.classes import DeviceClassInfo, read_device_class
-from vramguard.dra.devices import DEFAULT_DRIVERS, DraDevice, DraInventory, read_resource_slices
+from vramguard.dra.classes import DeviceClassInfo, parse_expression, read_device_class
+from vramguard.dra.devices import (
+    DEFAULT_DRIVERS,
+    NVIDIA_GPU_DRIVER,
+    DraDevice,
+    DraInventory,
+    RequestPolicy,
+    read_resource_slices,
+)
 from vramguard.dra.fields import mapping, object_name
+from vramguard.quantity import MiB
+
+if TYPE_CHECKING:
+    from vramguard.dra.review import DraContext
 
 JSON = dict[str, Any]
+KIND_STORES = {
+    "ResourceSlice": "slices",
+    "DeviceClass": "classes",
+    "ResourceClaim": "claims",
+    "ResourceClaimTemplate": "templates",
+}
+"""Which store holds each resource.k8s.io kind."""
+NVIDIA_CLASSES = (
+    DeviceClassInfo(
+        "gpu.nvidia.com",
+        parse_expression(
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+        ),
+        "nvidia.com/gpu",
+    ),
+    DeviceClassInfo(
+        "mig.nvidia.com",
+        parse_expression(
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
+        ),
+    ),
+)
+"""The NVIDIA DRA driver chart's classes, assumed by the offline commands when their input has none."""
 
 
 class KeyedStore:
@@ -150,6 +184,33 @@ class DraState:
         usage = self.usage()
         return [usage[d.uuid] for d in self.devices(node) if d.uuid in usage]
 
+    def context(self, plugin_nodes: Mapping[str, frozenset[str]] | None = None) -> DraContext:
+        """What admission checks claims against (see :class:`vramguard.dra.review.DraContext`)."""
+        from vramguard.dra.review import DraContext  # noqa: PLC0415 - review builds on this module
+
+        return DraContext(self.device_classes(), self.devices(), self.claim, self.template, plugin_nodes or {})
+
+    def feed(self, objects: Iterable[Any], *, stand_in_memory: int | None = None) -> None:
+        """Replace every store with the resource.k8s.io objects among ``objects`` (files given to the
+        offline commands). Without a DeviceClass the NVIDIA chart's classes are assumed; without a
+        ResourceSlice and with ``stand_in_memory``, one stand-in GPU of that memory in ``memory``
+        mode (what ``--gpu-memory`` says the pods will get)."""
+        by_store: dict[str, list[JSON]] = {name: [] for name in KIND_STORES.values()}
+        for obj in objects:
+            store = KIND_STORES.get(str(mapping(obj).get("kind")))
+            if store is not None and str(mapping(obj).get("apiVersion", "")).startswith("resource.k8s.io/"):
+                by_store[store].append(dict(obj))
+        self.watched = True
+        self.slices.replace(by_store["slices"])
+        self.classes.replace(by_store["classes"])
+        self.claims.replace(by_store["claims"])
+        self.templates.replace(by_store["templates"])
+        if not self.classes.records:
+            self.classes.records = {f"/{c.name}": c for c in NVIDIA_CLASSES}
+        if not self.slices.records and stand_in_memory:
+            self._inventory = DraInventory((_stand_in(stand_in_memory),), ())
+        self._changed()
+
     def notes(self) -> tuple[str, ...]:
         """What the inventory and the usage left out, and why."""
         self.usage()
@@ -158,3 +219,20 @@ class DraState:
 
 def _claim_record(obj: JSON) -> tuple[ClaimSpec, ClaimAllocation | None]:
     return read_claim(obj), read_allocation(obj)
+
+
+def _stand_in(memory: int) -> DraDevice:
+    """A GPU of ``memory`` bytes shared in the NVIDIA driver's ``memory`` mode."""
+    return DraDevice(
+        uuid="stand-in",
+        node="",
+        driver=NVIDIA_GPU_DRIVER,
+        pool="",
+        name="gpu",
+        type="gpu",
+        product="--gpu-memory",
+        memory_bytes=memory,
+        shareable=True,
+        sharing="memory",
+        policy=RequestPolicy(default=memory, minimum=MiB, maximum=memory, step=MiB),
+    )
