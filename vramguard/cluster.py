@@ -41,6 +41,8 @@ from vramguard.codecs import (
 )
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
+from vramguard.dra.review import DraContext
+from vramguard.dra.state import DraState
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
@@ -256,6 +258,11 @@ class ClusterState:
         """Changes whenever what the nodes offer may have changed (sizes computed earlier are stale)."""
         self._offers: dict[str, ResourceOffer] | None = None
         self._node_offers: dict[str, dict[str, ResourceOffer]] = {}
+        self._plugin_resources: dict[str, frozenset[str]] = {}
+        """Per node, the extended resources its status advertises (a device plugin serves them there)."""
+        self.dra = DraState()
+        """DRA devices, classes and claims (fed only where their watches run: :mod:`vramguard.io.dra`)."""
+        self._dra_context: tuple[tuple[int, int], DraContext] | None = None
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -327,7 +334,7 @@ class ClusterState:
     # -- nodes ----------------------------------------------------------------------------------
 
     def _upsert_node(self, node: JSON) -> None:
-        labels_changed = self._remember_selection(node)
+        labels_changed = self._remember_plugin_resources(node) | self._remember_selection(node)
         inventory = self._read_inventory(node, self._report_distrust(node))
         if self._inventories.get(inventory.node) == inventory:
             if labels_changed:
@@ -351,6 +358,7 @@ class ClusterState:
         self._reported.pop(name, None)
         self._nodes_changed()
         self._selection.pop(name, None)
+        self._plugin_resources.pop(name, None)
         self.ledger.remove_node(name)
 
     def _nodes_changed(self) -> None:
@@ -699,6 +707,37 @@ class ClusterState:
     def node_names(self) -> Iterable[str]:
         """Every node with an inventory."""
         return self._inventories.keys()
+
+    # -- DRA ------------------------------------------------------------------------------------
+
+    def _remember_plugin_resources(self, node: JSON) -> bool:
+        """Keep which extended resources the node advertises (allocatable above 0); returns whether
+        that changed. The scheduler serves a resource through DRA only where it is not advertised."""
+        metadata = node.get("metadata") or {}
+        status = node.get("status") or {}
+        allocatable = status.get("allocatable") if isinstance(status, dict) else None
+        advertised = frozenset(
+            key for key, value in (allocatable.items() if isinstance(allocatable, dict) else ())
+            if isinstance(key, str) and "/" in key and str(value) not in ("0", "")
+        )
+        name = str(metadata.get("name", ""))
+        changed = self._plugin_resources.get(name) != advertised
+        self._plugin_resources[name] = advertised
+        return changed
+
+    def dra_context(self) -> DraContext:
+        """What admission checks claims against: the DRA state, and per extended resource the nodes
+        whose device plugin advertises it (DRA serves it only elsewhere). Cached until either changes."""
+        key = (self.dra.generation, self.node_generation)
+        if self._dra_context is not None and self._dra_context[0] == key:
+            return self._dra_context[1]
+        plugin: dict[str, set[str]] = {}
+        for name, resources in self._plugin_resources.items():
+            for resource in resources:
+                plugin.setdefault(resource, set()).add(name)
+        context = self.dra.context({resource: frozenset(nodes) for resource, nodes in plugin.items()})
+        self._dra_context = (key, context)
+        return context
 
 
 class _Delegate:

@@ -131,7 +131,8 @@ class WebhookState:
             usage = cluster.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
         ledger = cluster.ledger if node else None
         held_back = cluster.suspect_message(node) if node else None
-        return ClusterView(labels, cluster.offers(), node_offers, usage, ledger, held_back)
+        dra = cluster.dra_context() if cluster.dra.watched else None
+        return ClusterView(labels, cluster.offers(), node_offers, usage, ledger, held_back, dra)
 
 
 STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)

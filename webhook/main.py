@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from vramguard.cluster import LIVE_PODS_SELECTOR, slim_node, slim_pod
+from vramguard.io.dra import DraMetrics, dra_watches
 from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, KubeClient
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import RunningServer, ServerSettings, run_https
@@ -76,7 +77,9 @@ async def run_webhook(
             Watch("/api/v1/namespaces", cluster.namespaces),
             Watch("/api/v1/nodes", cluster.nodes, slim=slim_node),
             Watch("/api/v1/pods", cluster.pods, {"fieldSelector": POD_FIELD_SELECTOR}, slim=slim_pod),
+            *dra_watches(cluster.dra),
         ])
+        runtime.registry.register(DraMetrics(cluster.dra))
         runtime.readiness.add("informers-synced", runtime.synced)
         app = create_webhook_app(state, registry=runtime.registry, readiness=runtime.readiness)
         runtime.tasks["policy-refresh"] = reload_every(settings.policy_refresh_interval, state.refresh_policy)

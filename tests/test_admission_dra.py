@@ -1,0 +1,250 @@
+"""Admission of pods whose GPU comes through DRA: claims, templates, the extended-resource path."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.dra_objects import (
+    claim,
+    claim_template,
+    device_class,
+    gpu_device,
+    resource_slice,
+    vllm_claim_pod,
+    vllm_extended_resource_pod,
+)
+from vramguard.admission import AUDIT_WOULD_DENY_KEY, AdmissionRules, ClusterView, Code, Decision, Subject
+from vramguard.cluster import ClusterState
+from vramguard.codecs import ENFORCE_LABEL
+from vramguard.policy import default_policy
+
+NS = "gpu-share-memory"
+MESSAGE = (
+    "claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi; set capacity.requests.memory: 72Gi"
+)
+
+
+def state(
+    mode: str | int = "memory", *objects: dict[str, Any], nodes: list[dict[str, Any]] | None = None
+) -> ClusterState:
+    """A cluster model with one 80Gi GPU on node-a in the driver's ``mode``, the driver's DeviceClass,
+    and ``objects`` (templates, claims)."""
+    cluster = ClusterState(default_policy())
+    cluster.dra.watched = True
+    cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi", mode=mode)])])
+    cluster.dra.classes.replace([device_class()])
+    cluster.dra.templates.replace([o for o in objects if o["kind"] == "ResourceClaimTemplate"])
+    cluster.dra.claims.replace([o for o in objects if o["kind"] == "ResourceClaim"])
+    cluster.nodes.replace(nodes or [{"metadata": {"name": "node-a"}, "status": {"allocatable": {"cpu": "8"}}}])
+    return cluster
+
+
+def review(
+    cluster: ClusterState,
+    obj: dict[str, Any],
+    mode: str = "enforce",
+    kind: str = "Pod",
+    old: dict[str, Any] | None = None,
+) -> Decision:
+    rules = AdmissionRules(cluster.policy)
+    view = ClusterView(
+        {ENFORCE_LABEL: mode}, cluster.offers(), dra=cluster.dra_context() if cluster.dra.watched else None
+    )
+    operation = "UPDATE" if old is not None else "CREATE"
+    return rules.review(Subject(kind, operation, NS, obj, old), view)
+
+
+def template(memory: str | None, name: str = "gpu-4gi") -> dict[str, Any]:
+    return claim_template(name=name, namespace=NS, memory=memory)
+
+
+@pytest.mark.parametrize(
+    ("mode", "memory", "utilization", "violation"),
+    [
+        pytest.param("memory", "8Gi", "0.9", MESSAGE, id="under-request-refused"),
+        pytest.param("memory", "72Gi", "0.9", None, id="enough-memory"),
+        pytest.param("memory", None, "0.9", None, id="memory-mode-default-is-whole-gpu"),
+        pytest.param("memory", "24Gi", "0.3", None, id="thirty-percent-fits-24Gi"),
+        pytest.param(
+            "unlimited",
+            None,
+            "0.3",
+            "claim gpu sets no capacity.requests.memory, so it consumes 0 of a device shared without memory accounting "
+            "(unlimited mode), but vLLM will reserve 0.30 x 80Gi = 24Gi; set capacity.requests.memory: 24Gi",
+            id="unlimited-consumes-zero",
+        ),
+        pytest.param(
+            4,
+            "24Gi",
+            "0.3",
+            None,
+            id="share-count-with-memory-request",
+        ),
+        pytest.param("disabled", "8Gi", "0.9", None, id="exclusive-device-is-whole"),
+    ],
+)
+def test_pod_with_claim_template(mode: str | int, memory: str | None, utilization: str, violation: str | None) -> None:
+    decision = review(state(mode, template(memory)), vllm_claim_pod(utilization=utilization))
+    assert decision.violations == ((violation,) if violation else ())
+    assert decision.allowed is (violation is None)
+    if violation:
+        assert decision.message is not None and violation in decision.message
+        assert decision.problems[0].code == Code.CLAIM_MEMORY
+        assert decision.problems[0].container == "vllm"
+
+
+def test_warn_mode_keeps_the_number_to_write() -> None:
+    decision = review(state("memory", template("8Gi")), vllm_claim_pod(), mode="warn")
+    assert decision.allowed
+    assert decision.warnings[:2] == (
+        "would deny: claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi",
+        "to fix it: set capacity.requests.memory: 72Gi",
+    )
+
+
+def test_audit_mode_records_it() -> None:
+    decision = review(state("memory", template("8Gi")), vllm_claim_pod(), mode="audit")
+    assert decision.allowed
+    assert MESSAGE in decision.audit_annotations[AUDIT_WOULD_DENY_KEY]
+
+
+def test_named_claim() -> None:
+    shared = claim("shared-gpu", NS, memory="16Gi")
+    decision = review(state("memory", shared), vllm_claim_pod(claim_name="shared-gpu", utilization="0.3"))
+    assert decision.violations == (
+        "claim gpu requests 16Gi of memory but vLLM will reserve 0.30 x 80Gi = 24Gi; "
+        "set capacity.requests.memory: 24Gi",
+    )
+
+
+def test_unknown_template_is_a_note() -> None:
+    decision = review(state("memory"), vllm_claim_pod())
+    assert decision.allowed
+    assert decision.violations == ()
+    assert decision.remarks[0].code == Code.CLAIM_UNCHECKED
+    assert "ResourceClaimTemplate gpu-4gi is not known yet" in decision.remarks[0].message
+
+
+def test_request_narrowed_by_the_container() -> None:
+    two = claim_template(name="gpu-4gi", namespace=NS, memory="8Gi")
+    two["spec"]["spec"]["devices"]["requests"].append(
+        {"name": "big", "exactly": {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "72Gi"}}}}
+    )
+    assert review(state("memory", two), vllm_claim_pod(request="big")).allowed
+    assert not review(state("memory", two), vllm_claim_pod(request="gpu")).allowed
+    assert not review(state("memory", two), vllm_claim_pod()).allowed  # no request named: it uses both
+
+
+def test_declaration_and_parallel_errors() -> None:
+    declared = vllm_claim_pod(utilization=None)
+    declared["spec"]["containers"][0]["args"] = ["--model", "m"]
+    declared["metadata"]["annotations"] = {"vramguard.io/vram.vllm": "20Gi"}
+    decision = review(state("memory", template("16Gi")), declared)
+    assert decision.violations == (
+        "claim gpu requests 16Gi of memory but the vramguard.io/vram declaration of container vllm will reserve "
+        "20Gi; set capacity.requests.memory: 20Gi",
+    )
+    parallel = vllm_claim_pod()
+    parallel["spec"]["containers"][0]["args"] += ["--tensor-parallel-size", "2"]
+    decision = review(state("memory", template(None)), parallel)
+    assert [f.code for f in decision.problems] == [Code.DEMAND_ERROR]
+    assert "--tensor-parallel-size 2" in decision.violations[0]
+
+
+def test_deployment_template_is_checked() -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm", "namespace": NS},
+        "spec": {"replicas": 2, "template": {k: v for k, v in vllm_claim_pod().items() if k in ("metadata", "spec")}},
+    }
+    decision = review(state("memory", template("8Gi")), deployment, kind="Deployment")
+    assert decision.violations == (MESSAGE,)
+    # An update that keeps the problem is not refused for it.
+    updated = copy.deepcopy(deployment)
+    updated["spec"]["replicas"] = 3
+    decision = review(state("memory", template("8Gi")), updated, kind="Deployment", old=deployment)
+    assert decision.allowed and decision.violations == ()
+    assert MESSAGE in decision.notes
+
+
+def test_claims_not_watched_are_not_checked() -> None:
+    cluster = state("memory", template("8Gi"))
+    cluster.dra.watched = False
+    decision = review(cluster, vllm_claim_pod())
+    assert decision.allowed and decision.warnings == () and not decision.wants_gpu
+
+
+def test_pod_without_claims_or_gpus() -> None:
+    plain = {"metadata": {"name": "web", "namespace": NS}, "spec": {"containers": [{"name": "web", "image": "nginx"}]}}
+    decision = review(state("unlimited"), plain)
+    assert decision.allowed and decision.warnings == () and not decision.wants_gpu
+
+
+EXTENDED = (
+    "nvidia.com/gpu on DRA device class gpu.nvidia.com consumes 0 of memory on a device shared without memory "
+    "accounting (unlimited mode) but vLLM will reserve 0.90 x 80Gi = 72Gi; use a ResourceClaim with "
+    "capacity.requests.memory: 72Gi"
+)
+PLUGIN_NODE = {"metadata": {"name": "node-a"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "nodes", "violation"),
+    [
+        pytest.param("unlimited", None, EXTENDED, id="unlimited-refused"),
+        pytest.param(
+            4,
+            None,
+            EXTENDED.replace("shared without memory accounting (unlimited mode)", "shared by share count"),
+            id="share-count-refused",
+        ),
+        pytest.param("memory", None, None, id="memory-mode-whole-gpu"),
+        pytest.param("unlimited", [PLUGIN_NODE], None, id="device-plugin-node-serves-it-instead"),
+    ],
+)
+def test_extended_resource_path(mode: str | int, nodes: list[dict[str, Any]] | None, violation: str | None) -> None:
+    decision = review(state(mode, nodes=nodes), vllm_extended_resource_pod(namespace=NS))
+    extended = [f.message for f in decision.problems if f.code == Code.EXTENDED_RESOURCE_MEMORY]
+    assert extended == ([violation] if violation else [])
+
+
+def test_extended_resource_without_class() -> None:
+    cluster = state("unlimited")
+    cluster.dra.classes.replace([device_class(extended_resource=None)])
+    decision = review(cluster, vllm_extended_resource_pod(namespace=NS))
+    assert not [f for f in decision.problems if f.code == Code.EXTENDED_RESOURCE_MEMORY]
+
+
+@pytest.mark.parametrize(
+    ("mode", "obj", "kind", "warned"),
+    [
+        pytest.param("unlimited", template(None), "ResourceClaimTemplate", True, id="template-unlimited-no-memory"),
+        pytest.param("unlimited", template("24Gi"), "ResourceClaimTemplate", False, id="template-with-memory"),
+        pytest.param("memory", template(None), "ResourceClaimTemplate", False, id="template-memory-mode"),
+        pytest.param(4, claim("c", NS), "ResourceClaim", True, id="claim-share-count-no-memory"),
+    ],
+)
+def test_claim_objects_warn_only(mode: str | int, obj: dict[str, Any], kind: str, warned: bool) -> None:
+    decision = review(state(mode), obj, kind=kind, mode="enforce")
+    assert decision.allowed
+    assert bool(decision.warnings) is warned
+    if warned:
+        assert "consumes no memory" in decision.warnings[0]
+        assert decision.remarks[0].code == Code.CLAIM_UNCHECKED
+
+
+async def test_webhook_checks_claims_once_its_dra_watches_run() -> None:
+    from vramguard.io.dra import dra_watches  # noqa: PLC0415
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    webhook = WebhookState(PolicySource(default_policy()))
+    subject = Subject("Pod", "CREATE", NS, vllm_claim_pod())
+    assert (await webhook.view(subject, None)).dra is None
+    dra_watches(webhook.cluster.dra)
+    webhook.cluster.dra.templates.replace([template("8Gi")])
+    view = await webhook.view(subject, None)
+    assert view.dra is not None and view.dra.template(NS, "gpu-4gi") is not None

@@ -1,0 +1,272 @@
+"""Admission's DRA questions, answered from what the cluster model knows (pure).
+
+For a pod (or a workload's pod template):
+
+- **claims** (``spec.resourceClaims``): for each request a container uses (``resources.claims``),
+  the memory the request consumes on each device its class and selectors could match must cover
+  what the containers using it reserve there (:func:`vramguard.dra.sizing.check_request`). The
+  claim comes from its ResourceClaimTemplate or its ResourceClaim, as the watches show them; one
+  not seen yet is a note, not a refusal (a template created in the same ``kubectl apply`` may
+  reach the watch a moment after the pod).
+- **the DRA extended-resource path**: a container asking an extended resource that a DeviceClass
+  serves (``extendedResourceName``) gets a claim the scheduler writes without any capacity
+  request, on nodes whose device plugin does not advertise the resource. On a shareable device it
+  consumes the policy default: the whole GPU in ``memory`` mode, 0 in ``unlimited`` and share-count
+  modes, where the engine's reservation is never accounted.
+
+For a ResourceClaim or ResourceClaimTemplate on its own (no pod known yet): a request that would
+consume no memory on a device shared without memory accounting is worth a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramguard.codecs import VRAM_ANNOTATION
+from vramguard.demand import DemandOptions, PodDemand, derive_container_demand
+from vramguard.demand.derive import engine_title
+from vramguard.demand.model import ContainerDemand
+from vramguard.dra.claims import ClaimRequest, ClaimSpec, DeviceRequest
+from vramguard.dra.classes import DeviceClassInfo, class_for_extended_resource
+from vramguard.dra.devices import DraDevice
+from vramguard.dra.fields import items, mapping, text
+from vramguard.dra.pods import ClaimUse, container_claim_uses, pod_claim_sources
+from vramguard.dra.sizing import Need, Shortfall, check_request, reserved_on
+
+ClaimLookup = Callable[[str, str], ClaimSpec | None]
+"""``(namespace, name)`` -> the claim's requests, ``None`` when not known."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraContext:
+    """What admission knows about DRA in the cluster (the webhook's watches, or ``plan``'s files)."""
+
+    classes: Mapping[str, DeviceClassInfo] = field(default_factory=dict)
+    devices: tuple[DraDevice, ...] = ()
+    claim: ClaimLookup = lambda namespace, name: None
+    template: ClaimLookup = lambda namespace, name: None
+    plugin_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Per extended resource, the nodes whose device plugin advertises it: DRA does not serve it there."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReport:
+    """One claim request a pod's containers use, sized on the largest device it could get."""
+
+    claim: str
+    """The pod's name for the claim."""
+    request: str
+    memory: int | None
+    """``capacity.requests.memory`` (the first alternative's), ``None`` when not set."""
+    device: DraDevice | None
+    """The largest device the request could get; ``None`` when no known device matches."""
+    consumed: int | None
+    """What the request consumes on that device."""
+    needs: tuple[Need, ...]
+    reserved: int | None
+    """What the containers using it reserve on that device."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimReview:
+    """What :func:`review_pod_claims` found."""
+
+    shortfalls: tuple[Shortfall, ...] = ()
+    """Claim requests that consume less than their containers reserve (violations)."""
+    extended: tuple[Shortfall, ...] = ()
+    """Extended resources on the DRA path that consume less than the containers reserve (violations)."""
+    errors: tuple[str, ...] = ()
+    """Demand errors of containers using claims (violations)."""
+    notes: tuple[str, ...] = ()
+    """What could not be checked, and the demand's warnings (notes)."""
+    uses_claims: bool = False
+    """Whether a container uses a claim of the pod."""
+    largest: Mapping[str, DraDevice] = field(default_factory=dict)
+    """Per pod claim name, the largest device it could get (for ``explain``)."""
+    consumed: Mapping[str, int | None] = field(default_factory=dict)
+    """Per pod claim name, the memory its requests consume on that device (``None``: unknown)."""
+    requests: tuple[RequestReport, ...] = ()
+    """Every request a container uses, with the claim's memory next to the containers' reservation."""
+
+    @property
+    def found_anything(self) -> bool:
+        """Whether there is anything to report."""
+        return bool(self.shortfalls or self.extended or self.errors or self.notes)
+
+
+def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand, context: DraContext) -> ClaimReview:
+    """Check a pod's (or pod template's) claims and extended resources on the DRA path."""
+    metadata = mapping(pod.get("metadata"))
+    annotations = {
+        k: v for k, v in mapping(metadata.get("annotations")).items() if isinstance(k, str) and isinstance(v, str)
+    }
+    containers = _containers(pod)
+    shortfalls: list[Shortfall] = []
+    errors: list[str] = []
+    notes: list[str] = []
+    largest: dict[str, DraDevice] = {}
+    consumed: dict[str, int | None] = {}
+    reports: list[RequestReport] = []
+    uses = container_claim_uses(pod)
+    sources = {s.name: s for s in pod_claim_sources(pod)}
+    for claim_name, source in sources.items():
+        spec = None
+        if source.template_name:
+            spec = context.template(namespace, source.template_name)
+            missing = f"ResourceClaimTemplate {source.template_name}"
+        elif source.claim_name:
+            spec = context.claim(namespace, source.claim_name)
+            missing = f"ResourceClaim {source.claim_name}"
+        else:
+            continue
+        claim_uses = [u for u in uses if u.claim == claim_name]
+        if spec is None:
+            if claim_uses:
+                notes.append(f"claim {claim_name}: {missing} is not known yet, so its memory is not checked")
+            continue
+        notes.extend(spec.notes)
+        for request in spec.requests:
+            users = [u for u in claim_uses if u.request in (None, request.name)]
+            needs = _needs(users, request, containers, annotations, errors, notes)
+            check = check_request(claim_name, request, needs, context.classes, context.devices)
+            notes.extend(check.notes)
+            if check.shortfall is not None:
+                shortfalls.append(check.shortfall)
+            if not users:
+                continue
+            alternative = request.alternatives[0]
+            device = check.largest
+            used = alternative.consumes_on(device) if device is not None else None
+            if device is not None:
+                largest[claim_name] = device
+                consumed[claim_name] = used
+            reserved = reserved_on(needs, device) if device is not None else None
+            reports.append(
+                RequestReport(claim_name, request.name, alternative.memory, device, used, tuple(needs), reserved)
+            )
+    extended = _extended(demand, context, notes)
+    return ClaimReview(
+        tuple(shortfalls),
+        tuple(extended),
+        tuple(dict.fromkeys(errors)),
+        tuple(dict.fromkeys(notes)),
+        bool(uses and sources),
+        largest,
+        consumed,
+        tuple(reports),
+    )
+
+
+
+def _containers(pod: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], bool]]:
+    spec = mapping(pod.get("spec"))
+    found: dict[str, tuple[Mapping[str, Any], bool]] = {}
+    for field_name in ("initContainers", "containers"):
+        for raw in items(spec.get(field_name)):
+            container = mapping(raw)
+            name = text(container.get("name"))
+            if name:
+                init = field_name == "initContainers" and container.get("restartPolicy") != "Always"
+                found.setdefault(name, (container, init))
+    return found
+
+
+def _needs(
+    users: Sequence[ClaimUse],
+    request: ClaimRequest,
+    containers: Mapping[str, tuple[Mapping[str, Any], bool]],
+    annotations: Mapping[str, str],
+    errors: list[str],
+    notes: list[str],
+) -> list[Need]:
+    """What each container using ``request`` reserves on each of its devices."""
+    count = max(a.count for a in request.alternatives)
+    resource = f"devices of claim request {request.name}"
+    options = DemandOptions(frozenset({resource}), ())
+    needs: list[Need] = []
+    for use in users:
+        entry = containers.get(use.container)
+        if entry is None:
+            continue
+        container, init = entry
+        # The engine's reading of the container, as if it asked for the request's devices as a resource:
+        # the same engines, declarations, MPS limits and parallel-size checks as for device-plugin GPUs.
+        probe = {**container, "resources": {"limits": {resource: count}}}
+        demand = derive_container_demand(probe, annotations, init, options)
+        if demand is None:
+            continue
+        errors.extend(demand.errors)
+        notes.extend(demand.warnings)
+        need = _need(demand, init)
+        if need is not None:
+            needs.append(need)
+    return needs
+
+
+def _need(demand: ContainerDemand, init: bool) -> Need | None:
+    vram = demand.reservation
+    if vram is None:
+        return None
+    if demand.declared is not None:
+        who = f"the {VRAM_ANNOTATION} declaration of container {demand.name}"
+    elif demand.mps_limit is not None:
+        who = f"the MPS limit of container {demand.name}"
+    else:
+        who = engine_title(demand.engine or "") or f"container {demand.name}"
+    return Need(demand.name, who, vram, init)
+
+
+def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[Shortfall]:
+    """Containers asking an extended resource that a DeviceClass serves through DRA."""
+    found: list[Shortfall] = []
+    for index, container in enumerate(demand.containers):
+        device_class = class_for_extended_resource(context.classes, container.resource)
+        if device_class is None:
+            continue
+        plugin = context.plugin_nodes.get(container.resource, frozenset())
+        devices = tuple(d for d in context.devices if d.node not in plugin)
+        need = _need(container, container.init)
+        if need is None or not devices:
+            continue
+        request = ClaimRequest(
+            f"container-{index}-request-0",
+            (DeviceRequest(f"container-{index}-request-0", device_class.name, count=container.gpus),),
+        )
+        check = check_request(
+            f"container {container.name}",
+            request,
+            [need],
+            {device_class.name: device_class},
+            devices,
+            container.resource,
+        )
+        notes.extend(check.notes)
+        if check.shortfall is not None:
+            found.append(check.shortfall)
+    return found
+
+
+def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[str, ...]:
+    """Warnings for a ResourceClaim or ResourceClaimTemplate on its own (no pod known yet): a request
+    without ``capacity.requests.memory`` that consumes no memory on a shareable device its class
+    could get, so whatever engine uses it is not accounted on that device."""
+    warnings: list[str] = list(spec.notes)
+    for request in spec.requests:
+        for alternative in request.alternatives:
+            device_class = context.classes.get(alternative.device_class)
+            if device_class is None or alternative.memory is not None or alternative.admin_access:
+                continue
+            free = [
+                d
+                for d in device_class.could_match(context.devices, alternative.selector)
+                if d.shareable and alternative.consumes_on(d) == 0
+            ]
+            if free:
+                warnings.append(
+                    f"{kind} {spec.name} request {alternative.name} consumes no memory on {free[0].sharing}-mode "
+                    f"shared GPUs ({free[0].label}), so the memory its pods' engines take is not accounted; "
+                    "set capacity.requests.memory"
+                )
+    return tuple(warnings)
