@@ -27,7 +27,7 @@ import json
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cachetools import LRUCache
@@ -41,6 +41,9 @@ from vramguard.codecs import (
 )
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
+from vramguard.dra.claims import ClaimAllocation
+from vramguard.dra.devices import DraDevice
+from vramguard.dra.extended import DraLedgerPart, container_names, ledger_part, serving_classes
 from vramguard.dra.review import DraContext
 from vramguard.dra.state import DraState
 from vramguard.inventory import NodeInventory, read_inventory
@@ -263,6 +266,13 @@ class ClusterState:
         self.dra = DraState()
         """DRA devices, classes and claims (fed only where their watches run: :mod:`vramguard.io.dra`)."""
         self._dra_context: tuple[tuple[int, int], DraContext] | None = None
+        self._label_inventories: dict[str, NodeInventory] = {}
+        """Per node, its inventory before DRA devices are added (what its labels and agent say)."""
+        self._dra_parts: dict[str, DraLedgerPart] = {}
+        """Per node, the DRA devices and placements in its ledger inventory (extended-resource path)."""
+        self._dra_synced: tuple[int, int, int] | None = None
+        self._dra_pod_changes = 0
+        """Counts bound pods appearing on DRA nodes: their placements come from their claims."""
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -335,7 +345,7 @@ class ClusterState:
 
     def _upsert_node(self, node: JSON) -> None:
         labels_changed = self._remember_plugin_resources(node) | self._remember_selection(node)
-        inventory = self._read_inventory(node, self._report_distrust(node))
+        inventory = self._with_dra(self._read_inventory(node, self._report_distrust(node)))
         if self._inventories.get(inventory.node) == inventory:
             if labels_changed:
                 self._nodes_changed()
@@ -359,6 +369,8 @@ class ClusterState:
         self._nodes_changed()
         self._selection.pop(name, None)
         self._plugin_resources.pop(name, None)
+        self._label_inventories.pop(name, None)
+        self._dra_parts.pop(name, None)
         self.ledger.remove_node(name)
 
     def _nodes_changed(self) -> None:
@@ -527,6 +539,8 @@ class ClusterState:
             self._release(key.uid, was_bound)
             return
         self.in_flight.pop(key.uid, None)
+        if node in self._dra_parts and not was_bound:
+            self._dra_pod_changes += 1  # its placement comes from its claim, read at the next sync
         claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key, claims.claims)
         self._record(key, pod, choice, template, node)
@@ -738,6 +752,69 @@ class ClusterState:
         context = self.dra.context({resource: frozenset(nodes) for resource, nodes in plugin.items()})
         self._dra_context = (key, context)
         return context
+
+    def _with_dra(self, inventory: NodeInventory) -> NodeInventory:
+        """The node's inventory with its DRA devices and placements added (see :meth:`sync_dra`)."""
+        self._label_inventories[inventory.node] = inventory
+        part = self._dra_parts.get(inventory.node)
+        if part is None or not part.devices:
+            return inventory
+        served = {gpu.resource for gpu in part.devices}
+        return replace(
+            inventory,
+            # A resource the device plugin serves on the node is not DRA's there (and vice versa).
+            devices=(*(d for d in inventory.devices if d.resource not in served), *part.devices),
+            placements={**inventory.placements, **part.placements},
+        )
+
+    def sync_dra(self) -> None:
+        """Bring the DRA devices of the ledger up to date with the DRA state (the extended-resource
+        path, :mod:`vramguard.dra.extended`). Called before the ledger is read (the extender's verbs,
+        the CLI): claim events are many, and this recomputes only once after any number of them."""
+        if self._dra_synced == (self.dra.generation, self._dra_pod_changes, self.node_generation):
+            return
+        classes = self.dra.device_classes()
+        devices: dict[str, list[DraDevice]] = {}
+        for device in self.dra.devices():
+            devices.setdefault(device.node, []).append(device)
+        by_key = {d.key: d.node for d in self.dra.devices()}
+        allocations: dict[str, list[ClaimAllocation]] = {}
+        for allocation in self.dra.allocations():
+            for node in dict.fromkeys(by_key[r.key] for r in allocation.results if r.key in by_key):
+                allocations.setdefault(node, []).append(allocation)
+        usage = self.dra.usage()
+        changed = False
+        for name in set(devices) | set(self._dra_parts):
+            base = self._label_inventories.get(name)
+            if base is None:
+                continue  # the Node itself is not known (yet)
+            serving = serving_classes(classes, self._plugin_resources.get(name, frozenset()))
+            part = ledger_part(devices.get(name, ()), usage, allocations.get(name, ()), serving, self._containers_of)
+            if self._dra_parts.get(name, DraLedgerPart()) == part:
+                continue
+            if part.devices:
+                self._dra_parts[name] = part
+            else:
+                self._dra_parts.pop(name, None)
+            inventory = self._with_dra(base)
+            self._inventories[name] = inventory
+            self.ledger.upsert_node(inventory)
+            changed = True
+        if changed:
+            self._nodes_changed()
+        # Node events count too: a device plugin appearing on a node takes its resource from DRA.
+        self._dra_synced = (self.dra.generation, self._dra_pod_changes, self.node_generation)
+
+    def _containers_of(self, uid: str) -> list[str] | None:
+        """A bound pod's init containers then containers, by name (how DRA numbers its requests)."""
+        record = self.records.get(uid)
+        return container_names(record.template.pod) if record is not None else None
+
+    def dra_resources(self, node: str) -> frozenset[str]:
+        """The GPU resources DRA serves on ``node`` through the extended-resource path (as of the
+        last :meth:`sync_dra`)."""
+        part = self._dra_parts.get(node)
+        return frozenset(gpu.resource for gpu in part.devices) if part is not None else frozenset()
 
 
 class _Delegate:
