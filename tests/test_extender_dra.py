@@ -28,6 +28,7 @@ from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.dra.extended import OPEN_SLOTS
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
+from vramguard.report import gpu_rows, gpu_table
 
 NODE = "node-a"
 UUIDS = ("GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111")
@@ -269,3 +270,12 @@ async def test_a_missing_claim_is_an_error_the_scheduler_retries() -> None:
     allocate(fake, pod, "gpu-0", "0")
     fake.claims.clear()
     assert "cannot read ResourceClaim" in await verbs.bind("vllm-0", "default", "uid-vllm-0", NODE)
+
+
+async def test_the_gpu_table_names_dra_sharing_not_replicas() -> None:
+    state, verbs, fake = make(gpus("unlimited"))
+    assert await schedule(verbs, fake, "vllm-0", "0.30") == NODE
+    state.sync_dra()
+    (row,) = gpu_rows(state.ledger.usage(NODE))
+    assert row.sharing == "dra-unlimited" and row.gpu == UUIDS[0]
+    assert "dra-unlimited " in gpu_table([row]) and " x" not in gpu_table([row]).split("dra-unlimited")[1][:3]

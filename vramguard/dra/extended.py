@@ -120,6 +120,7 @@ def ledger_part(
                 resource=resource,
                 mig_profile=device.profile if device.type == "mig" else None,
                 foreign_bytes=max(0, (used.consumed_bytes if used else 0) - extended_bytes.get(device.uuid, 0)),
+                dra_sharing=device.sharing,
             )
         )
     return DraLedgerPart(
