@@ -248,3 +248,29 @@ async def test_webhook_checks_claims_once_its_dra_watches_run() -> None:
     webhook.cluster.dra.templates.replace([template("8Gi")])
     view = await webhook.view(subject, None)
     assert view.dra is not None and view.dra.template(NS, "gpu-4gi") is not None
+
+
+@pytest.mark.parametrize(
+    ("selector", "note"),
+    [
+        pytest.param("device.driver == 'nic.example.com'", None, id="other-driver-not-a-gpu"),
+        pytest.param("device.attributes['nic.example.com'].speed == '400G'", "cannot read whether", id="unreadable"),
+    ],
+)
+def test_claims_of_other_devices(selector: str, note: str | None) -> None:
+    nic_template = claim_template(name="nic", namespace=NS, device_class_name="nic.example.com")
+    cluster = state("unlimited", template("72Gi"), nic_template)
+    cluster.dra.classes.replace([device_class(), device_class("nic.example.com", selector, None)])
+    pod = vllm_claim_pod()
+    pod["spec"]["resourceClaims"].append({"name": "nic", "resourceClaimTemplateName": "nic"})
+    pod["spec"]["containers"][0]["resources"]["claims"].append({"name": "nic"})
+    decision = review(cluster, pod)
+    assert decision.allowed and decision.violations == ()
+    assert [f.message for f in decision.remarks if "cannot read" in f.message] == (
+        []
+        if note is None
+        else [
+            "claim nic: vramguard cannot read whether DeviceClass nic.example.com selects GPUs (its selectors "
+            "name no driver or type it knows); not checked"
+        ]
+    )

@@ -7,7 +7,8 @@ admission's business). Each request takes ``count`` distinct devices of one node
 selectors match, trying ``firstAvailable`` alternatives in order; devices are tried in slice order,
 so the first device with room is chosen, as the allocator does. ``allocationMode: All`` and
 constraints (``matchAttribute``/``distinctAttribute``) are not modelled: such a request takes one
-device per ``count``, a note says so.
+device per ``count``. Requests of classes that select no GPU (a NIC), or whose selectors vramguard
+cannot read, are taken as satisfied: the plan models GPUs only.
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ class DraBook:
                 if device_class is None:
                     reason = f"DeviceClass {alternative.device_class} is not known"
                     continue
+                if not device_class.selects_gpus():
+                    chosen[request.name] = ()  # not a GPU (or not readable): the plan does not model it
+                    reason = ""
+                    break
                 picked: list[DeviceBook] = []
                 for book in on_node:
                     if len(picked) == alternative.count:

@@ -223,7 +223,7 @@ def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[
     found: list[Shortfall] = []
     for index, container in enumerate(demand.containers):
         device_class = class_for_extended_resource(context.classes, container.resource)
-        if device_class is None:
+        if device_class is None or not device_class.selects_gpus():
             continue
         plugin = context.plugin_nodes.get(container.resource, frozenset())
         devices = tuple(d for d in context.devices if d.node not in plugin)
@@ -257,6 +257,8 @@ def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[
         for alternative in request.alternatives:
             device_class = context.classes.get(alternative.device_class)
             if device_class is None or alternative.memory is not None or alternative.admin_access:
+                continue
+            if not device_class.selects_gpus():
                 continue
             free = [
                 d
