@@ -274,3 +274,37 @@ def test_claims_of_other_devices(selector: str, note: str | None) -> None:
             "name no driver or type it knows); not checked"
         ]
     )
+
+
+@pytest.mark.parametrize(
+    ("answer", "violations", "note"),
+    [
+        pytest.param(template("8Gi"), (MESSAGE,), None, id="read-and-checked"),
+        pytest.param(None, (), "is not known yet", id="does-not-exist"),
+        pytest.param(OSError("connection refused"), (), "is not known yet", id="read-fails"),
+    ],
+)
+async def test_webhook_reads_a_template_the_watch_has_not_shown(
+    answer: Any, violations: tuple[str, ...], note: str | None
+) -> None:
+    from vramguard.io.dra import dra_watches  # noqa: PLC0415
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    asked: list[tuple[str, str, str]] = []
+
+    async def lookup(collection: str, namespace: str, name: str) -> dict[str, Any] | None:
+        asked.append((collection, namespace, name))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    webhook = WebhookState(PolicySource(default_policy()), claim_lookup=lookup)
+    dra_watches(webhook.cluster.dra)
+    webhook.cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi")])])
+    webhook.cluster.dra.classes.replace([device_class()])
+    subject = Subject("Pod", "CREATE", NS, vllm_claim_pod())
+    decision = AdmissionRules(webhook.cluster.policy).review(subject, await webhook.view(subject, None))
+    assert asked == [("resourceclaimtemplates", NS, "gpu-4gi")]
+    assert decision.violations == violations
+    if note:
+        assert any(note in n for n in decision.notes)

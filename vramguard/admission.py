@@ -29,6 +29,15 @@ the violations in the audit annotation ``would-deny`` (the API server prefixes t
 Notes are returned as warnings in every mode. Warnings are kept under 120 characters, which every
 client displays whole; the full text stays in the denial message and the audit annotation.
 
+**DRA claims** (:mod:`vramguard.dra.review`, when ``ClusterView.dra`` is given): a pod whose GPU
+comes from a ResourceClaim or ResourceClaimTemplate must claim (``capacity.requests.memory``, else
+the device's default, rounded up by its request policy) at least what the containers using the
+claim reserve on each device the class and selectors could match (``claim-memory``), and a pod
+asking an extended resource that a DeviceClass serves where no device plugin does must not land on
+devices where that consumes less (``extended-resource-memory``: 0 in ``unlimited`` and share-count
+modes). A claim whose template, class or devices are not known yet is a note. ResourceClaims and
+ResourceClaimTemplates reviewed on their own only draw warnings.
+
 **Updates** must not be refused for a problem they did not introduce: a violation that the old
 object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
 a finalizer being removed) is admitted at once. Otherwise turning a namespace to ``enforce``
