@@ -308,3 +308,12 @@ async def test_webhook_reads_a_template_the_watch_has_not_shown(
     assert decision.violations == violations
     if note:
         assert any(note in n for n in decision.notes)
+
+
+@pytest.mark.parametrize(("served", "missing"), [(True, False), (False, True)], ids=["dra-serves", "nothing-serves"])
+def test_resource_missing_is_not_said_where_dra_serves_it(served: bool, missing: bool) -> None:
+    cluster = state("memory")
+    if not served:
+        cluster.dra.classes.replace([device_class(extended_resource=None)])
+    decision = review(cluster, vllm_extended_resource_pod(namespace=NS), mode="warn")
+    assert any(f.code == Code.RESOURCE_MISSING for f in decision.remarks) is missing

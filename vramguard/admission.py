@@ -84,6 +84,7 @@ from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.dra.claims import read_claim, read_claim_template
+from vramguard.dra.classes import class_for_extended_resource
 from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger, ResourceOffer
@@ -493,6 +494,8 @@ class AdmissionRules:
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.obj, template, demand, offers)
         self._rules(subject, demand, choice, offers, claims, pods, cluster, found)
+        if cluster.dra is not None:
+            _drop_served_by_dra(demand, cluster.dra, found)
 
         if subject.operation == "UPDATE" and subject.old is not None:
             self._spare_old_violations(subject, cluster, found)
@@ -1070,6 +1073,18 @@ def _would_deny(finding: Finding) -> tuple[str, ...]:
     if len(text) <= WARNING_LIMIT or finding.code not in _SPLIT_CODES or not head:
         return (text,)
     return (f"would deny: {head}", f"to fix it: {fix}")
+
+
+def _drop_served_by_dra(demand: PodDemand, dra: DraContext, found: _Findings) -> None:
+    """No device plugin offers a resource that a DeviceClass serves on DRA devices: that is no
+    reason to say the pod cannot run (the DRA extended-resource path serves it)."""
+    served = {
+        c.name
+        for c in demand.containers
+        if (device_class := class_for_extended_resource(dra.classes, c.resource)) is not None
+        and device_class.could_match(dra.devices)
+    }
+    found.notes[:] = [f for f in found.notes if not (f.code is Code.RESOURCE_MISSING and f.container in served)]
 
 
 def _claim_findings(review: ClaimReview, found: _Findings) -> None:
