@@ -292,3 +292,20 @@ def test_audit_lists_claims_short_of_their_workload() -> None:
     assert report.to_json()["claims"][0]["reserved_bytes"] == 72 * GiB
     # The pods themselves are reviewed as admission would: vllm-0's template asks 8Gi.
     assert any(f.name == "vllm-0" and f.outcome == "warned" for f in report.objects)
+
+
+def test_plan_extended_resource_without_dra_devices_takes_the_device_plugin_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from e2e import gpu_nodes  # noqa: PLC0415
+
+    spec = gpu_nodes.exclusive("ex", "H100-80GB", gpus=1)
+    node = {**gpu_nodes.node_manifest(spec), "status": gpu_nodes.node_status(spec)}
+    pod = vllm_extended_resource_pod("p", "0.5", NS)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "1"}
+    mig_class = device_class(
+        "mig-1g.10gb", "device.attributes['gpu.nvidia.com'].type == 'mig'", "nvidia.com/mig-1g.10gb"
+    )
+    assert main(["plan", "-o", "json", write(tmp_path, node, mig_class, pod)]) == 1
+    (pending,) = json.loads(capsys.readouterr().out)["pending"]
+    assert list(pending["reasons"]) == ["ex"]  # judged by the node's device plugin, not by absent DRA devices

@@ -183,7 +183,7 @@ def _dra_requests(
         found.extend((f"{source.name}/{request.name}", request) for request in spec.requests)
     for index, container in enumerate(pod.demand.containers):
         device_class = class_for_extended_resource(context.classes, container.resource)
-        if device_class is None or container.resource in offered:
+        if device_class is None or container.resource in offered or not device_class.could_match(context.devices):
             continue
         name = f"container-{index}-request-0"
         request = ClaimRequest(name, (DeviceRequest(name, device_class.name, count=container.gpus),))
