@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from tests.dra_objects import (
+    allocated,
     claim,
     claim_template,
     device_class,
     gpu_device,
     resource_slice,
+    result,
     vllm_claim_pod,
     vllm_extended_resource_pod,
 )
@@ -317,3 +319,42 @@ def test_resource_missing_is_not_said_where_dra_serves_it(served: bool, missing:
         cluster.dra.classes.replace([device_class(extended_resource=None)])
     decision = review(cluster, vllm_extended_resource_pod(namespace=NS), mode="warn")
     assert any(f.code == Code.RESOURCE_MISSING for f in decision.remarks) is missing
+
+
+@pytest.mark.parametrize(
+    ("existing", "exclude_own", "violation"),
+    [
+        pytest.param("20Gi", False, None, id="fits"),
+        pytest.param(
+            "70Gi",
+            False,
+            f"namespace {NS} would hold 142Gi of its 100Gi VRAM quota (this pod 72Gi, 1 other pod(s) 70Gi)",
+            id="claims-count-for-the-quota",
+        ),
+        pytest.param("70Gi", True, None, id="the-pods-own-claim-is-not-counted-twice"),
+    ],
+)
+def test_quota_counts_dra_claims(existing: str, exclude_own: bool, violation: str | None) -> None:
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    policy = default_policy().model_copy(update={"quotas": {NS: "100Gi"}})
+    policy = type(policy).model_validate(policy.model_dump())
+    webhook = WebhookState(PolicySource(policy))
+    cluster = webhook.cluster
+    cluster.dra.watched = True
+    cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi", mode="memory")])])
+    cluster.dra.classes.replace([device_class()])
+    cluster.dra.templates.replace([template("72Gi")])
+    owner = "vllm-0" if exclude_own else "other"
+    cluster.dra.claims.replace(
+        [allocated(claim("held", NS, memory=existing), [result(memory=existing, share="s1")], pods=(owner,))]
+    )
+    pod = vllm_claim_pod()
+    rules = AdmissionRules(policy)
+    view = ClusterView(
+        {ENFORCE_LABEL: "enforce"},
+        dra=cluster.dra_context(),
+        usage=cluster.usage_with_dra(NS, exclude="uid-vllm-0"),
+    )
+    decision = rules.review(Subject("Pod", "CREATE", NS, pod), view)
+    assert decision.violations == ((violation,) if violation else ())

@@ -487,13 +487,18 @@ class AdmissionRules:
             _claim_findings(dra, found)
         choice = self._class(template, cluster, found)
         if not demand.wants_gpu:  # only claims: the device-plugin rules have nothing to check
+            pods = workload_pods(subject.kind, subject.obj)
+            assert dra is not None
+            self._quota(subject, (), pods, {}, cluster, found, dra.per_pod_bytes)
             if subject.operation == "UPDATE" and subject.old is not None:
                 self._spare_old_claim_violations(subject, cluster, found)
-            return self._decide(mode, choice, found, (), workload_pods(subject.kind, subject.obj))
+            return self._decide(mode, choice, found, (), pods)
         demand, claims = self._believed(demand, claims, choice, found)
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.obj, template, demand, offers)
-        self._rules(subject, demand, choice, offers, claims, pods, cluster, found)
+        self._rules(
+            subject, demand, choice, offers, claims, pods, cluster, found, dra.per_pod_bytes if dra is not None else 0
+        )
         if cluster.dra is not None:
             _drop_served_by_dra(demand, cluster.dra, found)
 
@@ -596,6 +601,7 @@ class AdmissionRules:
         pods: int,
         cluster: ClusterView,
         found: _Findings,
+        claimed: int = 0,
     ) -> None:
         for error in demand.errors:
             found.violate(Code.DEMAND_ERROR, error)
@@ -620,7 +626,7 @@ class AdmissionRules:
             self._max_vram(container, choice, offer, found)
             self._mps_limit(container, choice, found)
             self._sharing(container, choice, offer, cluster.node_offers is not None, found)
-        self._quota(subject, claims, pods, offers, cluster, found)
+        self._quota(subject, claims, pods, offers, cluster, found, claimed)
         template = pod_template(subject.obj, subject.kind) or {}
         node = _mapping(template.get("spec")).get("nodeName")
         if isinstance(node, str) and node:
@@ -855,12 +861,15 @@ class AdmissionRules:
         offers: Mapping[str, ResourceOffer],
         cluster: ClusterView,
         found: _Findings,
+        claimed: int = 0,
     ) -> None:
+        """``claimed``: what the pod's own DRA claims hold, beside its device-plugin GPUs."""
         quota = self.quota_bytes(subject.namespace)
         usage = cluster.usage
         if quota is None or usage is None:
             return
         per_pod, unsized = claims_bytes(claims, offers)
+        per_pod += claimed
         for resource in unsized:
             found.note(
                 Code.QUOTA,

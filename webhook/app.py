@@ -142,7 +142,7 @@ class WebhookState:
         node_offers = cluster.node_offers(node) if node else None
         usage = None
         if self.policy.rules.quota_bytes(subject.namespace) is not None:
-            usage = cluster.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
+            usage = cluster.usage_with_dra(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
         ledger = cluster.ledger if node else None
         held_back = cluster.suspect_message(node) if node else None
         dra = None

@@ -227,7 +227,7 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
         node = str((obj.get("spec") or {}).get("nodeName") or "") if kind == "Pod" else ""
         usage = None
         if policy.quota_bytes(namespace) is not None:
-            usage = state.usage(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
+            usage = state.usage_with_dra(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
         view = ClusterView(
             state.namespace_labels.get(namespace), state.offers(), state.node_offers(node) if node else None, usage,
             dra=state.dra_context(),

@@ -68,6 +68,16 @@ class RequestReport:
     needs: tuple[Need, ...]
     reserved: int | None
     """What the containers using it reserve on that device."""
+    count: int = 1
+    """Devices the request takes."""
+    per_pod: bool = True
+    """Made for this pod from a template (a named claim is shared, and counted once allocated)."""
+
+    @property
+    def quota_bytes(self) -> int:
+        """What the request holds for the namespace's quota: on each of its devices the more of what
+        it consumes and what its containers reserve (0 when no device is known)."""
+        return max(self.consumed or 0, self.reserved or 0) * self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +102,20 @@ class ClaimReview:
     """Every request a container uses, with the claim's memory next to the containers' reservation."""
 
     @property
+    def per_pod_bytes(self) -> int:
+        """Memory the pod's own claims (made from templates) hold, for the namespace's quota."""
+        return sum(r.quota_bytes for r in self.requests if r.per_pod)
+
+    @property
     def found_anything(self) -> bool:
-        """Whether there is anything to report."""
-        return bool(self.shortfalls or self.extended or self.errors or self.notes)
+        """Whether there is anything to report, or GPU claims to count (for the namespace's quota)."""
+        return bool(
+            self.shortfalls
+            or self.extended
+            or self.errors
+            or self.notes
+            or any(r.device is not None for r in self.requests)
+        )
 
 
 def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand, context: DraContext) -> ClaimReview:
@@ -145,7 +166,17 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
                 consumed[claim_name] = used
             reserved = reserved_on(needs, device) if device is not None else None
             reports.append(
-                RequestReport(claim_name, request.name, alternative.memory, device, used, tuple(needs), reserved)
+                RequestReport(
+                    claim_name,
+                    request.name,
+                    alternative.memory,
+                    device,
+                    used,
+                    tuple(needs),
+                    reserved,
+                    alternative.count,
+                    source.template_name is not None,
+                )
             )
     extended = _extended(demand, context, notes)
     return ClaimReview(
