@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from tests.dra_objects import (
+    allocated,
     claim,
     claim_template,
     device_class,
     gpu_device,
     resource_slice,
+    result,
     vllm_claim_pod,
     vllm_extended_resource_pod,
 )
@@ -248,3 +250,111 @@ async def test_webhook_checks_claims_once_its_dra_watches_run() -> None:
     webhook.cluster.dra.templates.replace([template("8Gi")])
     view = await webhook.view(subject, None)
     assert view.dra is not None and view.dra.template(NS, "gpu-4gi") is not None
+
+
+@pytest.mark.parametrize(
+    ("selector", "note"),
+    [
+        pytest.param("device.driver == 'nic.example.com'", None, id="other-driver-not-a-gpu"),
+        pytest.param("device.attributes['nic.example.com'].speed == '400G'", "cannot read whether", id="unreadable"),
+    ],
+)
+def test_claims_of_other_devices(selector: str, note: str | None) -> None:
+    nic_template = claim_template(name="nic", namespace=NS, device_class_name="nic.example.com")
+    cluster = state("unlimited", template("72Gi"), nic_template)
+    cluster.dra.classes.replace([device_class(), device_class("nic.example.com", selector, None)])
+    pod = vllm_claim_pod()
+    pod["spec"]["resourceClaims"].append({"name": "nic", "resourceClaimTemplateName": "nic"})
+    pod["spec"]["containers"][0]["resources"]["claims"].append({"name": "nic"})
+    decision = review(cluster, pod)
+    assert decision.allowed and decision.violations == ()
+    assert [f.message for f in decision.remarks if "cannot read" in f.message] == (
+        []
+        if note is None
+        else [
+            "claim nic: vramguard cannot read whether DeviceClass nic.example.com selects GPUs (its selectors "
+            "name no driver or type it knows); not checked"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "violations", "note"),
+    [
+        pytest.param(template("8Gi"), (MESSAGE,), None, id="read-and-checked"),
+        pytest.param(None, (), "is not known yet", id="does-not-exist"),
+        pytest.param(OSError("connection refused"), (), "is not known yet", id="read-fails"),
+    ],
+)
+async def test_webhook_reads_a_template_the_watch_has_not_shown(
+    answer: Any, violations: tuple[str, ...], note: str | None
+) -> None:
+    from vramguard.io.dra import dra_watches  # noqa: PLC0415
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    asked: list[tuple[str, str, str]] = []
+
+    async def lookup(collection: str, namespace: str, name: str) -> dict[str, Any] | None:
+        asked.append((collection, namespace, name))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    webhook = WebhookState(PolicySource(default_policy()), claim_lookup=lookup)
+    dra_watches(webhook.cluster.dra)
+    webhook.cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi")])])
+    webhook.cluster.dra.classes.replace([device_class()])
+    subject = Subject("Pod", "CREATE", NS, vllm_claim_pod())
+    decision = AdmissionRules(webhook.cluster.policy).review(subject, await webhook.view(subject, None))
+    assert asked == [("resourceclaimtemplates", NS, "gpu-4gi")]
+    assert decision.violations == violations
+    if note:
+        assert any(note in n for n in decision.notes)
+
+
+@pytest.mark.parametrize(("served", "missing"), [(True, False), (False, True)], ids=["dra-serves", "nothing-serves"])
+def test_resource_missing_is_not_said_where_dra_serves_it(served: bool, missing: bool) -> None:
+    cluster = state("memory")
+    if not served:
+        cluster.dra.classes.replace([device_class(extended_resource=None)])
+    decision = review(cluster, vllm_extended_resource_pod(namespace=NS), mode="warn")
+    assert any(f.code == Code.RESOURCE_MISSING for f in decision.remarks) is missing
+
+
+@pytest.mark.parametrize(
+    ("existing", "exclude_own", "violation"),
+    [
+        pytest.param("20Gi", False, None, id="fits"),
+        pytest.param(
+            "70Gi",
+            False,
+            f"namespace {NS} would hold 142Gi of its 100Gi VRAM quota (this pod 72Gi, 1 other pod(s) 70Gi)",
+            id="claims-count-for-the-quota",
+        ),
+        pytest.param("70Gi", True, None, id="the-pods-own-claim-is-not-counted-twice"),
+    ],
+)
+def test_quota_counts_dra_claims(existing: str, exclude_own: bool, violation: str | None) -> None:
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    policy = default_policy().model_copy(update={"quotas": {NS: "100Gi"}})
+    policy = type(policy).model_validate(policy.model_dump())
+    webhook = WebhookState(PolicySource(policy))
+    cluster = webhook.cluster
+    cluster.dra.watched = True
+    cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi", mode="memory")])])
+    cluster.dra.classes.replace([device_class()])
+    cluster.dra.templates.replace([template("72Gi")])
+    owner = "vllm-0" if exclude_own else "other"
+    cluster.dra.claims.replace(
+        [allocated(claim("held", NS, memory=existing), [result(memory=existing, share="s1")], pods=(owner,))]
+    )
+    pod = vllm_claim_pod()
+    rules = AdmissionRules(policy)
+    view = ClusterView(
+        {ENFORCE_LABEL: "enforce"},
+        dra=cluster.dra_context(),
+        usage=cluster.usage_with_dra(NS, exclude="uid-vllm-0"),
+    )
+    decision = rules.review(Subject("Pod", "CREATE", NS, pod), view)
+    assert decision.violations == ((violation,) if violation else ())

@@ -29,6 +29,15 @@ the violations in the audit annotation ``would-deny`` (the API server prefixes t
 Notes are returned as warnings in every mode. Warnings are kept under 120 characters, which every
 client displays whole; the full text stays in the denial message and the audit annotation.
 
+**DRA claims** (:mod:`vramguard.dra.review`, when ``ClusterView.dra`` is given): a pod whose GPU
+comes from a ResourceClaim or ResourceClaimTemplate must claim (``capacity.requests.memory``, else
+the device's default, rounded up by its request policy) at least what the containers using the
+claim reserve on each device the class and selectors could match (``claim-memory``), and a pod
+asking an extended resource that a DeviceClass serves where no device plugin does must not land on
+devices where that consumes less (``extended-resource-memory``: 0 in ``unlimited`` and share-count
+modes). A claim whose template, class or devices are not known yet is a note. ResourceClaims and
+ResourceClaimTemplates reviewed on their own only draw warnings.
+
 **Updates** must not be refused for a problem they did not introduce: a violation that the old
 object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
 a finalizer being removed) is admitted at once. Otherwise turning a namespace to ``enforce``
@@ -75,6 +84,7 @@ from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.dra.claims import read_claim, read_claim_template
+from vramguard.dra.classes import class_for_extended_resource
 from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger, ResourceOffer
@@ -477,13 +487,20 @@ class AdmissionRules:
             _claim_findings(dra, found)
         choice = self._class(template, cluster, found)
         if not demand.wants_gpu:  # only claims: the device-plugin rules have nothing to check
+            pods = workload_pods(subject.kind, subject.obj)
+            assert dra is not None
+            self._quota(subject, (), pods, {}, cluster, found, dra.per_pod_bytes)
             if subject.operation == "UPDATE" and subject.old is not None:
                 self._spare_old_claim_violations(subject, cluster, found)
-            return self._decide(mode, choice, found, (), workload_pods(subject.kind, subject.obj))
+            return self._decide(mode, choice, found, (), pods)
         demand, claims = self._believed(demand, claims, choice, found)
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.obj, template, demand, offers)
-        self._rules(subject, demand, choice, offers, claims, pods, cluster, found)
+        self._rules(
+            subject, demand, choice, offers, claims, pods, cluster, found, dra.per_pod_bytes if dra is not None else 0
+        )
+        if cluster.dra is not None:
+            _drop_served_by_dra(demand, cluster.dra, found)
 
         if subject.operation == "UPDATE" and subject.old is not None:
             self._spare_old_violations(subject, cluster, found)
@@ -584,6 +601,7 @@ class AdmissionRules:
         pods: int,
         cluster: ClusterView,
         found: _Findings,
+        claimed: int = 0,
     ) -> None:
         for error in demand.errors:
             found.violate(Code.DEMAND_ERROR, error)
@@ -608,7 +626,7 @@ class AdmissionRules:
             self._max_vram(container, choice, offer, found)
             self._mps_limit(container, choice, found)
             self._sharing(container, choice, offer, cluster.node_offers is not None, found)
-        self._quota(subject, claims, pods, offers, cluster, found)
+        self._quota(subject, claims, pods, offers, cluster, found, claimed)
         template = pod_template(subject.obj, subject.kind) or {}
         node = _mapping(template.get("spec")).get("nodeName")
         if isinstance(node, str) and node:
@@ -843,12 +861,15 @@ class AdmissionRules:
         offers: Mapping[str, ResourceOffer],
         cluster: ClusterView,
         found: _Findings,
+        claimed: int = 0,
     ) -> None:
+        """``claimed``: what the pod's own DRA claims hold, beside its device-plugin GPUs."""
         quota = self.quota_bytes(subject.namespace)
         usage = cluster.usage
         if quota is None or usage is None:
             return
         per_pod, unsized = claims_bytes(claims, offers)
+        per_pod += claimed
         for resource in unsized:
             found.note(
                 Code.QUOTA,
@@ -1061,6 +1082,18 @@ def _would_deny(finding: Finding) -> tuple[str, ...]:
     if len(text) <= WARNING_LIMIT or finding.code not in _SPLIT_CODES or not head:
         return (text,)
     return (f"would deny: {head}", f"to fix it: {fix}")
+
+
+def _drop_served_by_dra(demand: PodDemand, dra: DraContext, found: _Findings) -> None:
+    """No device plugin offers a resource that a DeviceClass serves on DRA devices: that is no
+    reason to say the pod cannot run (the DRA extended-resource path serves it)."""
+    served = {
+        c.name
+        for c in demand.containers
+        if (device_class := class_for_extended_resource(dra.classes, c.resource)) is not None
+        and device_class.could_match(dra.devices)
+    }
+    found.notes[:] = [f for f in found.notes if not (f.code is Code.RESOURCE_MISSING and f.container in served)]
 
 
 def _claim_findings(review: ClaimReview, found: _Findings) -> None:

@@ -724,6 +724,15 @@ class ClusterState:
 
     # -- DRA ------------------------------------------------------------------------------------
 
+    def usage_with_dra(self, namespace: str, exclude: str | None = None) -> NamespaceUsage:
+        """:meth:`usage`, plus the memory the namespace's allocated DRA claims consume (claims reserved
+        for pod ``exclude`` left out): a namespace's quota counts GPUs however they are shared."""
+        usage = self.usage(namespace, exclude)
+        consumed, claims = self.dra.namespace_consumed(namespace, exclude)
+        if not claims:
+            return usage
+        return NamespaceUsage(usage.bytes + consumed, usage.pods + claims, usage.unsized)
+
     def _remember_plugin_resources(self, node: JSON) -> bool:
         """Keep which extended resources the node advertises (allocatable above 0); returns whether
         that changed. The scheduler serves a resource through DRA only where it is not advertised."""

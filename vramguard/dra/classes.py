@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramguard.dra.devices import DraDevice
+from vramguard.dra.devices import DEFAULT_DRIVERS, DraDevice
 from vramguard.dra.fields import items, mapping, quantity_bytes, text
 
 MAX_SELECTORS = 32
@@ -166,6 +166,15 @@ class DeviceClassInfo:
     def device_type(self) -> str | None:
         """The device type its selectors require (``gpu``, ``mig``), if any."""
         return self.selector.device_type
+
+    def selects_gpus(self, drivers: tuple[str, ...] = DEFAULT_DRIVERS) -> bool | None:
+        """Whether the class selects GPU devices: its selectors name a GPU driver (or a ``gpu``/``mig``
+        type) -> True; another driver -> False (a NIC, an FPGA); neither was read -> ``None``."""
+        if self.selector.driver is not None:
+            return self.selector.driver in drivers
+        if self.selector.device_type is not None:
+            return self.selector.device_type in ("gpu", "mig")
+        return None
 
     def could_match(self, devices: Iterable[DraDevice], request: Selector = ANY_DEVICE) -> tuple[DraDevice, ...]:
         """The devices this class, narrowed by a request's selectors, could allocate."""

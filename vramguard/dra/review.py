@@ -20,20 +20,21 @@ consume no memory on a device shared without memory accounting is worth a warnin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramguard.codecs import VRAM_ANNOTATION
-from vramguard.demand import DemandOptions, PodDemand, derive_container_demand
+from vramguard.demand import DemandOptions, PodDemand, derive_container_demand, derive_pod_demand
 from vramguard.demand.derive import engine_title
 from vramguard.demand.model import ContainerDemand
-from vramguard.dra.claims import ClaimRequest, ClaimSpec, DeviceRequest
+from vramguard.dra.claims import ClaimRequest, ClaimSpec, DeviceRequest, result_memory
 from vramguard.dra.classes import DeviceClassInfo, class_for_extended_resource
 from vramguard.dra.devices import DraDevice
-from vramguard.dra.fields import items, mapping, text
-from vramguard.dra.pods import ClaimUse, container_claim_uses, pod_claim_sources
+from vramguard.dra.fields import items, mapping, memory_text, text
+from vramguard.dra.pods import ClaimUse, container_claim_uses, extended_resource_claim, pod_claim_sources
 from vramguard.dra.sizing import Need, Shortfall, check_request, reserved_on
+from vramguard.dra.state import DraState
 
 ClaimLookup = Callable[[str, str], ClaimSpec | None]
 """``(namespace, name)`` -> the claim's requests, ``None`` when not known."""
@@ -67,6 +68,16 @@ class RequestReport:
     needs: tuple[Need, ...]
     reserved: int | None
     """What the containers using it reserve on that device."""
+    count: int = 1
+    """Devices the request takes."""
+    per_pod: bool = True
+    """Made for this pod from a template (a named claim is shared, and counted once allocated)."""
+
+    @property
+    def quota_bytes(self) -> int:
+        """What the request holds for the namespace's quota: on each of its devices the more of what
+        it consumes and what its containers reserve (0 when no device is known)."""
+        return max(self.consumed or 0, self.reserved or 0) * self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +102,20 @@ class ClaimReview:
     """Every request a container uses, with the claim's memory next to the containers' reservation."""
 
     @property
+    def per_pod_bytes(self) -> int:
+        """Memory the pod's own claims (made from templates) hold, for the namespace's quota."""
+        return sum(r.quota_bytes for r in self.requests if r.per_pod)
+
+    @property
     def found_anything(self) -> bool:
-        """Whether there is anything to report."""
-        return bool(self.shortfalls or self.extended or self.errors or self.notes)
+        """Whether there is anything to report, or GPU claims to count (for the namespace's quota)."""
+        return bool(
+            self.shortfalls
+            or self.extended
+            or self.errors
+            or self.notes
+            or any(r.device is not None for r in self.requests)
+        )
 
 
 def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand, context: DraContext) -> ClaimReview:
@@ -144,7 +166,17 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
                 consumed[claim_name] = used
             reserved = reserved_on(needs, device) if device is not None else None
             reports.append(
-                RequestReport(claim_name, request.name, alternative.memory, device, used, tuple(needs), reserved)
+                RequestReport(
+                    claim_name,
+                    request.name,
+                    alternative.memory,
+                    device,
+                    used,
+                    tuple(needs),
+                    reserved,
+                    alternative.count,
+                    source.template_name is not None,
+                )
             )
     extended = _extended(demand, context, notes)
     return ClaimReview(
@@ -157,7 +189,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         consumed,
         tuple(reports),
     )
-
 
 
 def _containers(pod: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], bool]]:
@@ -223,7 +254,7 @@ def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[
     found: list[Shortfall] = []
     for index, container in enumerate(demand.containers):
         device_class = class_for_extended_resource(context.classes, container.resource)
-        if device_class is None:
+        if device_class is None or not device_class.selects_gpus():
             continue
         plugin = context.plugin_nodes.get(container.resource, frozenset())
         devices = tuple(d for d in context.devices if d.node not in plugin)
@@ -258,6 +289,8 @@ def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[
             device_class = context.classes.get(alternative.device_class)
             if device_class is None or alternative.memory is not None or alternative.admin_access:
                 continue
+            if not device_class.selects_gpus():
+                continue
             free = [
                 d
                 for d in device_class.could_match(context.devices, alternative.selector)
@@ -270,3 +303,90 @@ def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[
                     "set capacity.requests.memory"
                 )
     return tuple(warnings)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedShortfall:
+    """An allocated claim whose pods' containers reserve more on its device than it consumes there."""
+
+    namespace: str
+    claim: str
+    node: str
+    device: DraDevice
+    consumed: int
+    needs: tuple[Need, ...]
+    pods: tuple[str, ...]
+
+    @property
+    def reserved(self) -> int:
+        """What the containers reserve on the device."""
+        return reserved_on(self.needs, self.device)
+
+    def message(self) -> str:
+        """``claim ns/c consumes 8Gi of gpu-0 (...) on node-a but vLLM will reserve 0.90 x 80Gi = 72Gi``."""
+        reserve = " and ".join(f"{n.who} will reserve {n.arithmetic(self.device)}" for n in self.needs)
+        return (
+            f"claim {self.namespace}/{self.claim} consumes {memory_text(self.consumed)} of {self.device.label} "
+            f"on node {self.node or '?'} but {reserve}"
+        )
+
+
+def audit_allocations(state: DraState, pods: Iterable[Mapping[str, Any]]) -> list[AllocatedShortfall]:
+    """Allocated claims whose pods' containers (pods in ``status.reservedFor``, among ``pods``)
+    reserve more memory on the allocated device than the claim consumes there."""
+    by_name = {
+        (text(mapping(p.get("metadata")).get("namespace")) or "", text(mapping(p.get("metadata")).get("name")) or ""): p
+        for p in pods
+    }
+    devices = state.inventory().by_key()
+    found: list[AllocatedShortfall] = []
+    for allocation in state.allocations():
+        users = [
+            by_name[(allocation.namespace, name)]
+            for name, _ in allocation.reserved_for
+            if (allocation.namespace, name) in by_name
+        ]
+        for result in allocation.results:
+            device = devices.get(result.key)
+            if device is None:
+                continue
+            request = result.request.split("/", 1)[0]
+            needs: list[Need] = []
+            for pod in users:
+                needs.extend(_allocated_needs(pod, allocation.name, request, allocation.extended_resource))
+            if not needs:
+                continue
+            consumed = result_memory(result, device)
+            if reserved_on(needs, device) > consumed:
+                found.append(
+                    AllocatedShortfall(
+                        allocation.namespace,
+                        allocation.name,
+                        device.node,
+                        device,
+                        consumed,
+                        tuple(needs),
+                        tuple(name for name, _ in allocation.reserved_for),
+                    )
+                )
+    return found
+
+
+def _allocated_needs(pod: Mapping[str, Any], claim_name: str, request: str, extended: bool) -> list[Need]:
+    """The needs of the pod's containers that use ``request`` of the claim object ``claim_name``."""
+    metadata = mapping(pod.get("metadata"))
+    annotations = {
+        k: v for k, v in mapping(metadata.get("annotations")).items() if isinstance(k, str) and isinstance(v, str)
+    }
+    containers = _containers(pod)
+    if extended:
+        status = extended_resource_claim(pod)
+        if status is None or status.claim_name != claim_name:
+            return []
+        names = {container for container, _, mapped in status.requests if mapped == request}
+        demand = derive_pod_demand(pod, DemandOptions(frozenset({r for _, r, _ in status.requests}), ()))
+        return [n for c in demand.containers if c.name in names for n in [_need(c, c.init)] if n is not None]
+    sources = [s.name for s in pod_claim_sources(pod) if s.allocated_claim == claim_name]
+    uses = [u for u in container_claim_uses(pod) if u.claim in sources and u.request in (None, request)]
+    count_request = ClaimRequest(request, (DeviceRequest(request, "", count=1),))
+    return _needs(uses, count_request, containers, annotations, [], [])

@@ -136,6 +136,15 @@ def check_request(
         if device_class is None:
             notes.append(f"claim {claim}: DeviceClass {alternative.device_class} is not known; not checked")
             continue
+        gpus = device_class.selects_gpus()
+        if gpus is False:
+            continue  # another kind of device (a NIC, an FPGA): no GPU memory to check
+        if gpus is None:
+            notes.append(
+                f"claim {claim}: vramguard cannot read whether DeviceClass {alternative.device_class} selects "
+                "GPUs (its selectors name no driver or type it knows); not checked"
+            )
+            continue
         candidates = device_class.could_match(devices, alternative.selector)
         if not candidates:
             notes.append(

@@ -20,6 +20,7 @@ from vramguard.dra.claims import (
     read_allocation,
     read_claim,
     read_claim_template,
+    result_memory,
 )
 from vramguard.dra.classes import DeviceClassInfo, parse_expression, read_device_class
 from vramguard.dra.devices import (
@@ -210,6 +211,27 @@ class DraState:
         if not self.slices.records and stand_in_memory:
             self._inventory = DraInventory((_stand_in(stand_in_memory),), ())
         self._changed()
+
+    def namespace_consumed(self, namespace: str, exclude_pod: str | None = None) -> tuple[int, int]:
+        """Memory the namespace's allocated claims consume on GPU devices, and how many claims; claims
+        reserved for pod UID ``exclude_pod`` (the pod under review) are left out."""
+        held: dict[tuple[str, str, str, str | None], int] = {}
+        claims = 0
+        devices = self.inventory().by_key()
+        for allocation in self.allocations():
+            if allocation.namespace != namespace:
+                continue
+            if exclude_pod and any(uid == exclude_pod for _, uid in allocation.reserved_for):
+                continue
+            counted = False
+            for result in allocation.results:
+                device = devices.get(result.key)
+                if device is None:
+                    continue
+                held[(*result.key, result.share_id if device.shareable else None)] = result_memory(result, device)
+                counted = True
+            claims += counted
+        return sum(held.values()), claims
 
     def notes(self) -> tuple[str, ...]:
         """What the inventory and the usage left out, and why."""
