@@ -279,3 +279,36 @@ async def test_the_gpu_table_names_dra_sharing_not_replicas() -> None:
     (row,) = gpu_rows(state.ledger.usage(NODE))
     assert row.sharing == "dra-unlimited" and row.gpu == UUIDS[0]
     assert "dra-unlimited " in gpu_table([row]) and " x" not in gpu_table([row]).split("dra-unlimited")[1][:3]
+
+
+def bound_pod(name: str, node: str = NODE) -> dict[str, Any]:
+    pod = extended_pod(name, "0.30")
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_a_pod_seen_bound_after_its_claim_is_placed_at_the_next_sync() -> None:
+    """The scheduler writes the claim before the pod is bound: the pod's watch event comes second."""
+    made = extended_resource_claim("vllm-0", device="gpu-1", memory="0", share="s-0")
+    state, _, _ = make(gpus("unlimited", 2), [made])
+    state.sync_dra()
+    state.pods.upsert(bound_pod("vllm-0"))
+    state.sync_dra()
+    rows = {r.device.id: r for r in state.ledger.usage(NODE)}
+    assert rows[UUIDS[1]].known_bytes > 0 and rows[UUIDS[0]].known_bytes == 0
+
+
+def test_a_node_seen_after_its_slice_gets_its_dra_devices() -> None:
+    state = ClusterState(default_policy())
+    state.dra.watched = True
+    state.dra.slices.replace([resource_slice(NODE, gpus("unlimited"))])
+    state.dra.classes.replace([device_class()])
+    state.dra.claims.replace([])
+    state.sync_dra()
+    assert state.ledger.inventory(NODE) is None
+    state.nodes.upsert(dra_node())
+    state.sync_dra()
+    assert [g.id for g in state.ledger.inventory(NODE).devices] == [UUIDS[0]]
+    state.nodes.upsert(dra_node())  # a heartbeat keeps them
+    assert [g.id for g in state.ledger.inventory(NODE).devices] == [UUIDS[0]]
+    assert state.largest_node_devices() == OPEN_SLOTS
