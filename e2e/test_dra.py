@@ -185,6 +185,11 @@ def test_four_pods_at_030_with_claims_as_admission_requires_three_allocated_the_
     assert reserved == placed
     # The fourth pod's claim exists (made from the template) and stays unallocated.
     assert len(claims) == 4, [c["metadata"]["name"] for c in claims]
+    # A bound pod goes: the resource-claim controller deallocates its claim, and the fourth gets its share.
+    pending = next(name for name in names if name not in placed)
+    dra_test.request("DELETE", f"/api/v1/namespaces/{dra_test.namespace}/pods/{placed[0]}", {"gracePeriodSeconds": 0})
+    after = dra_test.settle([n for n in names if n != placed[0]], bound=3)
+    assert after[pending][0] == node, after
 
 
 def test_extended_resource_path_in_unlimited_mode_does_not_overcommit_with_the_extender(
@@ -215,6 +220,10 @@ def test_extended_resource_path_in_unlimited_mode_does_not_overcommit_with_the_e
     state.sync_dra()
     (row,) = state.ledger.usage(node)
     assert len(row.pods) == 3 and row.known_bytes <= row.budget, row
+    # One goes: the extender releases its VRAM and the fourth is bound.
+    dra_test.request("DELETE", f"/api/v1/namespaces/{dra_test.namespace}/pods/{placed[0]}", {"gracePeriodSeconds": 0})
+    after = dra_test.settle([n for n in names if n != placed[0]], bound=3)
+    assert after[pending][0] == node, after
 
 
 def test_mixed_cluster_schedules_device_plugin_and_dra_pods(cluster: Any, dra_test: DraTest) -> None:
