@@ -23,6 +23,7 @@ from tests.dra_objects import (
     result,
     vllm_extended_resource_pod,
 )
+from vramguard import cluster as cluster_module
 from vramguard.cluster import ClusterState
 from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.dra.extended import OPEN_SLOTS
@@ -312,3 +313,27 @@ def test_a_node_seen_after_its_slice_gets_its_dra_devices() -> None:
     state.nodes.upsert(dra_node())  # a heartbeat keeps them
     assert [g.id for g in state.ledger.inventory(NODE).devices] == [UUIDS[0]]
     assert state.largest_node_devices() == OPEN_SLOTS
+
+
+def test_a_claim_event_redoes_only_the_node_it_allocates_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = ClusterState(default_policy())
+    state.nodes.replace([dra_node("node-a"), dra_node("node-b")])
+    state.dra.watched = True
+    other = gpu_device(uuid="GPU-22222222-2222-2222-2222-222222222222", memory="81559Mi", mode="unlimited")
+    state.dra.slices.replace([resource_slice("node-a", gpus("unlimited")), resource_slice("node-b", [other])])
+    state.dra.classes.replace([device_class()])
+    state.dra.claims.replace([])
+    state.sync_dra()
+    redone: list[tuple[str, ...]] = []
+    original = cluster_module.ledger_part
+
+    def counting(devices: Any, *args: Any) -> Any:
+        redone.append(tuple(d.node for d in devices))
+        return original(devices, *args)
+
+    monkeypatch.setattr(cluster_module, "ledger_part", counting)
+    state.dra.claims.upsert(extended_resource_claim("vllm-0", device="gpu-0", memory="0", share="s-0", pool="node-b"))
+    state.sync_dra()
+    assert redone == [("node-b",)]
+    state.sync_dra()
+    assert redone == [("node-b",)]

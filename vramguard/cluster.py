@@ -41,8 +41,8 @@ from vramguard.codecs import (
 )
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
-from vramguard.dra.claims import ClaimAllocation
-from vramguard.dra.devices import DraDevice
+from vramguard.dra.claims import ClaimAllocation, device_usage
+from vramguard.dra.devices import DraDevice, DraInventory
 from vramguard.dra.extended import DraLedgerPart, container_names, ledger_part, serving_classes
 from vramguard.dra.review import DraContext
 from vramguard.dra.state import DraState
@@ -273,6 +273,10 @@ class ClusterState:
         self._dra_synced: tuple[int, int, int] | None = None
         self._dra_pod_changes = 0
         """Counts bound pods appearing on DRA nodes: their placements come from their claims."""
+        self._dra_pods_seen: set[str] = set()
+        """DRA nodes where a pod appeared bound since the last sync."""
+        self._dra_inputs: dict[str, tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]] = {}
+        """Per DRA node, what its ledger part was computed from (see :meth:`sync_dra`)."""
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -371,6 +375,7 @@ class ClusterState:
         self._plugin_resources.pop(name, None)
         self._label_inventories.pop(name, None)
         self._dra_parts.pop(name, None)
+        self._dra_inputs.pop(name, None)
         self.ledger.remove_node(name)
 
     def _nodes_changed(self) -> None:
@@ -540,7 +545,9 @@ class ClusterState:
             return
         self.in_flight.pop(key.uid, None)
         if node in self._dra_parts and not was_bound:
-            self._dra_pod_changes += 1  # its placement comes from its claim, read at the next sync
+            # Its placement comes from its claim, read at the next sync.
+            self._dra_pod_changes += 1
+            self._dra_pods_seen.add(node)
         claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key, claims.claims)
         self._record(key, pod, choice, template, node)
@@ -779,7 +786,8 @@ class ClusterState:
     def sync_dra(self) -> None:
         """Bring the DRA devices of the ledger up to date with the DRA state (the extended-resource
         path, :mod:`vramguard.dra.extended`). Called before the ledger is read (the extender's verbs,
-        the CLI): claim events are many, and this recomputes only once after any number of them."""
+        the CLI): claim events are many, and this runs once after any number of them, redoing only
+        the nodes whose devices, allocated claims, serving classes or bound pods changed."""
         if self._dra_synced == (self.dra.generation, self._dra_pod_changes, self.node_generation):
             return
         classes = self.dra.device_classes()
@@ -791,14 +799,25 @@ class ClusterState:
         for allocation in self.dra.allocations():
             for node in dict.fromkeys(by_key[r.key] for r in allocation.results if r.key in by_key):
                 allocations.setdefault(node, []).append(allocation)
-        usage = self.dra.usage()
         changed = False
         for name in set(devices) | set(self._dra_parts):
             base = self._label_inventories.get(name)
             if base is None:
                 continue  # the Node itself is not known (yet)
             serving = serving_classes(classes, self._plugin_resources.get(name, frozenset()))
-            part = ledger_part(devices.get(name, ()), usage, allocations.get(name, ()), serving, self._containers_of)
+            inputs = (
+                tuple(devices.get(name, ())),
+                tuple(allocations.get(name, ())),
+                tuple(part for item in serving.items() for part in item),
+            )
+            previous = self._dra_inputs.get(name)
+            if previous is not None and name not in self._dra_pods_seen and _same(previous, inputs):
+                continue  # records are re-parsed per event: unchanged ones are the same objects
+            self._dra_inputs[name] = inputs
+            self._dra_pods_seen.discard(name)
+            node_devices, node_allocations, _ = inputs
+            usage = device_usage(DraInventory(node_devices), node_allocations)
+            part = ledger_part(node_devices, usage, node_allocations, serving, self._containers_of)
             if self._dra_parts.get(name, DraLedgerPart()) == part:
                 continue
             if part.devices:
@@ -809,6 +828,8 @@ class ClusterState:
             self._inventories[name] = inventory
             self.ledger.upsert_node(inventory)
             changed = True
+        for name in set(self._dra_inputs) - set(devices) - set(self._dra_parts):
+            del self._dra_inputs[name]
         if changed:
             self._nodes_changed()
         # Node events count too: a device plugin appearing on a node takes its resource from DRA.
@@ -848,6 +869,13 @@ class _SuspectingDelegate(_Delegate):
     def __init__(self, replace: Any, upsert: Any, delete: Any, suspect: Any) -> None:
         super().__init__(replace, upsert, delete)
         self.suspect = suspect
+
+
+def _same(old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]) -> bool:
+    """Whether two tuples of tuples hold the very same objects (records are never mutated)."""
+    return all(
+        len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)) for a, b in zip(old, new, strict=True)
+    )
 
 
 def demand_options(policy: Policy) -> DemandOptions:
