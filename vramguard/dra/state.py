@@ -48,16 +48,12 @@ KIND_STORES = {
 NVIDIA_CLASSES = (
     DeviceClassInfo(
         "gpu.nvidia.com",
-        parse_expression(
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
-        ),
+        parse_expression("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"),
         "nvidia.com/gpu",
     ),
     DeviceClassInfo(
         "mig.nvidia.com",
-        parse_expression(
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
-        ),
+        parse_expression("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"),
     ),
 )
 """The NVIDIA DRA driver chart's classes, assumed by the offline commands when their input has none."""
@@ -115,19 +111,26 @@ class DraState:
         about DRA and admission does not check claims."""
         self.generation = 0
         """Changes whenever anything DRA changes (cached answers derived from it are stale)."""
+        self.devices_generation = 0
+        """Changes when devices or classes do (claims and templates are looked up live)."""
         self._inventory: DraInventory | None = None
         self._usage: dict[str, DeviceUsage] | None = None
         self._usage_notes: tuple[str, ...] = ()
         self.slices = KeyedStore(lambda obj: obj, self._slices_changed)
         """ResourceSlices are kept whole (a pool is complete only with all its slices); they are few."""
-        self.classes = KeyedStore(read_device_class, self._changed)
+        self.classes = KeyedStore(read_device_class, self._classes_changed)
         self.claims = KeyedStore(_claim_record, self._claims_changed)
         self.templates = KeyedStore(read_claim_template, self._changed)
 
     def _changed(self) -> None:
         self.generation += 1
 
+    def _classes_changed(self) -> None:
+        self.devices_generation += 1
+        self._changed()
+
     def _slices_changed(self) -> None:
+        self.devices_generation += 1
         self._inventory = None
         self._usage = None
         self._changed()
@@ -210,6 +213,7 @@ class DraState:
             self.classes.records = {f"/{c.name}": c for c in NVIDIA_CLASSES}
         if not self.slices.records and stand_in_memory:
             self._inventory = DraInventory((_stand_in(stand_in_memory),), ())
+        self.devices_generation += 1
         self._changed()
 
     def namespace_consumed(self, namespace: str, exclude_pod: str | None = None) -> tuple[int, int]:
