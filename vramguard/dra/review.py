@@ -120,10 +120,6 @@ class ClaimReview:
     """What could not be checked, and the demand's warnings (notes)."""
     uses_claims: bool = False
     """Whether a container uses a claim of the pod."""
-    largest: Mapping[str, DraDevice] = field(default_factory=dict)
-    """Per pod claim name, the largest device it could get (for ``explain``)."""
-    consumed: Mapping[str, int | None] = field(default_factory=dict)
-    """Per pod claim name, the memory its requests consume on that device (``None``: unknown)."""
     requests: tuple[RequestReport, ...] = ()
     """Every request a container uses, with the claim's memory next to the containers' reservation."""
 
@@ -154,8 +150,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
     shortfalls: list[Shortfall] = []
     errors: list[str] = []
     notes: list[str] = []
-    largest: dict[str, DraDevice] = {}
-    consumed: dict[str, int | None] = {}
     reports: list[RequestReport] = []
     uses = container_claim_uses(pod)
     sources = {s.name: s for s in pod_claim_sources(pod)}
@@ -189,9 +183,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
             alternative = request.alternatives[0]
             device = check.largest
             used = alternative.consumes_on(device) if device is not None else None
-            if device is not None:
-                largest[claim_name] = device
-                consumed[claim_name] = used
             reserved = reserved_on(needs, device) if device is not None else None
             reports.append(
                 RequestReport(
@@ -213,8 +204,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         tuple(dict.fromkeys(errors)),
         tuple(dict.fromkeys(notes)),
         bool(uses and sources),
-        largest,
-        consumed,
         tuple(reports),
     )
 
