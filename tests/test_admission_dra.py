@@ -358,3 +358,20 @@ def test_quota_counts_dra_claims(existing: str, exclude_own: bool, violation: st
     )
     decision = rules.review(Subject("Pod", "CREATE", NS, pod), view)
     assert decision.violations == ((violation,) if violation else ())
+
+
+def test_context_is_cached_until_devices_classes_or_nodes_change() -> None:
+    cluster = state("memory")
+    first = cluster.dra_context()
+    cluster.dra.templates.upsert(template("8Gi"))
+    cluster.dra.claims.upsert(claim("c", NS))
+    assert cluster.dra_context() is first  # claims and templates are looked up live
+    assert first.template(NS, "gpu-4gi") is not None and first.claim(NS, "c") is not None
+    cluster.dra.slices.upsert(resource_slice("node-b", [gpu_device(uuid="GPU-B", memory="40Gi")]))
+    second = cluster.dra_context()
+    assert second is not first and len(second.devices) == 2
+    cluster.dra.classes.upsert(device_class("other"))
+    third = cluster.dra_context()
+    assert third is not second and "other" in third.classes
+    cluster.nodes.upsert({"metadata": {"name": "node-b"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}})
+    assert cluster.dra_context().plugin_nodes == {"nvidia.com/gpu": frozenset({"node-b"})}

@@ -248,3 +248,15 @@ def test_extended_resource_claim_status() -> None:
     assert status is not None
     assert status.claim_name == "vllm-0-extended-resources-abcde"
     assert status.requests == (("vllm", "nvidia.com/gpu", "container-0-request-0"),)
+
+
+def test_devices_of_one_shape_are_checked_once() -> None:
+    from vramguard.dra.sizing import distinct_shapes  # noqa: PLC0415
+
+    same = [gpu_device(f"gpu-{i}", uuid=f"G{i}", memory="80Gi") for i in range(8)]
+    other = gpu_device("gpu-8", uuid="G8", memory="40Gi")
+    devices = read_resource_slices([resource_slice(devices=[*same, other])]).devices
+    assert [d.name for d in distinct_shapes(devices)] == ["gpu-0", "gpu-8"]
+    spec = read_claim_spec(claim_spec(memory="8Gi"))
+    check = check_request("gpu", spec.requests[0], [VLLM_090], _classes(), devices)
+    assert check.shortfall is not None and check.shortfall.device.name == "gpu-0"

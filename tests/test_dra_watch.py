@@ -137,3 +137,40 @@ def test_state_ignores_unnamed_and_junk() -> None:
     assert list(state.claims.records) == ["n/x"]
     state.classes.replace([{"metadata": {"name": 5}}])
     assert state.device_classes() == {}
+
+
+def _owned(obj: dict[str, Any], pod_uid: str) -> dict[str, Any]:
+    obj["metadata"]["ownerReferences"] = [{"kind": "Pod", "name": "p", "uid": pod_uid, "controller": True}]
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("claims", "exclude", "expected"),
+    [
+        pytest.param([], None, (0, 0), id="none"),
+        pytest.param(
+            [allocated(claim("a", memory="20Gi"), [result(memory="20Gi", share="s1")])],
+            None,
+            (20 * GiB, 1),
+            id="allocated-consumed",
+        ),
+        pytest.param([claim("p", memory="30Gi")], None, (30 * GiB, 1), id="pending-claim-counts-its-request"),
+        pytest.param([claim("p")], None, (80 * GiB, 1), id="pending-without-request-takes-the-default"),
+        pytest.param([claim("p", memory="30Gi", count=2)], None, (60 * GiB, 1), id="pending-two-devices"),
+        pytest.param([_owned(claim("p", memory="30Gi"), "uid-me")], "uid-me", (0, 0), id="own-template-claim-left-out"),
+        pytest.param(
+            [allocated(claim("a", memory="20Gi"), [result(memory="20Gi", share="s1")], pods=("me",))],
+            "uid-me",
+            (0, 0),
+            id="claim-reserved-for-the-pod-left-out",
+        ),
+        pytest.param([claim("x", "elsewhere", memory="30Gi")], None, (0, 0), id="other-namespace"),
+        pytest.param([claim("nic", device_class_name="nic")], None, (0, 0), id="not-a-gpu-class"),
+    ],
+)
+def test_namespace_consumed(claims: list[dict[str, Any]], exclude: str | None, expected: tuple[int, int]) -> None:
+    state = DraState()
+    state.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi")])])
+    state.classes.replace([device_class(), device_class("nic", "device.driver == 'nic.example.com'", None)])
+    state.claims.replace(claims)
+    assert state.namespace_consumed("default", exclude) == expected

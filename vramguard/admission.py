@@ -84,7 +84,6 @@ from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.dra.claims import read_claim, read_claim_template
-from vramguard.dra.classes import class_for_extended_resource
 from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger, ResourceOffer
@@ -1090,8 +1089,7 @@ def _drop_served_by_dra(demand: PodDemand, dra: DraContext, found: _Findings) ->
     served = {
         c.name
         for c in demand.containers
-        if (device_class := class_for_extended_resource(dra.classes, c.resource)) is not None
-        and device_class.could_match(dra.devices)
+        if (device_class := dra.extended_class(c.resource)) is not None and dra.candidates(device_class)
     }
     found.notes[:] = [f for f in found.notes if not (f.code is Code.RESOURCE_MISSING and f.container in served)]
 

@@ -757,8 +757,9 @@ class ClusterState:
 
     def dra_context(self) -> DraContext:
         """What admission checks claims against: the DRA state, and per extended resource the nodes
-        whose device plugin advertises it (DRA serves it only elsewhere). Cached until either changes."""
-        key = (self.dra.generation, self.node_generation)
+        whose device plugin advertises it (DRA serves it only elsewhere). Cached until devices, classes
+        or nodes change: claims and templates are looked up live."""
+        key = (self.dra.devices_generation, self.node_generation)
         if self._dra_context is not None and self._dra_context[0] == key:
             return self._dra_context[1]
         plugin: dict[str, set[str]] = {}

@@ -29,11 +29,11 @@ from vramguard.demand import DemandOptions, PodDemand, derive_container_demand, 
 from vramguard.demand.derive import engine_title
 from vramguard.demand.model import ContainerDemand
 from vramguard.dra.claims import ClaimRequest, ClaimSpec, DeviceRequest, result_memory
-from vramguard.dra.classes import DeviceClassInfo, class_for_extended_resource
+from vramguard.dra.classes import ANY_DEVICE, DeviceClassInfo, Selector, class_for_extended_resource
 from vramguard.dra.devices import DraDevice
 from vramguard.dra.fields import items, mapping, memory_text, text
 from vramguard.dra.pods import ClaimUse, container_claim_uses, extended_resource_claim, pod_claim_sources
-from vramguard.dra.sizing import Need, Shortfall, check_request, reserved_on
+from vramguard.dra.sizing import Need, Shortfall, check_request, distinct_shapes, reserved_on
 from vramguard.dra.state import DraState
 
 ClaimLookup = Callable[[str, str], ClaimSpec | None]
@@ -50,6 +50,32 @@ class DraContext:
     template: ClaimLookup = lambda namespace, name: None
     plugin_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Per extended resource, the nodes whose device plugin advertises it: DRA does not serve it there."""
+    _devices: dict[tuple[object, ...], tuple[DraDevice, ...]] = field(default_factory=dict, compare=False, repr=False)
+    _extended: dict[str, DeviceClassInfo | None] = field(default_factory=dict, compare=False, repr=False)
+    """Answers computed once per context (the cluster model builds a new one when DRA objects change)."""
+
+    def candidates(self, device_class: DeviceClassInfo, selector: Selector = ANY_DEVICE) -> tuple[DraDevice, ...]:
+        """The devices the class narrowed by ``selector`` could match, one per shape (cached)."""
+        key = ("match", device_class, selector)
+        if key not in self._devices:
+            self._devices[key] = distinct_shapes(device_class.could_match(self.devices, selector))
+        return self._devices[key]
+
+    def dra_served(self, device_class: DeviceClassInfo, resource: str) -> tuple[DraDevice, ...]:
+        """The devices of ``device_class`` where DRA serves ``resource``: on nodes whose device plugin
+        does not advertise it (one per shape, cached)."""
+        key = ("served", device_class, resource)
+        if key not in self._devices:
+            plugin = self.plugin_nodes.get(resource, frozenset())
+            served = [d for d in device_class.could_match(self.devices) if d.node not in plugin]
+            self._devices[key] = distinct_shapes(served)
+        return self._devices[key]
+
+    def extended_class(self, resource: str) -> DeviceClassInfo | None:
+        """The class serving extended resource ``resource`` through DRA, if any (cached)."""
+        if resource not in self._extended:
+            self._extended[resource] = class_for_extended_resource(self.classes, resource)
+        return self._extended[resource]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +120,6 @@ class ClaimReview:
     """What could not be checked, and the demand's warnings (notes)."""
     uses_claims: bool = False
     """Whether a container uses a claim of the pod."""
-    largest: Mapping[str, DraDevice] = field(default_factory=dict)
-    """Per pod claim name, the largest device it could get (for ``explain``)."""
-    consumed: Mapping[str, int | None] = field(default_factory=dict)
-    """Per pod claim name, the memory its requests consume on that device (``None``: unknown)."""
     requests: tuple[RequestReport, ...] = ()
     """Every request a container uses, with the claim's memory next to the containers' reservation."""
 
@@ -128,8 +150,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
     shortfalls: list[Shortfall] = []
     errors: list[str] = []
     notes: list[str] = []
-    largest: dict[str, DraDevice] = {}
-    consumed: dict[str, int | None] = {}
     reports: list[RequestReport] = []
     uses = container_claim_uses(pod)
     sources = {s.name: s for s in pod_claim_sources(pod)}
@@ -152,7 +172,9 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         for request in spec.requests:
             users = [u for u in claim_uses if u.request in (None, request.name)]
             needs = _needs(users, request, containers, annotations, errors, notes)
-            check = check_request(claim_name, request, needs, context.classes, context.devices)
+            check = check_request(
+                claim_name, request, needs, context.classes, context.devices, candidates=context.candidates
+            )
             notes.extend(check.notes)
             if check.shortfall is not None:
                 shortfalls.append(check.shortfall)
@@ -161,9 +183,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
             alternative = request.alternatives[0]
             device = check.largest
             used = alternative.consumes_on(device) if device is not None else None
-            if device is not None:
-                largest[claim_name] = device
-                consumed[claim_name] = used
             reserved = reserved_on(needs, device) if device is not None else None
             reports.append(
                 RequestReport(
@@ -185,8 +204,6 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         tuple(dict.fromkeys(errors)),
         tuple(dict.fromkeys(notes)),
         bool(uses and sources),
-        largest,
-        consumed,
         tuple(reports),
     )
 
@@ -253,11 +270,10 @@ def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[
     """Containers asking an extended resource that a DeviceClass serves through DRA."""
     found: list[Shortfall] = []
     for index, container in enumerate(demand.containers):
-        device_class = class_for_extended_resource(context.classes, container.resource)
+        device_class = context.extended_class(container.resource)
         if device_class is None or not device_class.selects_gpus():
             continue
-        plugin = context.plugin_nodes.get(container.resource, frozenset())
-        devices = tuple(d for d in context.devices if d.node not in plugin)
+        devices = context.dra_served(device_class, container.resource)
         need = _need(container, container.init)
         if need is None or not devices:
             continue
@@ -293,7 +309,7 @@ def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[
                 continue
             free = [
                 d
-                for d in device_class.could_match(context.devices, alternative.selector)
+                for d in context.candidates(device_class, alternative.selector)
                 if d.shareable and alternative.consumes_on(d) == 0
             ]
             if free:

@@ -15,12 +15,12 @@ reported; the number to write is the reservation on that device, rounded up by i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vramguard.demand.model import Vram
 from vramguard.dra.claims import ClaimRequest, DeviceRequest
-from vramguard.dra.classes import DeviceClassInfo
+from vramguard.dra.classes import DeviceClassInfo, Selector
 from vramguard.dra.devices import DraDevice
 from vramguard.dra.fields import memory_text
 
@@ -116,6 +116,20 @@ def reserved_on(needs: Sequence[Need], device: DraDevice) -> int:
     return max(apps, init)
 
 
+Candidates = Callable[[DeviceClassInfo, Selector], Sequence[DraDevice]]
+"""The devices a class narrowed by a request's selectors could match (one per :func:`device_shape`)."""
+
+
+def device_shape(device: DraDevice) -> tuple[object, ...]:
+    """What a claim's check depends on: devices of one shape (a node's eight H100s) answer alike."""
+    return device.memory_bytes, device.shareable, device.sharing, device.policy, device.shares
+
+
+def distinct_shapes(devices: Iterable[DraDevice]) -> tuple[DraDevice, ...]:
+    """The first device of each :func:`device_shape`, in order."""
+    return tuple({device_shape(d): d for d in reversed(tuple(devices))}.values())[::-1]
+
+
 def check_request(
     claim: str,
     request: ClaimRequest,
@@ -123,9 +137,11 @@ def check_request(
     classes: Mapping[str, DeviceClassInfo],
     devices: Sequence[DraDevice],
     extended_resource: str | None = None,
+    candidates: Candidates | None = None,
 ) -> RequestCheck:
     """Check one request (every ``firstAvailable`` alternative: any may be chosen) against the
-    needs of the containers using it, on every device its class and selectors could match."""
+    needs of the containers using it, on every device its class and selectors could match.
+    ``candidates`` (cached by the caller) stands in for matching ``devices`` on every call."""
     if not needs:
         return RequestCheck()
     notes: list[str] = []
@@ -145,14 +161,18 @@ def check_request(
                 "GPUs (its selectors name no driver or type it knows); not checked"
             )
             continue
-        candidates = device_class.could_match(devices, alternative.selector)
-        if not candidates:
+        matching = (
+            candidates(device_class, alternative.selector)
+            if candidates is not None
+            else distinct_shapes(device_class.could_match(devices, alternative.selector))
+        )
+        if not matching:
             notes.append(
                 f"claim {claim}: no known device matches DeviceClass {alternative.device_class}; "
                 "its memory is checked once ResourceSlices show one"
             )
             continue
-        for device in candidates:
+        for device in matching:
             consumed = alternative.consumes_on(device)
             if consumed is None:
                 continue  # the device cannot serve this request; the allocator will not pick it

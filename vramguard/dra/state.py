@@ -22,7 +22,7 @@ from vramguard.dra.claims import (
     read_claim_template,
     result_memory,
 )
-from vramguard.dra.classes import DeviceClassInfo, parse_expression, read_device_class
+from vramguard.dra.classes import DeviceClassInfo, Selector, parse_expression, read_device_class
 from vramguard.dra.devices import (
     DEFAULT_DRIVERS,
     NVIDIA_GPU_DRIVER,
@@ -32,6 +32,7 @@ from vramguard.dra.devices import (
     read_resource_slices,
 )
 from vramguard.dra.fields import mapping, object_name
+from vramguard.dra.sizing import distinct_shapes
 from vramguard.quantity import MiB
 
 if TYPE_CHECKING:
@@ -48,16 +49,12 @@ KIND_STORES = {
 NVIDIA_CLASSES = (
     DeviceClassInfo(
         "gpu.nvidia.com",
-        parse_expression(
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
-        ),
+        parse_expression("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"),
         "nvidia.com/gpu",
     ),
     DeviceClassInfo(
         "mig.nvidia.com",
-        parse_expression(
-            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
-        ),
+        parse_expression("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"),
     ),
 )
 """The NVIDIA DRA driver chart's classes, assumed by the offline commands when their input has none."""
@@ -115,19 +112,27 @@ class DraState:
         about DRA and admission does not check claims."""
         self.generation = 0
         """Changes whenever anything DRA changes (cached answers derived from it are stale)."""
+        self.devices_generation = 0
+        """Changes when devices or classes do (claims and templates are looked up live)."""
         self._inventory: DraInventory | None = None
         self._usage: dict[str, DeviceUsage] | None = None
         self._usage_notes: tuple[str, ...] = ()
+        self._namespaces: tuple[int, dict[str, list[tuple[ClaimSpec, ClaimAllocation | None, str]]]] | None = None
         self.slices = KeyedStore(lambda obj: obj, self._slices_changed)
         """ResourceSlices are kept whole (a pool is complete only with all its slices); they are few."""
-        self.classes = KeyedStore(read_device_class, self._changed)
+        self.classes = KeyedStore(read_device_class, self._classes_changed)
         self.claims = KeyedStore(_claim_record, self._claims_changed)
         self.templates = KeyedStore(read_claim_template, self._changed)
 
     def _changed(self) -> None:
         self.generation += 1
 
+    def _classes_changed(self) -> None:
+        self.devices_generation += 1
+        self._changed()
+
     def _slices_changed(self) -> None:
+        self.devices_generation += 1
         self._inventory = None
         self._usage = None
         self._changed()
@@ -165,7 +170,7 @@ class DraState:
 
     def allocations(self) -> list[ClaimAllocation]:
         """Every allocated claim."""
-        return [record[1] for record in self.claims.records.values() if record[1] is not None]
+        return [allocation for _, allocation, _ in self.claims.records.values() if allocation is not None]
 
     def template(self, namespace: str, name: str) -> ClaimSpec | None:
         """The claim a ResourceClaimTemplate makes, ``None`` when the watch has not shown it."""
@@ -210,16 +215,28 @@ class DraState:
             self.classes.records = {f"/{c.name}": c for c in NVIDIA_CLASSES}
         if not self.slices.records and stand_in_memory:
             self._inventory = DraInventory((_stand_in(stand_in_memory),), ())
+        self.devices_generation += 1
         self._changed()
 
     def namespace_consumed(self, namespace: str, exclude_pod: str | None = None) -> tuple[int, int]:
-        """Memory the namespace's allocated claims consume on GPU devices, and how many claims; claims
-        reserved for pod UID ``exclude_pod`` (the pod under review) are left out."""
+        """Memory the namespace's claims hold on GPU devices, and how many claims hold some: an
+        allocated claim what it consumes; one not allocated yet (its pod pending) what it will consume
+        on the largest device its class could give it, so pending pods count for the quota too.
+        Claims of pod UID ``exclude_pod`` (the pod under review: reserved for it, or made for it from
+        a template) are left out."""
         held: dict[tuple[str, str, str, str | None], int] = {}
+        pending = 0
         claims = 0
         devices = self.inventory().by_key()
-        for allocation in self.allocations():
-            if allocation.namespace != namespace:
+        classes = self.device_classes()
+        shapes: dict[tuple[str, Selector], tuple[DraDevice, ...]] = {}
+        for spec, allocation, owner in self._by_namespace().get(namespace, ()):
+            if exclude_pod and owner == exclude_pod:
+                continue
+            if allocation is None:
+                amount = self._pending_bytes(spec, classes, shapes)
+                pending += amount
+                claims += amount > 0
                 continue
             if exclude_pod and any(uid == exclude_pod for _, uid in allocation.reserved_for):
                 continue
@@ -231,7 +248,39 @@ class DraState:
                 held[(*result.key, result.share_id if device.shareable else None)] = result_memory(result, device)
                 counted = True
             claims += counted
-        return sum(held.values()), claims
+        return sum(held.values()) + pending, claims
+
+    def _by_namespace(self) -> dict[str, list[tuple[ClaimSpec, ClaimAllocation | None, str]]]:
+        """The claim records per namespace (rebuilt once per change)."""
+        if self._namespaces is None or self._namespaces[0] != self.generation:
+            index: dict[str, list[tuple[ClaimSpec, ClaimAllocation | None, str]]] = {}
+            for record in self.claims.records.values():
+                index.setdefault(record[0].namespace, []).append(record)
+            self._namespaces = (self.generation, index)
+        return self._namespaces[1]
+
+    def _pending_bytes(
+        self,
+        spec: ClaimSpec,
+        classes: Mapping[str, DeviceClassInfo],
+        shapes: dict[tuple[str, Selector], tuple[DraDevice, ...]],
+    ) -> int:
+        """What a claim not allocated yet will consume: per request the most any alternative would on
+        the devices its class could give it, times its devices (``shapes``: matches found so far)."""
+        total = 0
+        for request in spec.requests:
+            most = 0
+            for alternative in request.alternatives:
+                device_class = classes.get(alternative.device_class)
+                if device_class is None or not device_class.selects_gpus():
+                    continue
+                key = (alternative.device_class, alternative.selector)
+                if key not in shapes:
+                    shapes[key] = distinct_shapes(device_class.could_match(self.devices(), alternative.selector))
+                amounts = [alternative.consumes_on(d) or 0 for d in shapes[key]]
+                most = max(most, max(amounts, default=0) * alternative.count)
+            total += most
+        return total
 
     def notes(self) -> tuple[str, ...]:
         """What the inventory and the usage left out, and why."""
@@ -239,8 +288,19 @@ class DraState:
         return (*self.inventory().notes, *self._usage_notes)
 
 
-def _claim_record(obj: JSON) -> tuple[ClaimSpec, ClaimAllocation | None]:
-    return read_claim(obj), read_allocation(obj)
+def _claim_record(obj: JSON) -> tuple[ClaimSpec, ClaimAllocation | None, str]:
+    """A claim's requests, its allocation, and the UID of the pod that controls it (a claim made
+    from a template for one pod, or the scheduler's extended-resource claim), or ``""``."""
+    owners = mapping(obj.get("metadata")).get("ownerReferences")
+    owner = next(
+        (
+            str(o.get("uid", ""))
+            for o in (owners if isinstance(owners, list) else [])[:16]
+            if isinstance(o, Mapping) and o.get("controller") is True and o.get("kind") == "Pod"
+        ),
+        "",
+    )
+    return read_claim(obj), read_allocation(obj), owner
 
 
 def _stand_in(memory: int) -> DraDevice:
