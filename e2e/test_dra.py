@@ -23,6 +23,7 @@ import pytest
 from e2e import dra_objects as dra
 from e2e import gpu_nodes
 from e2e.scenario import TEST_LABEL, ledger_from_api, pin_to_test, private_node, require_extender
+from e2e.test_bind_guard import wired_scheduler
 from vramguard.codecs import ENFORCE_LABEL
 
 pytestmark = pytest.mark.timeout(240)
@@ -77,6 +78,7 @@ class DraTest:
         """Create a vLLM pod pinned to this test's nodes (``source``: template=, claim_name= or extended=)."""
         pod = dra.vllm_pod(name, utilization, **source)
         pod["spec"] = pin_to_test(pod["spec"], self.unique)
+        pod["spec"]["schedulerName"] = wired_scheduler(self.cluster)  # the profile that calls the extender
         query = "?dryRun=All" if dry_run else ""
         return dict(self.request("POST", f"/api/v1/namespaces/{self.namespace}/pods{query}", pod))
 
