@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from e2e import dra_objects as dra
+from vramguard.dra import read_resource_slices
 
 
 def _device(shares: dra.ConsumableShares, model: str = "H100-80GB") -> dict[str, Any]:
@@ -157,3 +158,23 @@ def test_vllm_pod_needs_exactly_one_gpu_source() -> None:
         dra.vllm_pod("p", "0.30", template="t", extended=True)
     with pytest.raises(ValueError, match="exactly one"):
         dra.vllm_pod("p", "0.30")
+
+
+@pytest.mark.parametrize(
+    ("shares", "sharing"),
+    [
+        pytest.param("disabled", "exclusive", id="disabled"),
+        pytest.param("memory", "memory", id="memory"),
+        pytest.param("unlimited", "unlimited", id="unlimited"),
+        pytest.param(3, "shares", id="share-count"),
+    ],
+)
+def test_the_core_reads_the_harness_slices_in_their_mode(shares: dra.ConsumableShares, sharing: str) -> None:
+    spec = dra.dra_node("node-a", "H100-80GB", gpus=2, shares=shares)
+    body = dra.resource_slice(spec, "uid-1")
+    body["metadata"]["name"] = "node-a-gpu.nvidia.com-x"
+    inventory = read_resource_slices([body])
+    assert [d.sharing for d in inventory.devices] == [sharing, sharing]
+    assert {d.memory_bytes for d in inventory.devices} == {81559 * dra.MiB}
+    assert [d.node for d in inventory.devices] == ["node-a", "node-a"]
+    assert inventory.notes == ()
