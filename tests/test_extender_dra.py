@@ -337,3 +337,11 @@ def test_a_claim_event_redoes_only_the_node_it_allocates_on(monkeypatch: pytest.
     assert redone == [("node-b",)]
     state.sync_dra()
     assert redone == [("node-b",)]
+
+
+async def test_a_device_claims_filled_past_its_budget_names_the_claims() -> None:
+    """The scheduler allocates claims up to 100% of the memory; the budget keeps the headroom."""
+    taken = allocated(claim("big"), [result(device="gpu-0", memory="75Gi", share="s-big")], pods=("other",))
+    _, verbs, fake = make(gpus("unlimited", 2), [taken])
+    outcome = await schedule(verbs, fake, "vllm-0", "0.05")
+    assert "already over its VRAM budget" in outcome and "claims of pods with ResourceClaims" in outcome, outcome
