@@ -375,3 +375,18 @@ def test_context_is_cached_until_devices_classes_or_nodes_change() -> None:
     assert third is not second and "other" in third.classes
     cluster.nodes.upsert({"metadata": {"name": "node-b"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}})
     assert cluster.dra_context().plugin_nodes == {"nvidia.com/gpu": frozenset({"node-b"})}
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "plugin"),
+    [
+        pytest.param({"nvidia.com/gpu": "2"}, True, id="advertised"),
+        pytest.param({"nvidia.com/gpu": "0"}, False, id="zero-kept-by-the-kubelet"),
+        pytest.param({"nvidia.com/gpu": "0k"}, False, id="zero-with-a-suffix"),
+        pytest.param({"nvidia.com/gpu": "lots"}, False, id="junk"),
+        pytest.param({"cpu": "8"}, False, id="not-listed"),
+    ],
+)
+def test_where_a_device_plugin_advertises_a_resource(allocatable: dict[str, str], plugin: bool) -> None:
+    cluster = state("unlimited", nodes=[{"metadata": {"name": "node-a"}, "status": {"allocatable": allocatable}}])
+    assert ("nvidia.com/gpu" in cluster.dra_context().plugin_nodes) is plugin

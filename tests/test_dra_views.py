@@ -85,3 +85,32 @@ def test_dra_metrics_aggregate_per_node_and_product() -> None:
     other = {"node": "node-b", "product": "NVIDIA H100 80GB HBM3"}
     assert registry.get_sample_value("vramguard_dra_consumed_bytes", other) == 0
     assert registry.get_sample_value("vramguard_dra_shares", other) == 1
+
+
+def test_partitionable_devices_count_as_one_piece_of_hardware() -> None:
+    """Dynamic MIG: a GPU and the MIG devices it can be cut into all consume gpu-0-counter-set."""
+    from tests.dra_objects import mig_device  # noqa: PLC0415
+    from vramguard.dra import read_allocation, read_resource_slices  # noqa: PLC0415
+    from vramguard.dra.claims import device_usage  # noqa: PLC0415
+    from vramguard.dra.views import per_node_product  # noqa: PLC0415
+
+    consumes = [{"counterSet": "gpu-0-counter-set", "counters": {"memorySlice0": {"value": "1"}}}]
+    full = {**gpu_device(memory="80Gi", mode="disabled"), "consumesCounters": consumes}
+    migs = [
+        {**mig_device(f"gpu-0-mig-1g10gb-19-{i}", uuid=f"MIG-{i}", memory="10Gi"), "consumesCounters": consumes}
+        for i in range(2)
+    ]
+    counters = {
+        **resource_slice(name="counters", count=2, devices=[]),
+        "spec": {
+            **resource_slice(count=2)["spec"],
+            "devices": [],
+            "sharedCounters": [{"name": "gpu-0-counter-set", "counters": {"memorySlice0": {"value": "1"}}}],
+        },
+    }
+    inventory = read_resource_slices([resource_slice(devices=[full, *migs], count=2, name="devices"), counters])
+    assert [d.counter_sets for d in inventory.devices] == [("gpu-0-counter-set",)] * 3
+    allocation = read_allocation(allocated(claim("m"), [result("gpu-0-mig-1g10gb-19-0", memory=None, share=None)]))
+    assert allocation is not None
+    (total,) = per_node_product(device_usage(inventory, [allocation]).values())
+    assert (total.devices, total.memory_bytes, total.consumed_bytes, total.shares) == (1, 80 * GiB, 10 * GiB, 1)

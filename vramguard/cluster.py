@@ -51,6 +51,7 @@ from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
+from vramguard.quantity import QuantityError, parse_quantity
 
 _TERMINAL = ("Succeeded", "Failed")
 TERMINAL_PHASES = frozenset(_TERMINAL)
@@ -748,7 +749,7 @@ class ClusterState:
         allocatable = status.get("allocatable") if isinstance(status, dict) else None
         advertised = frozenset(
             key for key, value in (allocatable.items() if isinstance(allocatable, dict) else ())
-            if isinstance(key, str) and "/" in key and str(value) not in ("0", "")
+            if isinstance(key, str) and "/" in key and _positive_quantity(value)
         )
         name = str(metadata.get("name", ""))
         changed = self._plugin_resources.get(name) != advertised
@@ -846,6 +847,14 @@ class ClusterState:
         last :meth:`sync_dra`)."""
         part = self._dra_parts.get(node)
         return frozenset(gpu.resource for gpu in part.devices) if part is not None else frozenset()
+
+
+def _positive_quantity(value: Any) -> bool:
+    """Whether an allocatable entry is a quantity above 0 (junk counts as not advertised)."""
+    try:
+        return parse_quantity(str(value)[:64]) > 0
+    except QuantityError:
+        return False
 
 
 class _Delegate:

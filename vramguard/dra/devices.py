@@ -101,6 +101,9 @@ class DraDevice:
     """A MIG device's GPU."""
     profile: str | None = None
     """A MIG device's profile (``1g.10gb``)."""
+    counter_sets: tuple[str, ...] = ()
+    """Counter sets it consumes (``consumesCounters``): with dynamic MIG a GPU and the MIG devices it
+    can be cut into all consume ``gpu-N-counter-set``, and only some of them can exist at once."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -267,6 +270,13 @@ def _device(
         shares=shares if shareable else None,
         parent_uuid=text(attribute(attributes, "parentUUID", driver)) if kind == "mig" else None,
         profile=text(attribute(attributes, "profile", driver)) if kind == "mig" else None,
+        counter_sets=tuple(
+            dict.fromkeys(
+                name
+                for name in (text(mapping(c).get("counterSet")) for c in items(entry.get("consumesCounters"))[:2])
+                if name
+            )
+        ),
     )
 
 

@@ -54,16 +54,27 @@ class NodeProductUsage:
 
 
 def per_node_product(usages: Iterable[DeviceUsage]) -> list[NodeProductUsage]:
-    """DRA device usage aggregated per node and product, sorted."""
+    """DRA device usage aggregated per node and product, sorted. Devices that share a counter set
+    (a GPU and the MIG devices it could be cut into) are one piece of hardware: only the largest of
+    them counts as a device and for memory; what claims consume on any of them counts."""
+    usages = list(usages)
+    largest: dict[tuple[str, str], DeviceUsage] = {}
+    for usage in usages:
+        for counter_set in usage.device.counter_sets:
+            key = (usage.device.node, counter_set)
+            if key not in largest or usage.device.memory_bytes > largest[key].device.memory_bytes:
+                largest[key] = usage
     totals: dict[tuple[str, str], NodeProductUsage] = {}
     for usage in usages:
+        sets = usage.device.counter_sets
+        counted = not sets or any(largest[(usage.device.node, s)] is usage for s in sets)
         key = (usage.device.node, usage.device.product)
         old = totals.get(key, NodeProductUsage(*key))
         totals[key] = NodeProductUsage(
             old.node,
             old.product,
-            old.devices + 1,
-            old.memory_bytes + usage.device.memory_bytes,
+            old.devices + counted,
+            old.memory_bytes + (usage.device.memory_bytes if counted else 0),
             old.consumed_bytes + usage.consumed_bytes,
             old.shares + len(usage.shares),
             old.overcommitted + (1 if usage.free_bytes < 0 else 0),

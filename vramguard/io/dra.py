@@ -42,8 +42,10 @@ DRA_FAMILIES = (
     ("vramguard_dra_memory_bytes", "Memory of a node's DRA devices of one product."),
     ("vramguard_dra_consumed_bytes", "Memory allocated ResourceClaims consume on a node's DRA devices of one product."),
     ("vramguard_dra_shares", "Allocations (shares) held on a node's DRA devices of one product."),
-    ("vramguard_dra_overcommitted_devices",
-     "DRA devices of one product on a node whose claims consume more memory than they have."),
+    (
+        "vramguard_dra_overcommitted_devices",
+        "DRA devices of one product on a node whose claims consume more memory than they have.",
+    ),
 )
 
 
