@@ -41,7 +41,7 @@ e2e: $(INSTALLED) tools
 	$(BIN)/python -m pytest e2e
 
 demo: $(INSTALLED)
-	$(BIN)/python -m e2e.demo
+	$(BIN)/python -m e2e.demo $(if $(DRA),--dra)
 
 # All figures into one JSON file (BENCH_OUT); BENCH_COMPARE=older.json prints each figure's ratio.
 BENCH_OUT ?= bench-results.json

@@ -1,6 +1,6 @@
 """The seed's scenario on a real control plane: vLLM pods sharing one time-sliced 80 GB H100.
 
-    python -m e2e.demo [--dir DIR] [--keep]
+    python -m e2e.demo [--dir DIR] [--keep] [--dra]
 
 Starts etcd, kube-apiserver and kube-scheduler (built from source on first use) with the vramguard
 extender and webhook wired in, adds one H100 node that the NVIDIA device plugin advertises as four
@@ -11,6 +11,12 @@ extender and webhook wired in, adds one H100 node that the NVIDIA device plugin 
 
 Without vramguard the scheduler would bind all four: four replicas are free. The fourth would then
 die with CUDA OOM at start-up and crash-loop. A per-GPU table closes each act, then everything stops.
+
+``--dra`` plays the same pods on a node of the DRA stack instead: no device plugin, the H100
+published by the NVIDIA DRA driver in a ResourceSlice with ``--consumable-shares=unlimited``, and
+the driver's DeviceClass mapping ``nvidia.com/gpu`` to it. The scheduler allocates each pod a share
+of the GPU that consumes 0 bytes, so it alone would again place all four; vramguard holds what vLLM
+reserves on the device DRA chose.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from e2e import gpu_nodes
+from e2e import dra_objects, gpu_nodes
 from e2e.cluster import Cluster
 from vramguard.cluster import ClusterState
 from vramguard.policy import default_policy
@@ -31,6 +37,8 @@ from vramguard.report import gpu_rows, gpu_table
 
 NAMESPACE = "default"
 NODE = gpu_nodes.time_sliced("gpu-node-1", "H100-80GB", gpus=1, replicas=4)
+DRA_NODE = dra_objects.dra_node("gpu-node-1", "H100-80GB", gpus=1, shares="unlimited")
+RESOURCE_API = dra_objects.RESOURCE_API
 
 
 def vllm_pod(name: str, utilization: str) -> dict[str, Any]:
@@ -71,6 +79,11 @@ def gpu_report(cluster: Cluster) -> str:
     state.nodes.replace(cluster.request("GET", "/api/v1/nodes")["items"])
     state.namespaces.replace(cluster.request("GET", "/api/v1/namespaces")["items"])
     state.pods.replace([p for p in cluster.request("GET", "/api/v1/pods")["items"] if p["spec"].get("nodeName")])
+    # DRA devices and the claims the scheduler allocated on them (the extended-resource path).
+    state.dra.slices.replace(cluster.request("GET", f"{RESOURCE_API}/resourceslices")["items"])
+    state.dra.classes.replace(cluster.request("GET", f"{RESOURCE_API}/deviceclasses")["items"])
+    state.dra.claims.replace(cluster.request("GET", f"{RESOURCE_API}/resourceclaims")["items"])
+    state.sync_dra()
     return gpu_table(gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node)))
 
 
@@ -97,13 +110,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, help="cluster directory (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--dra", action="store_true",
+                        help="the GPU comes from the NVIDIA DRA driver (a ResourceSlice, unlimited sharing)")
     args = parser.parse_args(argv)
     directory = args.dir or Path(tempfile.mkdtemp(prefix="vramguard-demo-"))
     cluster = Cluster.up(directory, vramguard="on", detach=args.keep)
     try:
-        gpu_nodes.create_gpu_node(cluster.core_v1(), NODE)
-        print(f"node {NODE.name}: 1 x NVIDIA H100 80GB HBM3 ({NODE.model.memory_mib} MiB), time-sliced, "
-              f"advertised as nvidia.com/gpu: {NODE.replicas}; vramguard keeps 10% headroom per GPU")
+        if args.dra:
+            dra_objects.ensure_device_class(cluster.request)
+            dra_objects.create_dra_node(cluster.request, DRA_NODE)
+            print(f"node {DRA_NODE.name}: 1 x NVIDIA H100 80GB HBM3 ({DRA_NODE.model.memory_mib} MiB) in a "
+                  "ResourceSlice of the NVIDIA DRA driver (gpu.nvidia.com, --consumable-shares=unlimited: a claim "
+                  "without capacity.requests consumes 0), nvidia.com/gpu mapped to it by the DeviceClass "
+                  "gpu.nvidia.com; vramguard keeps 10% headroom per GPU")
+        else:
+            gpu_nodes.create_gpu_node(cluster.core_v1(), NODE)
+            print(f"node {NODE.name}: 1 x NVIDIA H100 80GB HBM3 ({NODE.model.memory_mib} MiB), time-sliced, "
+                  f"advertised as nvidia.com/gpu: {NODE.replicas}; vramguard keeps 10% headroom per GPU")
         first = act(cluster, "Act 1", "0.20")
         time.sleep(1.0)  # let the deletions reach the extender's watch
         second = act(cluster, "Act 2", "0.30")

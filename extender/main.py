@@ -17,6 +17,7 @@ from extender.app import build_app
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
+from vramguard.io.dra import dra_watches
 from vramguard.io.kube import LEASES, MAX_EVENT_BYTES, Connection, KubeClient, collection_path
 from vramguard.io.leader import LeaderElector
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
@@ -78,6 +79,8 @@ async def run(settings: ExtenderSettings) -> None:
         Watch("/api/v1/namespaces", state.namespaces),
         Watch("/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
         Watch(collection_path(LEASES, settings.agent_namespace), state.leases),
+        # DRA: devices, classes and allocated claims, for pods on the extended-resource path.
+        *dra_watches(state.dra, templates=False),
     ])
     synced = asyncio.Event()
     verbs = Verbs(state, client)
@@ -93,6 +96,7 @@ async def run(settings: ExtenderSettings) -> None:
 
     async def wait_synced() -> None:
         await runtime.wait_synced()
+        state.sync_dra()  # the DRA devices into the ledger once, before the first verb
         synced.set()
         # The synced state is long-lived: moved out of the collector's reach, a full collection no
         # longer walks 50,000 pods' objects (a 300 ms stall of every request on the loop).

@@ -29,6 +29,10 @@ from extender.wire import pod_problem
 from vramguard.cluster import ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.demand import MAX_DEVICES
+from vramguard.dra.claims import read_allocation
+from vramguard.dra.extended import allocated_devices, container_names, place_claims, requested_resources
+from vramguard.dra.pods import extended_resource_claim
+from vramguard.io.dra import RESOURCE_CLAIMS
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import (
@@ -199,6 +203,7 @@ class Verbs:
         """The pod's key, class and claims. A pod asking for more devices than any node has (or than
         admission's cap) gets a refusal instead, before a claim is built: one claim per device, and
         a pod of 200 containers x 1,000 GPUs would otherwise build 200,000 and test each node."""
+        self.state.sync_dra()  # DRA devices and claims, as the watches last said, into the ledger
         key = pod_key(pod)
         choice = self.state.choose_class(pod)
         devices = self.state.devices_asked(pod)
@@ -384,6 +389,15 @@ class Verbs:
             pod = await self._read_pod(namespace, name, uid)
         except ApiError as exc:
             return f"cannot read pod {namespace}/{name}: {exc.message or exc}"
+        allocated: Mapping[str, tuple[str, ...]] | None = None
+        self.state.sync_dra()
+        if self.state.dra_resources(node) & requested_resources(pod):
+            if extended_resource_claim(pod) is None:
+                # The scheduler writes the claim's status right before bind: a cached copy may lag it.
+                pod = await self._read_pod(namespace, name, uid, cached=False)
+            allocated, problem = await self._dra_allocation(pod, uid, node)
+            if problem:
+                return problem
         # From here to the reservation nothing awaits: the checks and the hold are one step.
         if not self.serving():
             return NOT_LEADER
@@ -393,6 +407,9 @@ class Verbs:
         if refusal is not None:
             return f"refused: {refusal}"
         key, claims, choice = self._prepare(pod)
+        if allocated is not None:
+            # The scheduler allocated the devices before calling bind: the claims are known to be there.
+            claims = PodClaims(claims.uid, place_claims(claims.claims, allocated), claims.init, claims.refusal)
         held_back = self.state.suspect_message(node)
         if held_back:
             return held_back
@@ -445,26 +462,58 @@ class Verbs:
             await self.findings.report(key, node, choice.enforcement, verdict.findings)
         return ""
 
-    async def _read_pod(self, namespace: str, name: str, uid: str) -> Mapping[str, Any]:
+    async def _read_pod(self, namespace: str, name: str, uid: str, *, cached: bool = True) -> Mapping[str, Any]:
         """The pod from the API server's watch cache (``resourceVersion=0``: no etcd read, the API
         server's cheapest answer), or from etcd when that copy is not the pod being bound (not there
-        yet, or another UID: the cache lags a re-creation).
+        yet, or another UID: the cache lags a re-creation), or when ``cached`` is False.
 
         A cached copy of the right UID decides as well as a fresh one: what bind checks and derives
         claims from is immutable once the pod exists (scheduler, containers, node selection;
         tolerations can only be added), an annotation can change after either read, and a pod
         bound or deleted meanwhile makes the Binding fail (its UID and the API server's checks)."""
         path = object_path("/api/v1/pods", namespace, name)
-        try:
-            cached = await self._client().get(path, CACHED_READ)
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-        else:
-            metadata = cached.get("metadata")
-            if isinstance(metadata, dict) and metadata.get("uid") == uid:
-                return cached
+        if cached:
+            try:
+                copy = await self._client().get(path, CACHED_READ)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+            else:
+                metadata = copy.get("metadata")
+                if isinstance(metadata, dict) and metadata.get("uid") == uid:
+                    return copy
         return await self._client().get(path)
+
+    async def _dra_allocation(
+        self, pod: Mapping[str, Any], uid: str, node: str
+    ) -> tuple[Mapping[str, tuple[str, ...]] | None, str]:
+        """Per container, the DRA devices the scheduler allocated to the pod's extended-resource
+        claim (it writes the allocation before it calls bind), read from the API server; or why
+        not. The claim read is fed to the DRA state, so the ledger sees it before its watch event."""
+        key = pod_key(pod)
+        where = f"pod {key.namespace}/{key.name}"
+        status = extended_resource_claim(pod)
+        if status is None:
+            return None, (
+                f"{where}: DRA serves its GPU resource on {node}, but the pod names no allocated claim "
+                "(status.extendedResourceClaimStatus); retrying"
+            )
+        try:
+            claim = await self._client().get(object_path(RESOURCE_CLAIMS, key.namespace, status.claim_name))
+        except ApiError as exc:
+            return None, f"cannot read ResourceClaim {key.namespace}/{status.claim_name}: {exc.message or exc}"
+        allocation = read_allocation(claim)
+        if allocation is None or not allocation.extended_resource or uid not in {u for _, u in allocation.reserved_for}:
+            return None, (
+                f"refused: ResourceClaim {key.namespace}/{status.claim_name} is not an allocated "
+                f"extended-resource claim reserved for {where}"
+            )
+        devices = self.state.dra.devices(node)
+        chosen = allocated_devices(allocation, devices, container_names(pod))
+        if not chosen:
+            return None, f"ResourceClaim {key.namespace}/{status.claim_name}: none of its devices is on {node}"
+        self.state.dra.claims.upsert(dict(claim))
+        return chosen, ""
 
     async def confirm_in_flight(self, older_than: float = IN_FLIGHT_TIMEOUT_SECONDS) -> int:
         """Check with a GET each reservation the watch has not confirmed for ``older_than`` seconds.

@@ -66,6 +66,7 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         "refusals": [],
         "templates": [{"name": "deployment", "pods": 1, "gpu": True}],
         "skipped": False,
+        "claims": [],
         "containers": [
             {
                 "name": "vllm",

@@ -56,9 +56,9 @@ def test_staging_version(kube: str, staging: str) -> None:
 def test_resolve_version_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build, "list_module_versions", lambda module: PROXY_VERSIONS)
     monkeypatch.delenv(build.KUBE_VERSION_ENV, raising=False)
-    assert build.resolve_version() == "v1.35.4"
-    monkeypatch.setenv(build.KUBE_VERSION_ENV, "1.36")
     assert build.resolve_version() == "v1.36.3"
+    monkeypatch.setenv(build.KUBE_VERSION_ENV, "1.35")
+    assert build.resolve_version() == "v1.35.4"
     assert build.resolve_version("1.37") == "v1.37.2"
 
 
@@ -69,13 +69,13 @@ def test_resolve_version_falls_back_to_the_cache_when_offline(monkeypatch: pytes
     monkeypatch.setattr(build, "list_module_versions", offline)
     monkeypatch.delenv(build.KUBE_VERSION_ENV, raising=False)
     for name in build.BINARIES:
-        path = tmp_path / "v1.35.2" / name
+        path = tmp_path / "v1.36.2" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
         path.chmod(0o755)
-    assert build.resolve_version(root=tmp_path) == "v1.35.2"
+    assert build.resolve_version(root=tmp_path) == "v1.36.2"
     with pytest.raises(build.BuildError):
-        build.resolve_version("1.36", root=tmp_path)
+        build.resolve_version("1.35", root=tmp_path)
 
 
 def test_kube_facts_come_from_the_release_gomod() -> None:
@@ -137,7 +137,24 @@ def test_ensure_built_skips_complete_cache(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr(build, "_build", must_not_build)
     binaries = build.ensure_built("v1.35.4", root=tmp_path)
     assert binaries.kube_apiserver == tmp_path / "v1.35.4" / "kube-apiserver"
+    assert binaries.kube_controller_manager == tmp_path / "v1.35.4" / "kube-controller-manager"
     assert binaries.complete()
+
+
+def test_a_cache_without_the_controller_manager_is_incomplete(tmp_path: Path) -> None:
+    """A cache built before kube-controller-manager was added is rebuilt, not used half."""
+    for name in ("etcd", "kube-apiserver", "kube-scheduler"):
+        path = tmp_path / "v1.36.3" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        path.chmod(0o755)
+    assert not build.Binaries("v1.36.3", tmp_path / "v1.36.3").complete()
+
+
+def test_the_wrapper_imports_every_command_it_builds() -> None:
+    tools = (build.WRAPPER_SOURCES / "kubernetes" / "tools.go").read_text()
+    for command in build.KUBE_COMMANDS:
+        assert f'_ "k8s.io/kubernetes/cmd/{command}"' in tools
 
 
 def test_wrapper_sources_exist() -> None:

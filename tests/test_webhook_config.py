@@ -45,6 +45,8 @@ WARN_DEFAULT = {
     "workloads-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
     "cronjobs.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
     "cronjobs-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
+    # DRA claims and claim templates on their own only draw warnings: one Ignore entry everywhere.
+    "resourceclaims.vramguard.io": ("Ignore", ("CREATE",), None),
 }
 # Every namespaced workload kind of the policy gets the same pair of entries.
 EXTRA_KINDS = [f"{k.resource}.{k.group}" for k in default_policy().workload_kinds if k.namespaced]
@@ -197,3 +199,23 @@ def test_custom_kinds_are_registered_with_a_gpu_condition_per_template() -> None
     assert "object.spec.predictor.model.resources.limits.exists(r, r == 'nvidia.com/gpu'" in isvc
     names = [w["name"] for w in webhook_configuration(default_policy())["webhooks"]]
     assert not any("clusterservingruntimes" in n for n in names)  # cluster-scoped: not sent
+
+
+def test_pods_using_dra_claims_are_sent() -> None:
+    for name, path in (("pods", "object.spec"), ("workloads", "object.spec.template.spec"),
+                       ("cronjobs", "object.spec.jobTemplate.spec.template.spec")):
+        assert f"(has({path}.resourceClaims) && size({path}.resourceClaims) > 0)" in condition_of(name)
+
+
+def test_claims_entry() -> None:
+    config = webhook_configuration(default_policy())
+    webhook = next(w for w in config["webhooks"] if w["name"] == "resourceclaims.vramguard.io")
+    assert webhook["rules"] == [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+        "resources": ["resourceclaims", "resourceclaimtemplates"], "operations": ["CREATE"], "scope": "Namespaced",
+    }]
+    assert webhook["failurePolicy"] == "Ignore"
+    # The scheduler's own claims (the DRA extended-resource path) are not sent.
+    condition = webhook["matchConditions"][0]["expression"]
+    assert "'resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations" in condition
+    assert condition.startswith("object != null && !(")

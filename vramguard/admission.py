@@ -29,6 +29,15 @@ the violations in the audit annotation ``would-deny`` (the API server prefixes t
 Notes are returned as warnings in every mode. Warnings are kept under 120 characters, which every
 client displays whole; the full text stays in the denial message and the audit annotation.
 
+**DRA claims** (:mod:`vramguard.dra.review`, when ``ClusterView.dra`` is given): a pod whose GPU
+comes from a ResourceClaim or ResourceClaimTemplate must claim (``capacity.requests.memory``, else
+the device's default, rounded up by its request policy) at least what the containers using the
+claim reserve on each device the class and selectors could match (``claim-memory``), and a pod
+asking an extended resource that a DeviceClass serves where no device plugin does must not land on
+devices where that consumes less (``extended-resource-memory``: 0 in ``unlimited`` and share-count
+modes). A claim whose template, class or devices are not known yet is a note. ResourceClaims and
+ResourceClaimTemplates reviewed on their own only draw warnings.
+
 **Updates** must not be refused for a problem they did not introduce: a violation that the old
 object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
 a finalizer being removed) is admitted at once. Otherwise turning a namespace to ``enforce``
@@ -74,6 +83,8 @@ from vramguard.demand.derive import reads_annotation
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
+from vramguard.dra.claims import read_claim, read_claim_template
+from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger, ResourceOffer
 from vramguard.placement import filter_node, pod_claims
@@ -113,7 +124,11 @@ SUPPORTED_KINDS: Mapping[str, tuple[str, str]] = {
     "ReplicaSet": ("apps", "v1"),
     "Job": ("batch", "v1"),
     "CronJob": ("batch", "v1"),
+    "ResourceClaim": ("resource.k8s.io", "v1"),
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1"),
 }
+CLAIM_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
+"""Reviewed on their own (warnings only: the pod that will use them is not known yet)."""
 
 # Admission warnings longer than this are cut by some clients; 120 is what the API docs advise.
 WARNING_LIMIT = 120
@@ -187,6 +202,8 @@ class ClusterView:
     held_back: str | None = None
     """Why the pod's node cannot be judged right now (its pods are being re-read after a watch
     event that could not be read), or ``None``: a direct placement there is not admitted."""
+    dra: DraContext | None = None
+    """DRA devices, classes and claims (the webhook's watches); ``None``: claims are not checked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +257,12 @@ class Code(StrEnum):
     """No node offers the GPU resource yet (a note)."""
     QUOTA = "quota"
     """The namespace's VRAM quota."""
+    CLAIM_MEMORY = "claim-memory"
+    """A ResourceClaim request consumes less memory than the engine using it reserves."""
+    EXTENDED_RESOURCE_MEMORY = "extended-resource-memory"
+    """An extended resource served through DRA consumes less memory than the engine reserves."""
+    CLAIM_UNCHECKED = "claim-unchecked"
+    """A claim's memory could not be checked (its template, class or devices not known yet; a note)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,25 +464,47 @@ class AdmissionRules:
         metadata = _mapping(subject.obj.get("metadata"))
         if subject.operation == "UPDATE" and metadata.get("deletionTimestamp"):
             return Decision(True, mode)
+        if subject.kind in CLAIM_KINDS:
+            return self._review_claim_object(subject, cluster, mode)
         template = pod_template(subject.obj, subject.kind)
         if template is None:
             parts = workload_parts(subject.obj, self.policy.workload_kinds, subject.kind)
             return self._review_parts(subject, parts, cluster) if parts else Decision(True, mode)
         demand, claims = self._derive(template)
-        if not demand.wants_gpu:
+        dra = (
+            review_pod_claims(template, subject.namespace, demand, cluster.dra)
+            if cluster.dra is not None
+            else None
+        )
+        if not demand.wants_gpu and (dra is None or not dra.found_anything):
             return Decision(True, mode)
 
         found = _Findings()
         if mode_problem is not None:
             found.note(Code.ENFORCEMENT_LABEL, mode_problem)
+        if dra is not None:
+            _claim_findings(dra, found)
         choice = self._class(template, cluster, found)
+        if not demand.wants_gpu:  # only claims: the device-plugin rules have nothing to check
+            pods = workload_pods(subject.kind, subject.obj)
+            assert dra is not None
+            self._quota(subject, (), pods, {}, cluster, found, dra.per_pod_bytes)
+            if subject.operation == "UPDATE" and subject.old is not None:
+                self._spare_old_claim_violations(subject, cluster, found)
+            return self._decide(mode, choice, found, (), pods)
         demand, claims = self._believed(demand, claims, choice, found)
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.obj, template, demand, offers)
-        self._rules(subject, demand, choice, offers, claims, pods, cluster, found)
+        self._rules(
+            subject, demand, choice, offers, claims, pods, cluster, found, dra.per_pod_bytes if dra is not None else 0
+        )
+        if cluster.dra is not None:
+            _drop_served_by_dra(demand, cluster.dra, found)
 
         if subject.operation == "UPDATE" and subject.old is not None:
             self._spare_old_violations(subject, cluster, found)
+            if cluster.dra is not None:
+                self._spare_old_claim_violations(subject, cluster, found)
         return self._decide(mode, choice, found, claims, pods)
 
     def _review_parts(self, subject: Subject, parts: Sequence[TemplatePart], cluster: ClusterView) -> Decision:
@@ -555,6 +600,7 @@ class AdmissionRules:
         pods: int,
         cluster: ClusterView,
         found: _Findings,
+        claimed: int = 0,
     ) -> None:
         for error in demand.errors:
             found.violate(Code.DEMAND_ERROR, error)
@@ -579,7 +625,7 @@ class AdmissionRules:
             self._max_vram(container, choice, offer, found)
             self._mps_limit(container, choice, found)
             self._sharing(container, choice, offer, cluster.node_offers is not None, found)
-        self._quota(subject, claims, pods, offers, cluster, found)
+        self._quota(subject, claims, pods, offers, cluster, found, claimed)
         template = pod_template(subject.obj, subject.kind) or {}
         node = _mapping(template.get("spec")).get("nodeName")
         if isinstance(node, str) and node:
@@ -814,12 +860,15 @@ class AdmissionRules:
         offers: Mapping[str, ResourceOffer],
         cluster: ClusterView,
         found: _Findings,
+        claimed: int = 0,
     ) -> None:
+        """``claimed``: what the pod's own DRA claims hold, beside its device-plugin GPUs."""
         quota = self.quota_bytes(subject.namespace)
         usage = cluster.usage
         if quota is None or usage is None:
             return
         per_pod, unsized = claims_bytes(claims, offers)
+        per_pod += claimed
         for resource in unsized:
             found.note(
                 Code.QUOTA,
@@ -882,6 +931,33 @@ class AdmissionRules:
 
     # -- updates and the answer ------------------------------------------------------------------
 
+    @staticmethod
+    def _review_claim_object(subject: Subject, cluster: ClusterView, mode: Enforcement) -> Decision:
+        """A ResourceClaim or ResourceClaimTemplate on its own: warnings only, in every mode (the
+        engine that will use it is not known until a pod names it, and that pod is checked then)."""
+        if cluster.dra is None or subject.operation != "CREATE":
+            return Decision(True, mode)
+        read = read_claim if subject.kind == "ResourceClaim" else read_claim_template
+        remarks = tuple(
+            Finding(Code.CLAIM_UNCHECKED, text)
+            for text in review_claim_spec(read(subject.obj), cluster.dra, subject.kind)
+        )
+        return Decision(True, mode, remarks=remarks, warnings=_fit_warnings([f.message for f in remarks]))
+
+    def _spare_old_claim_violations(self, subject: Subject, cluster: ClusterView, found: _Findings) -> None:
+        """Demote claim violations the old object had too (see :meth:`_spare_old_violations`)."""
+        assert subject.old is not None and cluster.dra is not None
+        old_template = pod_template(subject.old, subject.kind)
+        if old_template is None:
+            return
+        old_found = _Findings()
+        old_demand = self._derive(old_template)[0]
+        _claim_findings(review_pod_claims(old_template, subject.namespace, old_demand, cluster.dra), old_found)
+        old = {f.message for f in old_found.violations}
+        kept = [f for f in found.violations if f.message not in old]
+        found.notes.extend(f for f in found.violations if f.message in old)
+        found.violations[:] = kept
+
     def _spare_old_violations(self, subject: Subject, cluster: ClusterView, found: _Findings) -> None:
         """Demote violations the old object had too: an update must not be refused for them."""
         assert subject.old is not None
@@ -917,7 +993,7 @@ class AdmissionRules:
             allowed = False
             message = denial_message(violations)
         elif violations and mode == "warn":
-            warnings.extend(f"would deny: {v}" for v in violations)
+            warnings.extend(line for f in problems for line in _would_deny(f))
         elif violations:
             annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(violations)
             annotations[AUDIT_CLASS_KEY] = choice.name
@@ -992,6 +1068,42 @@ class _Findings:
 
     def note(self, code: Code, message: str, container: str | None = None) -> None:
         self.notes.append(Finding(code, message, container))
+
+
+_SPLIT_CODES = frozenset({Code.CLAIM_MEMORY, Code.EXTENDED_RESOURCE_MEMORY})
+
+
+def _would_deny(finding: Finding) -> tuple[str, ...]:
+    """A violation as ``warn`` mode returns it. A claim's memory message too long for one warning is
+    split before the number to write (``set capacity.requests.memory: 72Gi``), which must survive."""
+    text = f"would deny: {finding.message}"
+    head, _, fix = finding.message.rpartition("; ")
+    if len(text) <= WARNING_LIMIT or finding.code not in _SPLIT_CODES or not head:
+        return (text,)
+    return (f"would deny: {head}", f"to fix it: {fix}")
+
+
+def _drop_served_by_dra(demand: PodDemand, dra: DraContext, found: _Findings) -> None:
+    """No device plugin offers a resource that a DeviceClass serves on DRA devices: that is no
+    reason to say the pod cannot run (the DRA extended-resource path serves it)."""
+    served = {
+        c.name
+        for c in demand.containers
+        if (device_class := dra.extended_class(c.resource)) is not None and dra.candidates(device_class)
+    }
+    found.notes[:] = [f for f in found.notes if not (f.code is Code.RESOURCE_MISSING and f.container in served)]
+
+
+def _claim_findings(review: ClaimReview, found: _Findings) -> None:
+    """The DRA review's findings: memory shortfalls and demand errors deny, the rest are notes."""
+    for shortfall in review.shortfalls:
+        found.violate(Code.CLAIM_MEMORY, shortfall.message(), shortfall.needs[0].container)
+    for shortfall in review.extended:
+        found.violate(Code.EXTENDED_RESOURCE_MEMORY, shortfall.message(), shortfall.needs[0].container)
+    for error in review.errors:
+        found.violate(Code.DEMAND_ERROR, error)
+    for note in review.notes:
+        found.note(Code.CLAIM_UNCHECKED, note)
 
 
 def _implicit_default(container: ContainerDemand) -> str | None:

@@ -27,7 +27,7 @@ import json
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cachetools import LRUCache
@@ -41,11 +41,17 @@ from vramguard.codecs import (
 )
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
+from vramguard.dra.claims import ClaimAllocation, device_usage
+from vramguard.dra.devices import DraDevice, DraInventory
+from vramguard.dra.extended import DraLedgerPart, container_names, ledger_part, serving_classes
+from vramguard.dra.review import DraContext
+from vramguard.dra.state import DraState
 from vramguard.inventory import NodeInventory, read_inventory
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
+from vramguard.quantity import QuantityError, parse_quantity
 
 _TERMINAL = ("Succeeded", "Failed")
 TERMINAL_PHASES = frozenset(_TERMINAL)
@@ -256,6 +262,22 @@ class ClusterState:
         """Changes whenever what the nodes offer may have changed (sizes computed earlier are stale)."""
         self._offers: dict[str, ResourceOffer] | None = None
         self._node_offers: dict[str, dict[str, ResourceOffer]] = {}
+        self._plugin_resources: dict[str, frozenset[str]] = {}
+        """Per node, the extended resources its status advertises (a device plugin serves them there)."""
+        self.dra = DraState()
+        """DRA devices, classes and claims (fed only where their watches run: :mod:`vramguard.io.dra`)."""
+        self._dra_context: tuple[tuple[int, int], DraContext] | None = None
+        self._label_inventories: dict[str, NodeInventory] = {}
+        """Per node, its inventory before DRA devices are added (what its labels and agent say)."""
+        self._dra_parts: dict[str, DraLedgerPart] = {}
+        """Per node, the DRA devices and placements in its ledger inventory (extended-resource path)."""
+        self._dra_synced: tuple[int, int, int] | None = None
+        self._dra_pod_changes = 0
+        """Counts bound pods appearing on DRA nodes: their placements come from their claims."""
+        self._dra_pods_seen: set[str] = set()
+        """DRA nodes where a pod appeared bound since the last sync."""
+        self._dra_inputs: dict[str, tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]] = {}
+        """Per DRA node, what its ledger part was computed from (see :meth:`sync_dra`)."""
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -327,8 +349,8 @@ class ClusterState:
     # -- nodes ----------------------------------------------------------------------------------
 
     def _upsert_node(self, node: JSON) -> None:
-        labels_changed = self._remember_selection(node)
-        inventory = self._read_inventory(node, self._report_distrust(node))
+        labels_changed = self._remember_plugin_resources(node) | self._remember_selection(node)
+        inventory = self._with_dra(self._read_inventory(node, self._report_distrust(node)))
         if self._inventories.get(inventory.node) == inventory:
             if labels_changed:
                 self._nodes_changed()
@@ -351,6 +373,10 @@ class ClusterState:
         self._reported.pop(name, None)
         self._nodes_changed()
         self._selection.pop(name, None)
+        self._plugin_resources.pop(name, None)
+        self._label_inventories.pop(name, None)
+        self._dra_parts.pop(name, None)
+        self._dra_inputs.pop(name, None)
         self.ledger.remove_node(name)
 
     def _nodes_changed(self) -> None:
@@ -519,6 +545,10 @@ class ClusterState:
             self._release(key.uid, was_bound)
             return
         self.in_flight.pop(key.uid, None)
+        if node in self._dra_parts and not was_bound:
+            # Its placement comes from its claim, read at the next sync.
+            self._dra_pod_changes += 1
+            self._dra_pods_seen.add(node)
         claims = self.bound_claims(pod, choice, template)
         self.ledger.hold(node, key, claims.claims)
         self._record(key, pod, choice, template, node)
@@ -700,6 +730,132 @@ class ClusterState:
         """Every node with an inventory."""
         return self._inventories.keys()
 
+    # -- DRA ------------------------------------------------------------------------------------
+
+    def usage_with_dra(self, namespace: str, exclude: str | None = None) -> NamespaceUsage:
+        """:meth:`usage`, plus the memory the namespace's allocated DRA claims consume (claims reserved
+        for pod ``exclude`` left out): a namespace's quota counts GPUs however they are shared."""
+        usage = self.usage(namespace, exclude)
+        consumed, claims = self.dra.namespace_consumed(namespace, exclude)
+        if not claims:
+            return usage
+        return NamespaceUsage(usage.bytes + consumed, usage.pods + claims, usage.unsized)
+
+    def _remember_plugin_resources(self, node: JSON) -> bool:
+        """Keep which extended resources the node advertises (allocatable above 0); returns whether
+        that changed. The scheduler serves a resource through DRA only where it is not advertised."""
+        metadata = node.get("metadata") or {}
+        status = node.get("status") or {}
+        allocatable = status.get("allocatable") if isinstance(status, dict) else None
+        advertised = frozenset(
+            key for key, value in (allocatable.items() if isinstance(allocatable, dict) else ())
+            if isinstance(key, str) and "/" in key and _positive_quantity(value)
+        )
+        name = str(metadata.get("name", ""))
+        changed = self._plugin_resources.get(name) != advertised
+        self._plugin_resources[name] = advertised
+        return changed
+
+    def dra_context(self) -> DraContext:
+        """What admission checks claims against: the DRA state, and per extended resource the nodes
+        whose device plugin advertises it (DRA serves it only elsewhere). Cached until devices, classes
+        or nodes change: claims and templates are looked up live."""
+        key = (self.dra.devices_generation, self.node_generation)
+        if self._dra_context is not None and self._dra_context[0] == key:
+            return self._dra_context[1]
+        plugin: dict[str, set[str]] = {}
+        for name, resources in self._plugin_resources.items():
+            for resource in resources:
+                plugin.setdefault(resource, set()).add(name)
+        context = self.dra.context({resource: frozenset(nodes) for resource, nodes in plugin.items()})
+        self._dra_context = (key, context)
+        return context
+
+    def _with_dra(self, inventory: NodeInventory) -> NodeInventory:
+        """The node's inventory with its DRA devices and placements added (see :meth:`sync_dra`)."""
+        self._label_inventories[inventory.node] = inventory
+        part = self._dra_parts.get(inventory.node)
+        if part is None or not part.devices:
+            return inventory
+        served = {gpu.resource for gpu in part.devices}
+        return replace(
+            inventory,
+            # A resource the device plugin serves on the node is not DRA's there (and vice versa).
+            devices=(*(d for d in inventory.devices if d.resource not in served), *part.devices),
+            placements={**inventory.placements, **part.placements},
+        )
+
+    def sync_dra(self) -> None:
+        """Bring the DRA devices of the ledger up to date with the DRA state (the extended-resource
+        path, :mod:`vramguard.dra.extended`). Called before the ledger is read (the extender's verbs,
+        the CLI): claim events are many, and this runs once after any number of them, redoing only
+        the nodes whose devices, allocated claims, serving classes or bound pods changed."""
+        if self._dra_synced == (self.dra.generation, self._dra_pod_changes, self.node_generation):
+            return
+        classes = self.dra.device_classes()
+        devices: dict[str, list[DraDevice]] = {}
+        for device in self.dra.devices():
+            devices.setdefault(device.node, []).append(device)
+        by_key = {d.key: d.node for d in self.dra.devices()}
+        allocations: dict[str, list[ClaimAllocation]] = {}
+        for allocation in self.dra.allocations():
+            for node in dict.fromkeys(by_key[r.key] for r in allocation.results if r.key in by_key):
+                allocations.setdefault(node, []).append(allocation)
+        changed = False
+        for name in set(devices) | set(self._dra_parts):
+            base = self._label_inventories.get(name)
+            if base is None:
+                continue  # the Node itself is not known (yet)
+            serving = serving_classes(classes, self._plugin_resources.get(name, frozenset()))
+            inputs = (
+                tuple(devices.get(name, ())),
+                tuple(allocations.get(name, ())),
+                tuple(part for item in serving.items() for part in item),
+            )
+            previous = self._dra_inputs.get(name)
+            if previous is not None and name not in self._dra_pods_seen and _same(previous, inputs):
+                continue  # records are re-parsed per event: unchanged ones are the same objects
+            self._dra_inputs[name] = inputs
+            self._dra_pods_seen.discard(name)
+            node_devices, node_allocations, _ = inputs
+            usage = device_usage(DraInventory(node_devices), node_allocations)
+            part = ledger_part(node_devices, usage, node_allocations, serving, self._containers_of)
+            if self._dra_parts.get(name, DraLedgerPart()) == part:
+                continue
+            if part.devices:
+                self._dra_parts[name] = part
+            else:
+                self._dra_parts.pop(name, None)
+            inventory = self._with_dra(base)
+            self._inventories[name] = inventory
+            self.ledger.upsert_node(inventory)
+            changed = True
+        for name in set(self._dra_inputs) - set(devices) - set(self._dra_parts):
+            del self._dra_inputs[name]
+        if changed:
+            self._nodes_changed()
+        # Node events count too: a device plugin appearing on a node takes its resource from DRA.
+        self._dra_synced = (self.dra.generation, self._dra_pod_changes, self.node_generation)
+
+    def _containers_of(self, uid: str) -> list[str] | None:
+        """A bound pod's init containers then containers, by name (how DRA numbers its requests)."""
+        record = self.records.get(uid)
+        return container_names(record.template.pod) if record is not None else None
+
+    def dra_resources(self, node: str) -> frozenset[str]:
+        """The GPU resources DRA serves on ``node`` through the extended-resource path (as of the
+        last :meth:`sync_dra`)."""
+        part = self._dra_parts.get(node)
+        return frozenset(gpu.resource for gpu in part.devices) if part is not None else frozenset()
+
+
+def _positive_quantity(value: Any) -> bool:
+    """Whether an allocatable entry is a quantity above 0 (junk counts as not advertised)."""
+    try:
+        return parse_quantity(str(value)[:64]) > 0
+    except QuantityError:
+        return False
+
 
 class _Delegate:
     """Adapts three callables to the informer's ``Store`` protocol."""
@@ -723,6 +879,13 @@ class _SuspectingDelegate(_Delegate):
     def __init__(self, replace: Any, upsert: Any, delete: Any, suspect: Any) -> None:
         super().__init__(replace, upsert, delete)
         self.suspect = suspect
+
+
+def _same(old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]) -> bool:
+    """Whether two tuples of tuples hold the very same objects (records are never mutated)."""
+    return all(
+        len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)) for a, b in zip(old, new, strict=True)
+    )
 
 
 def demand_options(policy: Policy) -> DemandOptions:

@@ -75,7 +75,11 @@ class Gpu:
     """The extended resource that hands it out."""
     mig_profile: str | None = None
     foreign_bytes: int = 0
-    """Memory the agent saw used by processes of no known pod."""
+    """Memory the agent saw used by processes of no known pod (on a DRA device: what claims of
+    pods with ResourceClaims consume there)."""
+    dra_sharing: str | None = None
+    """How a DRA driver shares the device (``exclusive``, ``memory``, ``unlimited``, ``shares``),
+    when it is published in a ResourceSlice rather than by a device plugin."""
 
     @property
     def label(self) -> str:

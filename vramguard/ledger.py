@@ -27,6 +27,7 @@ from vramguard.ledger_rule import (
     PodRef,
     Shortfall,
     budget_of,
+    over_budget_cause,
     over_use,
     whole_share,
     worst_case,
@@ -727,7 +728,7 @@ def _check_group(group: _Group, new: list[_Placed], exclude: _Record | None, *, 
                 worst = known_bytes + rest
                 problems.append(
                     f"{gpu.label}: already over its VRAM budget ({format_bytes(worst)} of "
-                    f"{format_bytes(device.budget)}, pods bound without vramguard)"
+                    f"{format_bytes(device.budget)}, {over_budget_cause(gpu)})"
                 )
                 break
             shortfalls.append(Shortfall(

@@ -47,7 +47,7 @@ from collections.abc import Callable, Hashable
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from vramguard.ledger_rule import FITS, Claim, Fit, Shortfall
+from vramguard.ledger_rule import FITS, Claim, Fit, Shortfall, over_budget_cause
 from vramguard.quantity import format_bytes
 
 if TYPE_CHECKING:
@@ -351,7 +351,7 @@ def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, 
                 worst = device.budget - room + rest
                 problems.append(
                     f"{gpu.label}: already over its VRAM budget ({format_bytes(worst)} of "
-                    f"{format_bytes(device.budget)}, pods bound without vramguard)"
+                    f"{format_bytes(device.budget)}, {over_budget_cause(gpu)})"
                 )
                 break
             shortfalls.append(Shortfall(gpu, device.budget, room - rest, ours[j], j, summary.unknown_pods))

@@ -82,6 +82,15 @@ def worst_case(known_bytes: int, free_slots: int, unknown_largest_first: list[in
     return known_bytes + unknown_largest_first[max(0, min(free_slots, last))]
 
 
+def over_budget_cause(gpu: Gpu) -> str:
+    """Who can put a device over its budget before a pod vramguard places: pods bound without
+    vramguard, and on a DRA device the claims of pods with ResourceClaims (the scheduler fills a
+    device's memory to 100%, the budget keeps the headroom)."""
+    if gpu.dra_sharing is not None:
+        return "claims of pods with ResourceClaims or pods bound without vramguard"
+    return "pods bound without vramguard"
+
+
 def over_use(claimed: int, used: int) -> int:
     """The bytes a pod uses beyond what it claims on a device, or 0 within the tolerance."""
     excess = used - claimed

@@ -90,7 +90,8 @@ def gpu_rows(usages: Iterable[DeviceUsage]) -> list[GpuRow]:
             node=u.node,
             gpu=u.device.id,
             product=u.device.product,
-            sharing=u.device.sharing,
+            # A DRA device's slots are the allocator's, not a device plugin's replicas: named apart.
+            sharing=f"dra-{u.device.dra_sharing}" if u.device.dra_sharing else u.device.sharing,
             replicas=u.device.replicas,
             resource=u.device.resource,
             memory_bytes=u.device.memory_bytes,

@@ -31,8 +31,12 @@ stops at a ``*`` (a list or map of templates): such objects are sent whenever th
 
 **matchConditions** send only objects that ask for a GPU resource of the policy (its
 ``gpu_resources`` and ``gpu_resource_prefixes``) in a container's or init container's limits or
-requests. Each expression guards every field with ``has()``, so it never errors, and checks
-``object != null`` for operations without an object.
+requests, or that name DRA claims (``spec.resourceClaims``). Each expression guards every field
+with ``has()``, so it never errors, and checks ``object != null`` for operations without an object.
+
+**DRA claims.** ResourceClaims and ResourceClaimTemplates are sent on CREATE to one ``Ignore``
+entry (the webhook only warns about them; the pod that uses one is checked when it is created),
+except the claims the scheduler creates on the DRA extended-resource path.
 """
 
 from __future__ import annotations
@@ -121,6 +125,8 @@ def asks_for_gpu_expression(spec_path: str, resources: Sequence[str], prefixes: 
             f"  ((has(c.resources.limits) && c.resources.limits.exists(r, {is_gpu})) ||\n"
             f"   (has(c.resources.requests) && c.resources.requests.exists(r, {is_gpu})))))"
         )
+    # A pod whose GPU comes from a DRA claim asks for no resource: its claims send it.
+    per_list.append(f"(has({spec_path}.resourceClaims) && size({spec_path}.resourceClaims) > 0)")
     return "object != null && " + " && ".join(guards) + " &&\n(" + " ||\n ".join(per_list) + ")"
 
 
@@ -214,6 +220,7 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
                 "namespaceSelector": {"matchExpressions": [dict(e) for e in expressions]},
                 "matchConditions": [dict(condition)],
             })
+    webhooks.append(_claims_entry(target, excluded))
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -222,6 +229,38 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
             "labels": {"app.kubernetes.io/name": "vramguard", "app.kubernetes.io/component": "webhook"},
         },
         "webhooks": webhooks,
+    }
+
+
+CLAIMS_CONDITION = (
+    "object != null && !(has(object.metadata.annotations) &&\n"
+    "  'resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations)"
+)
+"""Claims the scheduler creates on the DRA extended-resource path are not sent: their pod was checked."""
+
+
+def _claims_entry(target: WebhookTarget, excluded: dict[str, Any]) -> dict[str, Any]:
+    """ResourceClaims and ResourceClaimTemplates on their own only draw warnings (the pod using them is
+    checked when it is created), so one ``Ignore`` entry for CREATE serves every namespace."""
+    return {
+        "name": webhook_name("resourceclaims"),
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "timeoutSeconds": target.timeout_seconds,
+        "failurePolicy": "Ignore",
+        "matchPolicy": "Equivalent",
+        "clientConfig": {"service": {
+            "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
+        }},
+        "rules": [{
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "operations": ["CREATE"],
+            "scope": "Namespaced",
+        }],
+        "namespaceSelector": {"matchExpressions": [dict(excluded)]},
+        "matchConditions": [{"name": "not-made-by-the-scheduler", "expression": CLAIMS_CONDITION}],
     }
 
 
@@ -238,7 +277,8 @@ HEADER = """\
 # there), Ignore where it warns or audits (Ignore admits the object unchecked on ANY error: down,
 # timeout, a body too large). Pod UPDATEs are Ignore everywhere, so an outage never blocks
 # finalizer removal or garbage collection. Run two replicas with the PodDisruptionBudget.
-# matchConditions send only objects that ask for a GPU resource of the policy.
+# matchConditions send only objects that ask for a GPU resource of the policy or use a DRA claim.
+# ResourceClaims and ResourceClaimTemplates only draw warnings (Ignore, CREATE, every namespace).
 #
 # Install: `vramguard certs --service vramguard-webhook --namespace vramguard-system --out DIR
 # --patch-webhook vramguard` writes the serving certificate and puts its CA into caBundle (or let

@@ -25,6 +25,8 @@ from vramguard.admission import (
     demand_options,
 )
 from vramguard.cluster import ClusterState
+from vramguard.demand.objects import pod_template
+from vramguard.dra.pods import pod_claim_sources
 from vramguard.io.http import Readiness, RequestError, create_app, read_model
 from vramguard.policy import Policy, PolicyFile
 from vramguard.workloads import WorkloadKind, find_kind
@@ -35,6 +37,9 @@ __all__ = ["BODY_LIMIT", "STATE_KEY", "PolicySource", "WebhookState", "create_we
 logger = logging.getLogger(__name__)
 
 NamespaceLookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+ClaimLookup = Callable[[str, str, str], Awaitable[Mapping[str, Any] | None]]
+"""``(collection, namespace, name)`` -> a ResourceClaim (``resourceclaims``) or ResourceClaimTemplate
+(``resourceclaimtemplates``) read from the API server, ``None`` when it does not exist."""
 # The API server sends the whole object (twice on UPDATE: object and oldObject). An object may be
 # up to etcd's 1.5 MiB, more in JSON with escapes; 8 MiB reads every review of such objects, so a
 # padded pod is judged by the rules instead of falling to the failure policy with a 413.
@@ -78,7 +83,13 @@ class PolicySource:
 class WebhookState:
     """The policy and the cluster as the webhook sees them; builds a :class:`ClusterView` per review."""
 
-    def __init__(self, policy: PolicySource, *, namespace_lookup: NamespaceLookup | None = None) -> None:
+    def __init__(
+        self,
+        policy: PolicySource,
+        *,
+        namespace_lookup: NamespaceLookup | None = None,
+        claim_lookup: ClaimLookup | None = None,
+    ) -> None:
         """Start with an empty cluster model; informers (or tests) fill it.
 
         ``namespace_lookup`` fetches a namespace the watch has not shown yet (a namespace created
@@ -89,6 +100,9 @@ class WebhookState:
         """The cluster model, fed every live pod: quota sums, offers, and the ledger of bound GPU pods
         (to check direct placements)."""
         self._lookup = namespace_lookup
+        self._claim_lookup = claim_lookup
+        """Reads a claim or template the watch has not shown yet (``kubectl apply`` of a template
+        and its pod together): without it such a pod would pass unchecked."""
 
     def refresh_policy(self) -> bool:
         """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""
@@ -128,10 +142,41 @@ class WebhookState:
         node_offers = cluster.node_offers(node) if node else None
         usage = None
         if self.policy.rules.quota_bytes(subject.namespace) is not None:
-            usage = cluster.usage(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
+            usage = cluster.usage_with_dra(subject.namespace, exclude=uid if subject.kind == "Pod" else None)
         ledger = cluster.ledger if node else None
         held_back = cluster.suspect_message(node) if node else None
-        return ClusterView(labels, cluster.offers(), node_offers, usage, ledger, held_back)
+        dra = None
+        if cluster.dra.watched:
+            await self._read_missing_claims(subject)
+            dra = cluster.dra_context()
+        return ClusterView(labels, cluster.offers(), node_offers, usage, ledger, held_back, dra)
+
+
+    async def _read_missing_claims(self, subject: Subject) -> None:
+        """Read from the API server the claims and templates the pod names that the watches have not
+        delivered yet, into the model (as the watch would); failures leave them unknown (a note)."""
+        if self._claim_lookup is None:
+            return
+        template = pod_template(subject.obj, subject.kind)
+        if template is None:
+            return
+        dra = self.cluster.dra
+        for source in pod_claim_sources(template):
+            if source.template_name and dra.template(subject.namespace, source.template_name) is None:
+                wanted = ("resourceclaimtemplates", source.template_name, dra.templates)
+            elif source.claim_name and dra.claim(subject.namespace, source.claim_name) is None:
+                wanted = ("resourceclaims", source.claim_name, dra.claims)
+            else:
+                continue
+            collection, name, store = wanted
+            try:
+                async with asyncio.timeout(NAMESPACE_LOOKUP_TIMEOUT):
+                    obj = await self._claim_lookup(collection, subject.namespace, name)
+            except Exception as exc:  # any failure leaves the claim unknown, which the review notes
+                logger.warning("cannot read %s %s/%s (%s)", collection, subject.namespace, name, exc)
+                continue
+            if obj is not None:
+                store.upsert(dict(obj))
 
 
 STATE_KEY = web.AppKey("vramguard_webhook_state", WebhookState)

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from vramguard.cluster import LIVE_PODS_SELECTOR, slim_node, slim_pod
+from vramguard.io.dra import RESOURCE_API, DraMetrics, dra_watches
 from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, KubeClient
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import RunningServer, ServerSettings, run_https
@@ -68,7 +69,17 @@ async def run_webhook(
                     return None
                 raise
 
-        state = WebhookState(settings.policy, namespace_lookup=lookup)
+        async def claim_lookup(collection: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+            try:
+                return await client.get(
+                    f"{RESOURCE_API}/namespaces/{quote(namespace, safe='')}/{collection}/{quote(name, safe='')}"
+                )
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        state = WebhookState(settings.policy, namespace_lookup=lookup, claim_lookup=claim_lookup)
         # One cluster model, fed every live pod: the quota counts them all, the ledger (for pods
         # created with spec.nodeName) the bound ones among them.
         cluster = state.cluster
@@ -76,7 +87,9 @@ async def run_webhook(
             Watch("/api/v1/namespaces", cluster.namespaces),
             Watch("/api/v1/nodes", cluster.nodes, slim=slim_node),
             Watch("/api/v1/pods", cluster.pods, {"fieldSelector": POD_FIELD_SELECTOR}, slim=slim_pod),
+            *dra_watches(cluster.dra),
         ])
+        runtime.registry.register(DraMetrics(cluster.dra))
         runtime.readiness.add("informers-synced", runtime.synced)
         app = create_webhook_app(state, registry=runtime.registry, readiness=runtime.readiness)
         runtime.tasks["policy-refresh"] = reload_every(settings.policy_refresh_interval, state.refresh_policy)

@@ -15,7 +15,11 @@ DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
   webhook's view of the cluster (the same ``ClusterState``: offers, namespace usage for quotas). A pod is
   reviewed as if created now (its namespace's other pods count for the quota), a workload as an
   update of itself (its pods are already counted). Each violation is labelled with what the
-  namespace's enforcement mode would do with it: denied, warned or audited.
+  namespace's enforcement mode would do with it: denied, warned or audited. Pods whose GPUs come
+  from DRA claims are reviewed too: a claim that consumes less than its engine reserves.
+- **Allocated DRA claims short of their workload's memory**: each allocated ResourceClaim whose
+  pods' containers reserve more on the device it got than the claim consumes there (the scheduler
+  shares the device by what claims consume, so such a device is overcommitted in fact).
 
 Exit code: 0 nothing found, 1 an overcommitted GPU or an object with a violation, 2 bad input or
 an unreadable cluster. Notes (what the webhook returns as plain warnings) are listed, not counted.
@@ -34,6 +38,7 @@ from typing import Any
 from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Operation, Subject
 from vramguard.cli import kubectl_vram
 from vramguard.cluster import ClusterState
+from vramguard.dra.review import AllocatedShortfall, audit_allocations
 from vramguard.ledger import Invariant
 from vramguard.placement import class_findings
 from vramguard.policy import Policy, PolicyError
@@ -118,6 +123,8 @@ class AuditReport:
     """Objects with violations or notes."""
     placements: list[PlacementFinding] = field(default_factory=list)
     """Bound pods on nodes their class's rules do not allow."""
+    claims: list[AllocatedShortfall] = field(default_factory=list)
+    """Allocated DRA claims whose pods reserve more on their device than the claim consumes."""
 
     @property
     def overcommitted(self) -> list[GpuRow]:
@@ -132,7 +139,10 @@ class AuditReport:
     @property
     def clean(self) -> bool:
         """Whether nothing would be refused and no GPU is overcommitted."""
-        return not self.overcommitted and not self.ledger_problems and not self.violating and not self.placements
+        return (
+            not self.overcommitted and not self.ledger_problems and not self.violating and not self.placements
+            and not self.claims
+        )
 
     def to_json(self) -> JSON:
         """The report as one JSON object."""
@@ -144,6 +154,12 @@ class AuditReport:
             "ledger_problems": list(self.ledger_problems),
             "placements": [finding.to_json() for finding in self.placements],
             "objects": [finding.to_json() for finding in self.objects],
+            "claims": [
+                {"namespace": c.namespace, "claim": c.claim, "node": c.node, "device": c.device.label,
+                 "consumed_bytes": c.consumed, "reserved_bytes": c.reserved, "pods": list(c.pods),
+                 "message": c.message()}
+                for c in self.claims
+            ],
         }
 
     def to_text(self) -> str:
@@ -172,6 +188,12 @@ class AuditReport:
                     for f in violating
                     for violation in f.violations
                 ),
+            ))
+        parts.append(f"\nAllocated DRA claims short of their workload's memory: {len(self.claims)}\n")
+        if self.claims:
+            parts.append(render_table(
+                ("NAMESPACE", "CLAIM", "NODE", "PODS", "FINDING"),
+                ((c.namespace, c.claim, c.node, ",".join(c.pods) or "-", c.message()) for c in self.claims),
             ))
         noted = [f for f in self.objects if f.notes]
         if noted:
@@ -205,9 +227,10 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
         node = str((obj.get("spec") or {}).get("nodeName") or "") if kind == "Pod" else ""
         usage = None
         if policy.quota_bytes(namespace) is not None:
-            usage = state.usage(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
+            usage = state.usage_with_dra(namespace, exclude=str(metadata.get("uid", "")) if kind == "Pod" else None)
         view = ClusterView(
-            state.namespace_labels.get(namespace), state.offers(), state.node_offers(node) if node else None, usage
+            state.namespace_labels.get(namespace), state.offers(), state.node_offers(node) if node else None, usage,
+            dra=state.dra_context(),
         )
         decision = rules.review(Subject(kind, operation, namespace, obj), view)
         if decision.wants_gpu and (decision.violations or decision.notes):
@@ -215,6 +238,7 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
                 kind, namespace, str(metadata.get("name", "")), decision.mode, decision.violations, decision.notes
             ))
     report.objects.sort(key=lambda f: (not f.violations, f.namespace, f.kind, f.name))
+    report.claims = audit_allocations(state.dra, snapshot.pods)
     return report
 
 

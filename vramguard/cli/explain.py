@@ -12,6 +12,9 @@ from typing import Any
 from vramguard.admission import workload_pods
 from vramguard.demand import ContainerDemand, DemandOptions
 from vramguard.demand.objects import load_each_document
+from vramguard.dra.fields import memory_text
+from vramguard.dra.review import ClaimReview, DraContext, review_pod_claims
+from vramguard.dra.state import KIND_STORES, DraState
 from vramguard.placement import pod_refusals
 from vramguard.policy import Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import QuantityError, format_bytes, parse_bytes
@@ -58,10 +61,12 @@ def run(args: argparse.Namespace) -> int:
     objects = [obj for document in documents for obj in document.objects]
     namespaces = {_name(o): _labels(o) for o in objects if o.get("kind") == "Namespace"}
     runtimes = serving_runtimes(objects)
+    dra = DraState()
+    dra.feed(objects, stand_in_memory=gpu_memory)
     reports = [
-        explain_object(obj, gpu_memory, policy, namespaces, runtimes)
+        explain_object(obj, gpu_memory, policy, namespaces, runtimes, dra.context())
         for obj in objects
-        if obj.get("kind") != "Namespace"
+        if obj.get("kind") != "Namespace" and obj.get("kind") not in KIND_STORES
     ]
     if args.output == "json":
         print(json.dumps(reports, indent=2))
@@ -81,6 +86,7 @@ def explain_object(
     policy: Policy | None = None,
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
     runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+    dra: DraContext | None = None,
 ) -> dict[str, Any]:
     """The JSON report of one object (see the README for the format).
 
@@ -89,6 +95,9 @@ def explain_object(
     whether to change the workload or the policy. An object with several pod templates (a
     LeaderWorkerSet's leader and workers) lists every template's containers, each naming its
     template; ``skipped`` is true for an object of a kind vramguard does not read that asks for a GPU.
+    With ``dra`` (the DRA objects of the input), ``claims`` lists each claim request a container uses,
+    its memory next to what the containers reserve, and a claim short of memory is a refusal
+    (``claim-memory``, ``extended-resource-memory``).
     """
     policy = policy if policy is not None else default_policy()
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
@@ -108,6 +117,7 @@ def explain_object(
         "errors": [],
         "warnings": [],
         "skipped": False,
+        "claims": [],
     }
     if parts is None:
         warning = unread_warning(obj, options.is_gpu)
@@ -129,11 +139,56 @@ def explain_object(
             report["enforcement"] = report["enforcement"] or choice.enforcement
             refusals = pod_refusals(demand, choice, policy.gpu_resource_prefixes, gpu_memory)
             report["refusals"].extend({**r.to_json(), **named} for r in refusals)
+        if dra is not None:
+            review = review_pod_claims(part.template, namespace, demand, dra)
+            if review.uses_claims or review.extended:
+                report["class"] = report["class"] or choice.name
+                report["enforcement"] = report["enforcement"] or choice.enforcement
+            _claims_report(report, review, choice.enforcement == "enforce", prefix, named)
         report["templates"].append({"name": part.name, "pods": part.pods, "gpu": demand.wants_gpu})
         report["containers"].extend({**_container_report(c, gpu_memory), **named} for c in demand.containers)
         report["errors"].extend(prefix + e for e in errors)
         report["warnings"].extend(prefix + w for w in demand.warnings)
     return report
+
+
+def _claims_report(
+    report: dict[str, Any], review: ClaimReview, enforced: bool, prefix: str, named: Mapping[str, str]
+) -> None:
+    """The claims' memory next to the engines' reservations, and what refuses the pod for it."""
+    for request in review.requests:
+        report["claims"].append({
+            "claim": request.claim,
+            "request": request.request,
+            "memory_request_bytes": request.memory,
+            "device": request.device.label if request.device is not None else None,
+            "device_memory_bytes": request.device.memory_bytes if request.device is not None else None,
+            "consumed_bytes": request.consumed,
+            "reserved_bytes": request.reserved,
+            "containers": [need.container for need in request.needs],
+            **named,
+        })
+    for rule, shortfalls in (("claim-memory", review.shortfalls), ("extended-resource-memory", review.extended)):
+        report["refusals"].extend(
+            {"rule": rule, "message": prefix + s.message(), "enforced": enforced, **named} for s in shortfalls
+        )
+    report["errors"].extend(prefix + e for e in review.errors)
+    report["warnings"].extend(prefix + n for n in review.notes)
+
+
+def _claim_line(claim: Mapping[str, Any]) -> str:
+    """``claim gpu: requests 8Gi, consumes 8Gi of 80Gi on gpu-0 (NVIDIA H100 80GB HBM3); vllm reserves 72Gi``."""
+    asked = memory_text(claim["memory_request_bytes"]) if claim["memory_request_bytes"] is not None else "no memory"
+    name = claim["claim"] if claim["request"] == claim["claim"] else f"{claim['claim']} request {claim['request']}"
+    if claim["device"] is None:
+        return f"claim {name}: requests {asked}; no known device matches its class"
+    consumed = memory_text(claim["consumed_bytes"]) if claim["consumed_bytes"] is not None else "?"
+    reserved = memory_text(claim["reserved_bytes"]) if claim["reserved_bytes"] is not None else "unknown"
+    return (
+        f"claim {name}: requests {asked}, consumes {consumed} of {memory_text(claim['device_memory_bytes'])} "
+        f"on {claim['device']}; {', '.join(claim['containers']) or 'no container'} "
+        f"reserve{'s' if len(claim['containers']) == 1 else ''} {reserved}"
+    )
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -180,9 +235,9 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
         lines.append(f"{report['kind']} {report['namespace']}/{report['name']}")
         if report.get("skipped"):
             lines.append("  skipped: vramguard does not read this kind")
-        elif not report["containers"]:
+        elif not report["containers"] and not report.get("claims"):
             lines.append("  no container asks for a GPU")
-        else:
+        elif report["containers"]:  # (a pod whose GPUs all come from DRA claims has its claims listed below)
             rows = [("CONTAINER", "ENGINE", "GPUS", "VRAM PER GPU", "SM%", "EVIDENCE")]
             for c in report["containers"]:
                 several = len(report.get("templates", ())) > 1
@@ -198,6 +253,7 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
             for row in rows:
                 cells = [row[i].ljust(widths[i]) for i in range(5)]
                 lines.append("  " + "  ".join(cells) + "  " + row[5])
+        lines.extend(f"  {_claim_line(claim)}" for claim in report.get("claims", ()))
         if len(report.get("templates", ())) > 1:
             lines.append("  pods at full scale: " + ", ".join(
                 f"{t['name']} {t['pods']}" for t in report["templates"]))

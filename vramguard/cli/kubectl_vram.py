@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vramguard.demand import derive_pod_demand
+from vramguard.dra.views import dra_rows
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import Policy, PolicyError, default_policy
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
@@ -57,6 +58,9 @@ class ClusterSnapshot:
     policy_source: str = "built-in"
     leases: list[JSON] = field(default_factory=list)
     """The node agents' Leases: a node's report counts only while its Lease is fresh."""
+    dra: dict[str, list[JSON]] = field(default_factory=dict)
+    """resource.k8s.io/v1 objects by collection (``resourceslices``, ``deviceclasses``,
+    ``resourceclaims``, ``resourceclaimtemplates``); a collection not served is empty."""
 
     @property
     def bound_pods(self) -> list[JSON]:
@@ -93,6 +97,14 @@ WORKLOADS = (
 )
 
 
+DRA_COLLECTIONS = (
+    "/apis/resource.k8s.io/v1/resourceslices",
+    "/apis/resource.k8s.io/v1/deviceclasses",
+    "/apis/resource.k8s.io/v1/resourceclaims",
+    "/apis/resource.k8s.io/v1/resourceclaimtemplates",
+)
+
+
 async def _read_cluster(connection: Connection, workloads: bool) -> tuple[ClusterSnapshot, str | None]:
     """One listing, through one client and its pager, the lists read concurrently."""
     import asyncio  # noqa: PLC0415
@@ -118,6 +130,14 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
                 return []
             return listed
 
+        async def dra_objects(path: str) -> list[JSON]:
+            # A cluster without DRA does not serve the group; one that denies it leaves a note-free gap.
+            try:
+                listed, _ = await client.list_all(path)
+            except ApiError:
+                return []
+            return listed
+
         async def policy_configmap() -> str | None:
             try:
                 configmap = await client.get(f"/api/v1/namespaces/{POLICY_NAMESPACE}/configmaps/{POLICY_CONFIGMAP}")
@@ -132,12 +152,15 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
                 items("/api/v1/namespaces", "Namespace", "v1"),
                 items("/api/v1/pods", "Pod", "v1", {"fieldSelector": LIVE_PODS_SELECTOR}),
                 agent_leases(),
+                *(dra_objects(path) for path in DRA_COLLECTIONS),
                 *(items(*workload) for workload in (WORKLOADS if workloads else ())),
             ),
             policy_configmap(),
         )
-    nodes, namespaces, pods, leases, *made = lists
+    nodes, namespaces, pods, leases, *rest = lists
+    dra, made = rest[: len(DRA_COLLECTIONS)], rest[len(DRA_COLLECTIONS) :]
     snapshot = ClusterSnapshot(nodes=nodes, namespaces=namespaces, pods=pods, leases=leases)
+    snapshot.dra = {path.rpartition("/")[2]: listed for path, listed in zip(DRA_COLLECTIONS, dra, strict=True)}
     snapshot.workloads = [obj for listed in made for obj in listed]
     return snapshot, policy_text
 
@@ -209,22 +232,34 @@ def build_state(snapshot: ClusterSnapshot, policy: Policy) -> ClusterState:
     state.nodes.replace(snapshot.nodes)
     state.namespaces.replace(snapshot.namespaces)
     state.pods.replace(snapshot.pods)
+    feed_dra(state, snapshot.dra)
     return state
 
 
+def feed_dra(state: ClusterState, objects: dict[str, list[JSON]]) -> None:
+    """Feed the model's DRA state from listed (or read from files) resource.k8s.io/v1 objects."""
+    state.dra.watched = True
+    state.dra.slices.replace(objects.get("resourceslices", []))
+    state.dra.classes.replace(objects.get("deviceclasses", []))
+    state.dra.claims.replace(objects.get("resourceclaims", []))
+    state.dra.templates.replace(objects.get("resourceclaimtemplates", []))
+
+
 def node_rows(state: ClusterState) -> list[GpuRow]:
-    """Every GPU device of every node, with the ledger's budget and reservations."""
-    return gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node))
+    """Every GPU device of every node, with the ledger's budget and reservations; then every DRA
+    device, with what allocated claims consume on it."""
+    rows = gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node))
+    return rows + dra_rows(state.dra.usage().values())
 
 
 def report_notes(state: ClusterState) -> list[str]:
-    """Nodes whose agent report was set aside, and why (a stale or missing Lease)."""
+    """Nodes whose agent report was set aside, and why (a stale or missing Lease); DRA objects left out."""
     notes = []
     for node in sorted(state.node_names()):
         inventory = state.ledger.inventory(node)
         if inventory is not None and inventory.distrust is not None:
             notes.append(f"node {node}: {inventory.distrust}; counted as if unreported")
-    return notes
+    return notes + list(state.dra.notes())
 
 
 def pod_holdings(state: ClusterState, pods: Sequence[JSON], namespace: str | None = None) -> list[PodHolding]:

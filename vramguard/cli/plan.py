@@ -5,6 +5,13 @@ in file order with the same filter, score and GPU choice as the extender, and pr
 the pods left pending with each node's reason, and the final state of every GPU. Pods that already
 name a node (``spec.nodeName``) are counted there first, as the extender counts pods it did not place.
 Pure: it reads files and prints; it talks to no cluster.
+
+DRA: the file may also hold ResourceSlices, DeviceClasses (the NVIDIA chart's are assumed when it
+has none), ResourceClaims (allocated ones count where they are) and ResourceClaimTemplates. Pods
+whose GPUs come from claims, and pods asking an extended resource that a DeviceClass serves where
+no node's device plugin does, are allocated as the scheduler's allocator counts claims
+(:mod:`vramguard.dra.allocate`: the memory a claim consumes, not what its engine takes), and a
+claim short of its engine's memory is a finding on the pod, as admission words it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,12 @@ from typing import Any
 
 from vramguard.demand import DemandOptions, PodDemand
 from vramguard.demand.objects import load_each_document
+from vramguard.dra.allocate import DraBook
+from vramguard.dra.claims import ClaimRequest, DeviceRequest
+from vramguard.dra.classes import class_for_extended_resource
+from vramguard.dra.pods import container_claim_uses, pod_claim_sources
+from vramguard.dra.review import DraContext, review_pod_claims
+from vramguard.dra.state import KIND_STORES, DraState
 from vramguard.inventory import read_inventory
 from vramguard.ledger import Ledger, PodRef
 from vramguard.placement import PodClaims, Verdict, choose_gpus, filter_node, pod_claims, score_node
@@ -99,12 +112,29 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
     namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
     options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
     runtimes = serving_runtimes(objects)
+    dra = DraState()
+    dra.feed(objects)
+    plan.notes.extend(dra.notes())
+    book = DraBook(dra.devices(), dra.usage())
+    context = dra.context()
+    offered = {r for node in ledger.node_names() for r in (ledger.inventory(node) or _NO_GPUS).resources()}
+    # Claims named by several pods (resourceClaimName): where they are allocated (in the input's
+    # status, or by the first pod that named them).
+    shared: dict[str, str] = {}
+    by_key = dra.inventory().by_key()
+    for allocation in dra.allocations():
+        nodes = [by_key[r.key].node for r in allocation.results if r.key in by_key]
+        if nodes:
+            shared[f"{allocation.namespace}/{allocation.name}"] = nodes[0]
     pods = [pod for obj in _last_of_each_name(objects, plan) for pod in _pods_of(obj, policy, options, runtimes, plan)]
     # Pods already on a node hold their GPUs before anything is placed, as in a running cluster.
     pods.sort(key=lambda pod: not pod.node)
     for pod in pods:
-        if pod.demand.wants_gpu:
-            choice = policy.choose_class(_labels(_meta(pod.template)), namespaces.get(pod.ref.namespace))
+        choice = policy.choose_class(_labels(_meta(pod.template)), namespaces.get(pod.ref.namespace))
+        requests = _dra_requests(pod, context, offered, shared, plan)
+        if requests:
+            _place_dra(plan, book, pod, requests, context, choice, shared)
+        elif pod.demand.wants_gpu:
             _place(plan, ledger, pod, pod_claims(pod.demand, choice, pod.ref.uid), choice)
     for node in sorted(ledger.node_names()):
         for row in ledger.usage(node):
@@ -112,10 +142,98 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
                 "node": node, "gpu": row.device.label, "budget": row.budget, "reserved": row.worst_bytes,
                 "free": row.budget - row.worst_bytes, "pods": list(row.pods),
             })
+    for entry in book.rows():
+        plan.gpus.append({
+            "node": entry.device.node, "gpu": entry.device.label, "budget": entry.device.memory_bytes,
+            "reserved": entry.consumed, "free": entry.free, "pods": list(entry.holders), "dra": True,
+        })
     plan.notes.extend(ledger.check_invariants())
     if any(g["reserved"] > 0 and not g["pods"] for g in plan.gpus):
         plan.notes.append(CONSERVATIVE_NOTE)
     return plan
+
+
+_NO_GPUS = read_inventory({})
+
+
+def _dra_requests(
+    pod: _Pod, context: DraContext, offered: set[str], shared: dict[str, str], plan: Plan
+) -> list[tuple[str, ClaimRequest]]:
+    """The claim requests the pod's containers use, each named ``<claim>/<request>``; a claim named
+    by an earlier pod (``resourceClaimName``) is shared, not allocated again. Extended resources a
+    DeviceClass serves and no device plugin in the input offers become the scheduler's requests."""
+    used = {use.claim for use in container_claim_uses(pod.template)}
+    found: list[tuple[str, ClaimRequest]] = []
+    for source in pod_claim_sources(pod.template):
+        if source.name not in used:
+            continue
+        namespace = pod.ref.namespace
+        if source.claim_name:
+            key = f"{namespace}/{source.claim_name}"
+            spec = context.claim(namespace, source.claim_name)
+            if key in shared:
+                found.append((f"{source.name}/shared", ClaimRequest("shared", ())))
+                continue
+        else:
+            spec = context.template(namespace, source.template_name or "")
+        if spec is None:
+            missing = source.claim_name or source.template_name
+            plan.notes.append(f"pod {pod.ref}: claim {source.name}: {missing} is not in the input; not placed")
+            continue
+        found.extend((f"{source.name}/{request.name}", request) for request in spec.requests)
+    for index, container in enumerate(pod.demand.containers):
+        device_class = class_for_extended_resource(context.classes, container.resource)
+        if device_class is None or container.resource in offered or not device_class.could_match(context.devices):
+            continue
+        name = f"container-{index}-request-0"
+        request = ClaimRequest(name, (DeviceRequest(name, device_class.name, count=container.gpus),))
+        found.append((f"{container.resource}/{name}", request))
+    return found
+
+
+def _place_dra(
+    plan: Plan,
+    book: DraBook,
+    pod: _Pod,
+    requests: list[tuple[str, ClaimRequest]],
+    context: DraContext,
+    choice: ClassChoice,
+    shared: dict[str, str],
+) -> None:
+    """Allocate a pod's claims on the first node (by name) where all of them fit, as the allocator
+    counts them; a claim shared with an earlier pod pins the pod to that pod's node."""
+    entry: dict[str, Any] = {"pod": str(pod.ref), "class": choice.name, "containers": {}}
+    review = review_pod_claims(pod.template, pod.ref.namespace, pod.demand, context)
+    findings = [
+        {"rule": rule, "message": s.message(), "mode": choice.enforcement}
+        for rule, items in (("claim-memory", review.shortfalls), ("extended-resource-memory", review.extended))
+        for s in items
+    ]
+    if findings and choice.enforcement == "enforce":
+        refusal = {"unresolvable": True, "rule": "admission", "message": "refused at admission (see below)"}
+        plan.pending.append({**entry, "reasons": {"-": refusal}, "findings": findings})
+        return
+    own = [(name, request) for name, request in requests if request.alternatives]
+    pinned = {shared[k] for k in _shared_keys(pod) if k in shared}
+    nodes = [pod.node] if pod.node else sorted(pinned) if pinned else book.nodes()
+    reasons: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        allocation, why = book.allocate(pod.ref.name, [r for _, r in own], context.classes, node)
+        if allocation is None:
+            reasons[node] = {"unresolvable": False, "rule": "dra-allocation", "message": why}
+            continue
+        for key in _shared_keys(pod):
+            shared.setdefault(key, node)
+        claims = {
+            name: list(allocation.devices.get(request.name, ())) for name, request in own
+        }
+        plan.placed.append({**entry, "node": node, "bound": bool(pod.node), "claims": claims, "findings": findings})
+        return
+    plan.pending.append({**entry, "reasons": reasons, "findings": findings})
+
+
+def _shared_keys(pod: _Pod) -> list[str]:
+    return [f"{pod.ref.namespace}/{s.claim_name}" for s in pod_claim_sources(pod.template) if s.claim_name]
 
 
 CONSERVATIVE_NOTE = (
@@ -184,6 +302,7 @@ def render_text(plan: Plan) -> str:
     for entry in plan.placed:
         how = "already bound to" if entry["bound"] else "->"
         devices = ", ".join(f"{c}: GPU {'+'.join(ids)}" for c, ids in entry["containers"].items())
+        devices += ", ".join(f"claim {c}: {'+'.join(ids) or 'shared'}" for c, ids in entry.get("claims", {}).items())
         suffix = f"  [{devices}]" if devices else ""
         lines.append(f"placed   {entry['pod']} ({entry['class']}) {how} {entry['node']}{suffix}")
         for finding in entry.get("findings", ()):
@@ -193,6 +312,8 @@ def render_text(plan: Plan) -> str:
         for node, reason in entry["reasons"].items():
             kind = "never" if reason["unresolvable"] else "now"
             lines.append(f"           {node} ({kind}, {reason['rule']}): {reason['message']}")
+        for finding in entry.get("findings", ()):
+            lines.append(f"           [{finding['rule']}, {finding['mode']} mode] {finding['message']}")
         if not entry["reasons"]:
             lines.append("           no nodes in the input")
     if plan.gpus:
@@ -230,7 +351,7 @@ def _pods_of(
     plan: Plan,
 ) -> list[_Pod]:
     """A Pod, or one pod per replica of each of a workload's templates (``<workload>-<n>``)."""
-    if obj.get("kind") in _NOT_RUN:
+    if obj.get("kind") in _NOT_RUN or obj.get("kind") in KIND_STORES:
         return []
     parts = object_parts(obj, policy.workload_kinds, _replicas, runtimes)
     metadata = _meta(obj)

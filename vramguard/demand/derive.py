@@ -188,6 +188,11 @@ def _check_parallel(
 _ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "jax": "JAX"}
 
 
+def engine_title(engine: str) -> str:
+    """How messages name an engine (``vllm`` -> ``vLLM``); an unknown name as it is."""
+    return _ENGINE_TITLES.get(engine, engine)
+
+
 def _gpu_request(
     container: Mapping[str, Any], options: DemandOptions, found: Findings
 ) -> tuple[str, int] | None:

@@ -478,8 +478,13 @@ class Informer:
         metrics: WatchMetrics | None = None,
         stale_after: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        may_be_absent: bool = False,
     ) -> None:
         self.client = client
+        self.may_be_absent = may_be_absent
+        """A 404 means the API server does not serve this resource (an API group switched off): the
+        store stays empty and counts as synced, one log line says so, and the list is retried."""
+        self.absent = False
         self.path = path
         self.store = store
         self.params = dict(params or {})
@@ -500,6 +505,8 @@ class Informer:
 
     def healthy(self) -> bool:
         """Synced, running, and listed or made watch progress within :attr:`stale_after` seconds."""
+        if self.absent:
+            return self._running  # not served: an empty store is the truth, until a list finds it served
         return self._running and self.synced.is_set() and self._clock() - self._last_progress <= self.stale_after
 
     async def run(self) -> None:
@@ -524,6 +531,10 @@ class Informer:
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
+                if exc.status == 404 and self.may_be_absent:
+                    self._absent(exc)
+                    await asyncio.sleep(self.MAX_BACKOFF * (1 + random.random()))
+                    continue
                 if exc.status == 410:
                     logger.info("watch of %s expired (%s); re-listing", self.path, exc.message)
                     self._restart("expired")
@@ -552,8 +563,24 @@ class Informer:
             await asyncio.sleep(backoff * (1 + random.random()))
             backoff = min(backoff * 2, self.MAX_BACKOFF)
 
+    def _absent(self, exc: ApiError) -> None:
+        """The resource is not served: an empty store, synced, logged once until it is served."""
+        if not self.absent:
+            logger.warning("%s is not served by the API server (%s); watching it again when it is", self.path, exc)
+            try:
+                self.store.replace([])
+            except Exception:
+                logger.exception("store of %s failed to clear", self.path)
+        self.absent = True
+        self.resource_version = ""
+        self.synced.set()
+        self._progress()
+
     async def _list(self) -> None:
         objects, version = await self.client.list_all(self.path, self.params, self.slim)
+        if self.absent:
+            logger.info("%s is served now", self.path)
+            self.absent = False
         try:
             self.store.replace(objects)
         except Exception as exc:

@@ -38,6 +38,8 @@ class Watch:
     params: Mapping[str, str] | None = None
     slim: Callable[[JSON], JSON] | None = None
     """Keeps only what the store reads (see :class:`vramguard.io.kube.Informer`)."""
+    may_be_absent: bool = False
+    """The API server may not serve it (404): an empty store, not an unhealthy watch."""
 
 
 class ServiceRuntime:
@@ -50,7 +52,11 @@ class ServiceRuntime:
         self.registry = registry if registry is not None else CollectorRegistry()
         metrics = WatchMetrics(self.registry)
         self.informers = [
-            Informer(client, watch.path, watch.store, watch.params, watch.slim, metrics=metrics) for watch in watches
+            Informer(
+                client, watch.path, watch.store, watch.params, watch.slim, metrics=metrics,
+                may_be_absent=watch.may_be_absent,
+            )
+            for watch in watches
         ]
         self.readiness = Readiness({f"watch-{informer.resource}": informer.healthy for informer in self.informers})
         """Fails while any watch is unhealthy (not synced, or no progress for a while)."""

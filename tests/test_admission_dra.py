@@ -1,0 +1,392 @@
+"""Admission of pods whose GPU comes through DRA: claims, templates, the extended-resource path."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.dra_objects import (
+    allocated,
+    claim,
+    claim_template,
+    device_class,
+    gpu_device,
+    resource_slice,
+    result,
+    vllm_claim_pod,
+    vllm_extended_resource_pod,
+)
+from vramguard.admission import AUDIT_WOULD_DENY_KEY, AdmissionRules, ClusterView, Code, Decision, Subject
+from vramguard.cluster import ClusterState
+from vramguard.codecs import ENFORCE_LABEL
+from vramguard.policy import default_policy
+
+NS = "gpu-share-memory"
+MESSAGE = (
+    "claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi; set capacity.requests.memory: 72Gi"
+)
+
+
+def state(
+    mode: str | int = "memory", *objects: dict[str, Any], nodes: list[dict[str, Any]] | None = None
+) -> ClusterState:
+    """A cluster model with one 80Gi GPU on node-a in the driver's ``mode``, the driver's DeviceClass,
+    and ``objects`` (templates, claims)."""
+    cluster = ClusterState(default_policy())
+    cluster.dra.watched = True
+    cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi", mode=mode)])])
+    cluster.dra.classes.replace([device_class()])
+    cluster.dra.templates.replace([o for o in objects if o["kind"] == "ResourceClaimTemplate"])
+    cluster.dra.claims.replace([o for o in objects if o["kind"] == "ResourceClaim"])
+    cluster.nodes.replace(nodes or [{"metadata": {"name": "node-a"}, "status": {"allocatable": {"cpu": "8"}}}])
+    return cluster
+
+
+def review(
+    cluster: ClusterState,
+    obj: dict[str, Any],
+    mode: str = "enforce",
+    kind: str = "Pod",
+    old: dict[str, Any] | None = None,
+) -> Decision:
+    rules = AdmissionRules(cluster.policy)
+    view = ClusterView(
+        {ENFORCE_LABEL: mode}, cluster.offers(), dra=cluster.dra_context() if cluster.dra.watched else None
+    )
+    operation = "UPDATE" if old is not None else "CREATE"
+    return rules.review(Subject(kind, operation, NS, obj, old), view)
+
+
+def template(memory: str | None, name: str = "gpu-4gi") -> dict[str, Any]:
+    return claim_template(name=name, namespace=NS, memory=memory)
+
+
+@pytest.mark.parametrize(
+    ("mode", "memory", "utilization", "violation"),
+    [
+        pytest.param("memory", "8Gi", "0.9", MESSAGE, id="under-request-refused"),
+        pytest.param("memory", "72Gi", "0.9", None, id="enough-memory"),
+        pytest.param("memory", None, "0.9", None, id="memory-mode-default-is-whole-gpu"),
+        pytest.param("memory", "24Gi", "0.3", None, id="thirty-percent-fits-24Gi"),
+        pytest.param(
+            "unlimited",
+            None,
+            "0.3",
+            "claim gpu sets no capacity.requests.memory, so it consumes 0 of a device shared without memory accounting "
+            "(unlimited mode), but vLLM will reserve 0.30 x 80Gi = 24Gi; set capacity.requests.memory: 24Gi",
+            id="unlimited-consumes-zero",
+        ),
+        pytest.param(
+            4,
+            "24Gi",
+            "0.3",
+            None,
+            id="share-count-with-memory-request",
+        ),
+        pytest.param("disabled", "8Gi", "0.9", None, id="exclusive-device-is-whole"),
+    ],
+)
+def test_pod_with_claim_template(mode: str | int, memory: str | None, utilization: str, violation: str | None) -> None:
+    decision = review(state(mode, template(memory)), vllm_claim_pod(utilization=utilization))
+    assert decision.violations == ((violation,) if violation else ())
+    assert decision.allowed is (violation is None)
+    if violation:
+        assert decision.message is not None and violation in decision.message
+        assert decision.problems[0].code == Code.CLAIM_MEMORY
+        assert decision.problems[0].container == "vllm"
+
+
+def test_warn_mode_keeps_the_number_to_write() -> None:
+    decision = review(state("memory", template("8Gi")), vllm_claim_pod(), mode="warn")
+    assert decision.allowed
+    assert decision.warnings[:2] == (
+        "would deny: claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi",
+        "to fix it: set capacity.requests.memory: 72Gi",
+    )
+
+
+def test_audit_mode_records_it() -> None:
+    decision = review(state("memory", template("8Gi")), vllm_claim_pod(), mode="audit")
+    assert decision.allowed
+    assert MESSAGE in decision.audit_annotations[AUDIT_WOULD_DENY_KEY]
+
+
+def test_named_claim() -> None:
+    shared = claim("shared-gpu", NS, memory="16Gi")
+    decision = review(state("memory", shared), vllm_claim_pod(claim_name="shared-gpu", utilization="0.3"))
+    assert decision.violations == (
+        "claim gpu requests 16Gi of memory but vLLM will reserve 0.30 x 80Gi = 24Gi; "
+        "set capacity.requests.memory: 24Gi",
+    )
+
+
+def test_unknown_template_is_a_note() -> None:
+    decision = review(state("memory"), vllm_claim_pod())
+    assert decision.allowed
+    assert decision.violations == ()
+    assert decision.remarks[0].code == Code.CLAIM_UNCHECKED
+    assert "ResourceClaimTemplate gpu-4gi is not known yet" in decision.remarks[0].message
+
+
+def test_request_narrowed_by_the_container() -> None:
+    two = claim_template(name="gpu-4gi", namespace=NS, memory="8Gi")
+    two["spec"]["spec"]["devices"]["requests"].append(
+        {"name": "big", "exactly": {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "72Gi"}}}}
+    )
+    assert review(state("memory", two), vllm_claim_pod(request="big")).allowed
+    assert not review(state("memory", two), vllm_claim_pod(request="gpu")).allowed
+    assert not review(state("memory", two), vllm_claim_pod()).allowed  # no request named: it uses both
+
+
+def test_declaration_and_parallel_errors() -> None:
+    declared = vllm_claim_pod(utilization=None)
+    declared["spec"]["containers"][0]["args"] = ["--model", "m"]
+    declared["metadata"]["annotations"] = {"vramguard.io/vram.vllm": "20Gi"}
+    decision = review(state("memory", template("16Gi")), declared)
+    assert decision.violations == (
+        "claim gpu requests 16Gi of memory but the vramguard.io/vram declaration of container vllm will reserve "
+        "20Gi; set capacity.requests.memory: 20Gi",
+    )
+    parallel = vllm_claim_pod()
+    parallel["spec"]["containers"][0]["args"] += ["--tensor-parallel-size", "2"]
+    decision = review(state("memory", template(None)), parallel)
+    assert [f.code for f in decision.problems] == [Code.DEMAND_ERROR]
+    assert "--tensor-parallel-size 2" in decision.violations[0]
+
+
+def test_deployment_template_is_checked() -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm", "namespace": NS},
+        "spec": {"replicas": 2, "template": {k: v for k, v in vllm_claim_pod().items() if k in ("metadata", "spec")}},
+    }
+    decision = review(state("memory", template("8Gi")), deployment, kind="Deployment")
+    assert decision.violations == (MESSAGE,)
+    # An update that keeps the problem is not refused for it.
+    updated = copy.deepcopy(deployment)
+    updated["spec"]["replicas"] = 3
+    decision = review(state("memory", template("8Gi")), updated, kind="Deployment", old=deployment)
+    assert decision.allowed and decision.violations == ()
+    assert MESSAGE in decision.notes
+
+
+def test_claims_not_watched_are_not_checked() -> None:
+    cluster = state("memory", template("8Gi"))
+    cluster.dra.watched = False
+    decision = review(cluster, vllm_claim_pod())
+    assert decision.allowed and decision.warnings == () and not decision.wants_gpu
+
+
+def test_pod_without_claims_or_gpus() -> None:
+    plain = {"metadata": {"name": "web", "namespace": NS}, "spec": {"containers": [{"name": "web", "image": "nginx"}]}}
+    decision = review(state("unlimited"), plain)
+    assert decision.allowed and decision.warnings == () and not decision.wants_gpu
+
+
+EXTENDED = (
+    "nvidia.com/gpu on DRA device class gpu.nvidia.com consumes 0 of memory on a device shared without memory "
+    "accounting (unlimited mode) but vLLM will reserve 0.90 x 80Gi = 72Gi; use a ResourceClaim with "
+    "capacity.requests.memory: 72Gi"
+)
+PLUGIN_NODE = {"metadata": {"name": "node-a"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "nodes", "violation"),
+    [
+        pytest.param("unlimited", None, EXTENDED, id="unlimited-refused"),
+        pytest.param(
+            4,
+            None,
+            EXTENDED.replace("shared without memory accounting (unlimited mode)", "shared by share count"),
+            id="share-count-refused",
+        ),
+        pytest.param("memory", None, None, id="memory-mode-whole-gpu"),
+        pytest.param("unlimited", [PLUGIN_NODE], None, id="device-plugin-node-serves-it-instead"),
+    ],
+)
+def test_extended_resource_path(mode: str | int, nodes: list[dict[str, Any]] | None, violation: str | None) -> None:
+    decision = review(state(mode, nodes=nodes), vllm_extended_resource_pod(namespace=NS))
+    extended = [f.message for f in decision.problems if f.code == Code.EXTENDED_RESOURCE_MEMORY]
+    assert extended == ([violation] if violation else [])
+
+
+def test_extended_resource_without_class() -> None:
+    cluster = state("unlimited")
+    cluster.dra.classes.replace([device_class(extended_resource=None)])
+    decision = review(cluster, vllm_extended_resource_pod(namespace=NS))
+    assert not [f for f in decision.problems if f.code == Code.EXTENDED_RESOURCE_MEMORY]
+
+
+@pytest.mark.parametrize(
+    ("mode", "obj", "kind", "warned"),
+    [
+        pytest.param("unlimited", template(None), "ResourceClaimTemplate", True, id="template-unlimited-no-memory"),
+        pytest.param("unlimited", template("24Gi"), "ResourceClaimTemplate", False, id="template-with-memory"),
+        pytest.param("memory", template(None), "ResourceClaimTemplate", False, id="template-memory-mode"),
+        pytest.param(4, claim("c", NS), "ResourceClaim", True, id="claim-share-count-no-memory"),
+    ],
+)
+def test_claim_objects_warn_only(mode: str | int, obj: dict[str, Any], kind: str, warned: bool) -> None:
+    decision = review(state(mode), obj, kind=kind, mode="enforce")
+    assert decision.allowed
+    assert bool(decision.warnings) is warned
+    if warned:
+        assert "consumes no memory" in decision.warnings[0]
+        assert decision.remarks[0].code == Code.CLAIM_UNCHECKED
+
+
+async def test_webhook_checks_claims_once_its_dra_watches_run() -> None:
+    from vramguard.io.dra import dra_watches  # noqa: PLC0415
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    webhook = WebhookState(PolicySource(default_policy()))
+    subject = Subject("Pod", "CREATE", NS, vllm_claim_pod())
+    assert (await webhook.view(subject, None)).dra is None
+    dra_watches(webhook.cluster.dra)
+    webhook.cluster.dra.templates.replace([template("8Gi")])
+    view = await webhook.view(subject, None)
+    assert view.dra is not None and view.dra.template(NS, "gpu-4gi") is not None
+
+
+@pytest.mark.parametrize(
+    ("selector", "note"),
+    [
+        pytest.param("device.driver == 'nic.example.com'", None, id="other-driver-not-a-gpu"),
+        pytest.param("device.attributes['nic.example.com'].speed == '400G'", "cannot read whether", id="unreadable"),
+    ],
+)
+def test_claims_of_other_devices(selector: str, note: str | None) -> None:
+    nic_template = claim_template(name="nic", namespace=NS, device_class_name="nic.example.com")
+    cluster = state("unlimited", template("72Gi"), nic_template)
+    cluster.dra.classes.replace([device_class(), device_class("nic.example.com", selector, None)])
+    pod = vllm_claim_pod()
+    pod["spec"]["resourceClaims"].append({"name": "nic", "resourceClaimTemplateName": "nic"})
+    pod["spec"]["containers"][0]["resources"]["claims"].append({"name": "nic"})
+    decision = review(cluster, pod)
+    assert decision.allowed and decision.violations == ()
+    assert [f.message for f in decision.remarks if "cannot read" in f.message] == (
+        []
+        if note is None
+        else [
+            "claim nic: vramguard cannot read whether DeviceClass nic.example.com selects GPUs (its selectors "
+            "name no driver or type it knows); not checked"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "violations", "note"),
+    [
+        pytest.param(template("8Gi"), (MESSAGE,), None, id="read-and-checked"),
+        pytest.param(None, (), "is not known yet", id="does-not-exist"),
+        pytest.param(OSError("connection refused"), (), "is not known yet", id="read-fails"),
+    ],
+)
+async def test_webhook_reads_a_template_the_watch_has_not_shown(
+    answer: Any, violations: tuple[str, ...], note: str | None
+) -> None:
+    from vramguard.io.dra import dra_watches  # noqa: PLC0415
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    asked: list[tuple[str, str, str]] = []
+
+    async def lookup(collection: str, namespace: str, name: str) -> dict[str, Any] | None:
+        asked.append((collection, namespace, name))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    webhook = WebhookState(PolicySource(default_policy()), claim_lookup=lookup)
+    dra_watches(webhook.cluster.dra)
+    webhook.cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi")])])
+    webhook.cluster.dra.classes.replace([device_class()])
+    subject = Subject("Pod", "CREATE", NS, vllm_claim_pod())
+    decision = AdmissionRules(webhook.cluster.policy).review(subject, await webhook.view(subject, None))
+    assert asked == [("resourceclaimtemplates", NS, "gpu-4gi")]
+    assert decision.violations == violations
+    if note:
+        assert any(note in n for n in decision.notes)
+
+
+@pytest.mark.parametrize(("served", "missing"), [(True, False), (False, True)], ids=["dra-serves", "nothing-serves"])
+def test_resource_missing_is_not_said_where_dra_serves_it(served: bool, missing: bool) -> None:
+    cluster = state("memory")
+    if not served:
+        cluster.dra.classes.replace([device_class(extended_resource=None)])
+    decision = review(cluster, vllm_extended_resource_pod(namespace=NS), mode="warn")
+    assert any(f.code == Code.RESOURCE_MISSING for f in decision.remarks) is missing
+
+
+@pytest.mark.parametrize(
+    ("existing", "exclude_own", "violation"),
+    [
+        pytest.param("20Gi", False, None, id="fits"),
+        pytest.param(
+            "70Gi",
+            False,
+            f"namespace {NS} would hold 142Gi of its 100Gi VRAM quota (this pod 72Gi, 1 other pod(s) 70Gi)",
+            id="claims-count-for-the-quota",
+        ),
+        pytest.param("70Gi", True, None, id="the-pods-own-claim-is-not-counted-twice"),
+    ],
+)
+def test_quota_counts_dra_claims(existing: str, exclude_own: bool, violation: str | None) -> None:
+    from webhook.app import PolicySource, WebhookState  # noqa: PLC0415
+
+    policy = default_policy().model_copy(update={"quotas": {NS: "100Gi"}})
+    policy = type(policy).model_validate(policy.model_dump())
+    webhook = WebhookState(PolicySource(policy))
+    cluster = webhook.cluster
+    cluster.dra.watched = True
+    cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi", mode="memory")])])
+    cluster.dra.classes.replace([device_class()])
+    cluster.dra.templates.replace([template("72Gi")])
+    owner = "vllm-0" if exclude_own else "other"
+    cluster.dra.claims.replace(
+        [allocated(claim("held", NS, memory=existing), [result(memory=existing, share="s1")], pods=(owner,))]
+    )
+    pod = vllm_claim_pod()
+    rules = AdmissionRules(policy)
+    view = ClusterView(
+        {ENFORCE_LABEL: "enforce"},
+        dra=cluster.dra_context(),
+        usage=cluster.usage_with_dra(NS, exclude="uid-vllm-0"),
+    )
+    decision = rules.review(Subject("Pod", "CREATE", NS, pod), view)
+    assert decision.violations == ((violation,) if violation else ())
+
+
+def test_context_is_cached_until_devices_classes_or_nodes_change() -> None:
+    cluster = state("memory")
+    first = cluster.dra_context()
+    cluster.dra.templates.upsert(template("8Gi"))
+    cluster.dra.claims.upsert(claim("c", NS))
+    assert cluster.dra_context() is first  # claims and templates are looked up live
+    assert first.template(NS, "gpu-4gi") is not None and first.claim(NS, "c") is not None
+    cluster.dra.slices.upsert(resource_slice("node-b", [gpu_device(uuid="GPU-B", memory="40Gi")]))
+    second = cluster.dra_context()
+    assert second is not first and len(second.devices) == 2
+    cluster.dra.classes.upsert(device_class("other"))
+    third = cluster.dra_context()
+    assert third is not second and "other" in third.classes
+    cluster.nodes.upsert({"metadata": {"name": "node-b"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}})
+    assert cluster.dra_context().plugin_nodes == {"nvidia.com/gpu": frozenset({"node-b"})}
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "plugin"),
+    [
+        pytest.param({"nvidia.com/gpu": "2"}, True, id="advertised"),
+        pytest.param({"nvidia.com/gpu": "0"}, False, id="zero-kept-by-the-kubelet"),
+        pytest.param({"nvidia.com/gpu": "0k"}, False, id="zero-with-a-suffix"),
+        pytest.param({"nvidia.com/gpu": "lots"}, False, id="junk"),
+        pytest.param({"cpu": "8"}, False, id="not-listed"),
+    ],
+)
+def test_where_a_device_plugin_advertises_a_resource(allocatable: dict[str, str], plugin: bool) -> None:
+    cluster = state("unlimited", nodes=[{"metadata": {"name": "node-a"}, "status": {"allocatable": allocatable}}])
+    assert ("nvidia.com/gpu" in cluster.dra_context().plugin_nodes) is plugin

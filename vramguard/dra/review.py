@@ -1,0 +1,408 @@
+"""Admission's DRA questions, answered from what the cluster model knows (pure).
+
+For a pod (or a workload's pod template):
+
+- **claims** (``spec.resourceClaims``): for each request a container uses (``resources.claims``),
+  the memory the request consumes on each device its class and selectors could match must cover
+  what the containers using it reserve there (:func:`vramguard.dra.sizing.check_request`). The
+  claim comes from its ResourceClaimTemplate or its ResourceClaim, as the watches show them; one
+  not seen yet is a note, not a refusal (a template created in the same ``kubectl apply`` may
+  reach the watch a moment after the pod).
+- **the DRA extended-resource path**: a container asking an extended resource that a DeviceClass
+  serves (``extendedResourceName``) gets a claim the scheduler writes without any capacity
+  request, on nodes whose device plugin does not advertise the resource. On a shareable device it
+  consumes the policy default: the whole GPU in ``memory`` mode, 0 in ``unlimited`` and share-count
+  modes, where the engine's reservation is never accounted.
+
+For a ResourceClaim or ResourceClaimTemplate on its own (no pod known yet): a request that would
+consume no memory on a device shared without memory accounting is worth a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramguard.codecs import VRAM_ANNOTATION
+from vramguard.demand import DemandOptions, PodDemand, derive_container_demand, derive_pod_demand
+from vramguard.demand.derive import engine_title
+from vramguard.demand.model import ContainerDemand
+from vramguard.dra.claims import ClaimRequest, ClaimSpec, DeviceRequest, result_memory
+from vramguard.dra.classes import ANY_DEVICE, DeviceClassInfo, Selector, class_for_extended_resource
+from vramguard.dra.devices import DraDevice
+from vramguard.dra.fields import items, mapping, memory_text, text
+from vramguard.dra.pods import ClaimUse, container_claim_uses, extended_resource_claim, pod_claim_sources
+from vramguard.dra.sizing import Need, Shortfall, check_request, distinct_shapes, reserved_on
+from vramguard.dra.state import DraState
+
+ClaimLookup = Callable[[str, str], ClaimSpec | None]
+"""``(namespace, name)`` -> the claim's requests, ``None`` when not known."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraContext:
+    """What admission knows about DRA in the cluster (the webhook's watches, or ``plan``'s files)."""
+
+    classes: Mapping[str, DeviceClassInfo] = field(default_factory=dict)
+    devices: tuple[DraDevice, ...] = ()
+    claim: ClaimLookup = lambda namespace, name: None
+    template: ClaimLookup = lambda namespace, name: None
+    plugin_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Per extended resource, the nodes whose device plugin advertises it: DRA does not serve it there."""
+    _devices: dict[tuple[object, ...], tuple[DraDevice, ...]] = field(default_factory=dict, compare=False, repr=False)
+    _extended: dict[str, DeviceClassInfo | None] = field(default_factory=dict, compare=False, repr=False)
+    """Answers computed once per context (the cluster model builds a new one when DRA objects change)."""
+
+    def candidates(self, device_class: DeviceClassInfo, selector: Selector = ANY_DEVICE) -> tuple[DraDevice, ...]:
+        """The devices the class narrowed by ``selector`` could match, one per shape (cached)."""
+        key = ("match", device_class, selector)
+        if key not in self._devices:
+            self._devices[key] = distinct_shapes(device_class.could_match(self.devices, selector))
+        return self._devices[key]
+
+    def dra_served(self, device_class: DeviceClassInfo, resource: str) -> tuple[DraDevice, ...]:
+        """The devices of ``device_class`` where DRA serves ``resource``: on nodes whose device plugin
+        does not advertise it (one per shape, cached)."""
+        key = ("served", device_class, resource)
+        if key not in self._devices:
+            plugin = self.plugin_nodes.get(resource, frozenset())
+            served = [d for d in device_class.could_match(self.devices) if d.node not in plugin]
+            self._devices[key] = distinct_shapes(served)
+        return self._devices[key]
+
+    def extended_class(self, resource: str) -> DeviceClassInfo | None:
+        """The class serving extended resource ``resource`` through DRA, if any (cached)."""
+        if resource not in self._extended:
+            self._extended[resource] = class_for_extended_resource(self.classes, resource)
+        return self._extended[resource]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReport:
+    """One claim request a pod's containers use, sized on the largest device it could get."""
+
+    claim: str
+    """The pod's name for the claim."""
+    request: str
+    memory: int | None
+    """``capacity.requests.memory`` (the first alternative's), ``None`` when not set."""
+    device: DraDevice | None
+    """The largest device the request could get; ``None`` when no known device matches."""
+    consumed: int | None
+    """What the request consumes on that device."""
+    needs: tuple[Need, ...]
+    reserved: int | None
+    """What the containers using it reserve on that device."""
+    count: int = 1
+    """Devices the request takes."""
+    per_pod: bool = True
+    """Made for this pod from a template (a named claim is shared, and counted once allocated)."""
+
+    @property
+    def quota_bytes(self) -> int:
+        """What the request holds for the namespace's quota: on each of its devices the more of what
+        it consumes and what its containers reserve (0 when no device is known)."""
+        return max(self.consumed or 0, self.reserved or 0) * self.count
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimReview:
+    """What :func:`review_pod_claims` found."""
+
+    shortfalls: tuple[Shortfall, ...] = ()
+    """Claim requests that consume less than their containers reserve (violations)."""
+    extended: tuple[Shortfall, ...] = ()
+    """Extended resources on the DRA path that consume less than the containers reserve (violations)."""
+    errors: tuple[str, ...] = ()
+    """Demand errors of containers using claims (violations)."""
+    notes: tuple[str, ...] = ()
+    """What could not be checked, and the demand's warnings (notes)."""
+    uses_claims: bool = False
+    """Whether a container uses a claim of the pod."""
+    requests: tuple[RequestReport, ...] = ()
+    """Every request a container uses, with the claim's memory next to the containers' reservation."""
+
+    @property
+    def per_pod_bytes(self) -> int:
+        """Memory the pod's own claims (made from templates) hold, for the namespace's quota."""
+        return sum(r.quota_bytes for r in self.requests if r.per_pod)
+
+    @property
+    def found_anything(self) -> bool:
+        """Whether there is anything to report, or GPU claims to count (for the namespace's quota)."""
+        return bool(
+            self.shortfalls
+            or self.extended
+            or self.errors
+            or self.notes
+            or any(r.device is not None for r in self.requests)
+        )
+
+
+def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand, context: DraContext) -> ClaimReview:
+    """Check a pod's (or pod template's) claims and extended resources on the DRA path."""
+    metadata = mapping(pod.get("metadata"))
+    annotations = {
+        k: v for k, v in mapping(metadata.get("annotations")).items() if isinstance(k, str) and isinstance(v, str)
+    }
+    containers = _containers(pod)
+    shortfalls: list[Shortfall] = []
+    errors: list[str] = []
+    notes: list[str] = []
+    reports: list[RequestReport] = []
+    uses = container_claim_uses(pod)
+    sources = {s.name: s for s in pod_claim_sources(pod)}
+    for claim_name, source in sources.items():
+        spec = None
+        if source.template_name:
+            spec = context.template(namespace, source.template_name)
+            missing = f"ResourceClaimTemplate {source.template_name}"
+        elif source.claim_name:
+            spec = context.claim(namespace, source.claim_name)
+            missing = f"ResourceClaim {source.claim_name}"
+        else:
+            continue
+        claim_uses = [u for u in uses if u.claim == claim_name]
+        if spec is None:
+            if claim_uses:
+                notes.append(f"claim {claim_name}: {missing} is not known yet, so its memory is not checked")
+            continue
+        notes.extend(spec.notes)
+        for request in spec.requests:
+            users = [u for u in claim_uses if u.request in (None, request.name)]
+            needs = _needs(users, request, containers, annotations, errors, notes)
+            check = check_request(
+                claim_name, request, needs, context.classes, context.devices, candidates=context.candidates
+            )
+            notes.extend(check.notes)
+            if check.shortfall is not None:
+                shortfalls.append(check.shortfall)
+            if not users:
+                continue
+            alternative = request.alternatives[0]
+            device = check.largest
+            used = alternative.consumes_on(device) if device is not None else None
+            reserved = reserved_on(needs, device) if device is not None else None
+            reports.append(
+                RequestReport(
+                    claim_name,
+                    request.name,
+                    alternative.memory,
+                    device,
+                    used,
+                    tuple(needs),
+                    reserved,
+                    alternative.count,
+                    source.template_name is not None,
+                )
+            )
+    extended = _extended(demand, context, notes)
+    return ClaimReview(
+        tuple(shortfalls),
+        tuple(extended),
+        tuple(dict.fromkeys(errors)),
+        tuple(dict.fromkeys(notes)),
+        bool(uses and sources),
+        tuple(reports),
+    )
+
+
+def _containers(pod: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], bool]]:
+    spec = mapping(pod.get("spec"))
+    found: dict[str, tuple[Mapping[str, Any], bool]] = {}
+    for field_name in ("initContainers", "containers"):
+        for raw in items(spec.get(field_name)):
+            container = mapping(raw)
+            name = text(container.get("name"))
+            if name:
+                init = field_name == "initContainers" and container.get("restartPolicy") != "Always"
+                found.setdefault(name, (container, init))
+    return found
+
+
+def _needs(
+    users: Sequence[ClaimUse],
+    request: ClaimRequest,
+    containers: Mapping[str, tuple[Mapping[str, Any], bool]],
+    annotations: Mapping[str, str],
+    errors: list[str],
+    notes: list[str],
+) -> list[Need]:
+    """What each container using ``request`` reserves on each of its devices."""
+    count = max(a.count for a in request.alternatives)
+    resource = f"devices of claim request {request.name}"
+    options = DemandOptions(frozenset({resource}), ())
+    needs: list[Need] = []
+    for use in users:
+        entry = containers.get(use.container)
+        if entry is None:
+            continue
+        container, init = entry
+        # The engine's reading of the container, as if it asked for the request's devices as a resource:
+        # the same engines, declarations, MPS limits and parallel-size checks as for device-plugin GPUs.
+        probe = {**container, "resources": {"limits": {resource: count}}}
+        demand = derive_container_demand(probe, annotations, init, options)
+        if demand is None:
+            continue
+        errors.extend(demand.errors)
+        notes.extend(demand.warnings)
+        need = _need(demand, init)
+        if need is not None:
+            needs.append(need)
+    return needs
+
+
+def _need(demand: ContainerDemand, init: bool) -> Need | None:
+    vram = demand.reservation
+    if vram is None:
+        return None
+    if demand.declared is not None:
+        who = f"the {VRAM_ANNOTATION} declaration of container {demand.name}"
+    elif demand.mps_limit is not None:
+        who = f"the MPS limit of container {demand.name}"
+    else:
+        who = engine_title(demand.engine or "") or f"container {demand.name}"
+    return Need(demand.name, who, vram, init)
+
+
+def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[Shortfall]:
+    """Containers asking an extended resource that a DeviceClass serves through DRA."""
+    found: list[Shortfall] = []
+    for index, container in enumerate(demand.containers):
+        device_class = context.extended_class(container.resource)
+        if device_class is None or not device_class.selects_gpus():
+            continue
+        devices = context.dra_served(device_class, container.resource)
+        need = _need(container, container.init)
+        if need is None or not devices:
+            continue
+        request = ClaimRequest(
+            f"container-{index}-request-0",
+            (DeviceRequest(f"container-{index}-request-0", device_class.name, count=container.gpus),),
+        )
+        check = check_request(
+            f"container {container.name}",
+            request,
+            [need],
+            {device_class.name: device_class},
+            devices,
+            container.resource,
+        )
+        notes.extend(check.notes)
+        if check.shortfall is not None:
+            found.append(check.shortfall)
+    return found
+
+
+def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[str, ...]:
+    """Warnings for a ResourceClaim or ResourceClaimTemplate on its own (no pod known yet): a request
+    without ``capacity.requests.memory`` that consumes no memory on a shareable device its class
+    could get, so whatever engine uses it is not accounted on that device."""
+    warnings: list[str] = list(spec.notes)
+    for request in spec.requests:
+        for alternative in request.alternatives:
+            device_class = context.classes.get(alternative.device_class)
+            if device_class is None or alternative.memory is not None or alternative.admin_access:
+                continue
+            if not device_class.selects_gpus():
+                continue
+            free = [
+                d
+                for d in context.candidates(device_class, alternative.selector)
+                if d.shareable and alternative.consumes_on(d) == 0
+            ]
+            if free:
+                warnings.append(
+                    f"{kind} {spec.name} request {alternative.name} consumes no memory on {free[0].sharing}-mode "
+                    f"shared GPUs ({free[0].label}), so the memory its pods' engines take is not accounted; "
+                    "set capacity.requests.memory"
+                )
+    return tuple(warnings)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedShortfall:
+    """An allocated claim whose pods' containers reserve more on its device than it consumes there."""
+
+    namespace: str
+    claim: str
+    node: str
+    device: DraDevice
+    consumed: int
+    needs: tuple[Need, ...]
+    pods: tuple[str, ...]
+
+    @property
+    def reserved(self) -> int:
+        """What the containers reserve on the device."""
+        return reserved_on(self.needs, self.device)
+
+    def message(self) -> str:
+        """``claim ns/c consumes 8Gi of gpu-0 (...) on node-a but vLLM will reserve 0.90 x 80Gi = 72Gi``."""
+        reserve = " and ".join(f"{n.who} will reserve {n.arithmetic(self.device)}" for n in self.needs)
+        return (
+            f"claim {self.namespace}/{self.claim} consumes {memory_text(self.consumed)} of {self.device.label} "
+            f"on node {self.node or '?'} but {reserve}"
+        )
+
+
+def audit_allocations(state: DraState, pods: Iterable[Mapping[str, Any]]) -> list[AllocatedShortfall]:
+    """Allocated claims whose pods' containers (pods in ``status.reservedFor``, among ``pods``)
+    reserve more memory on the allocated device than the claim consumes there."""
+    by_name = {
+        (text(mapping(p.get("metadata")).get("namespace")) or "", text(mapping(p.get("metadata")).get("name")) or ""): p
+        for p in pods
+    }
+    devices = state.inventory().by_key()
+    found: list[AllocatedShortfall] = []
+    for allocation in state.allocations():
+        users = [
+            by_name[(allocation.namespace, name)]
+            for name, _ in allocation.reserved_for
+            if (allocation.namespace, name) in by_name
+        ]
+        for result in allocation.results:
+            device = devices.get(result.key)
+            if device is None:
+                continue
+            request = result.request.split("/", 1)[0]
+            needs: list[Need] = []
+            for pod in users:
+                needs.extend(_allocated_needs(pod, allocation.name, request, allocation.extended_resource))
+            if not needs:
+                continue
+            consumed = result_memory(result, device)
+            if reserved_on(needs, device) > consumed:
+                found.append(
+                    AllocatedShortfall(
+                        allocation.namespace,
+                        allocation.name,
+                        device.node,
+                        device,
+                        consumed,
+                        tuple(needs),
+                        tuple(name for name, _ in allocation.reserved_for),
+                    )
+                )
+    return found
+
+
+def _allocated_needs(pod: Mapping[str, Any], claim_name: str, request: str, extended: bool) -> list[Need]:
+    """The needs of the pod's containers that use ``request`` of the claim object ``claim_name``."""
+    metadata = mapping(pod.get("metadata"))
+    annotations = {
+        k: v for k, v in mapping(metadata.get("annotations")).items() if isinstance(k, str) and isinstance(v, str)
+    }
+    containers = _containers(pod)
+    if extended:
+        status = extended_resource_claim(pod)
+        if status is None or status.claim_name != claim_name:
+            return []
+        names = {container for container, _, mapped in status.requests if mapped == request}
+        demand = derive_pod_demand(pod, DemandOptions(frozenset({r for _, r, _ in status.requests}), ()))
+        return [n for c in demand.containers if c.name in names for n in [_need(c, c.init)] if n is not None]
+    sources = [s.name for s in pod_claim_sources(pod) if s.allocated_claim == claim_name]
+    uses = [u for u in container_claim_uses(pod) if u.claim in sources and u.request in (None, request)]
+    count_request = ClaimRequest(request, (DeviceRequest(request, "", count=1),))
+    return _needs(uses, count_request, containers, annotations, [], [])
