@@ -717,6 +717,41 @@ class Cluster:
         waited = self._wait_ready(service, self.ops_url(service), proc)
         _log(f"vramguard {service} ready again on {url} ({waited:.1f}s)")
 
+    def restart_apiserver(self, *, grace: float = 30.0) -> float:
+        """Stop kube-apiserver with SIGTERM and start it again: same etcd, flags, port and certificates.
+
+        Returns the seconds from the signal until the new process answers ``/readyz``. Clients keep
+        their URLs and tokens; their watches break and must be re-established, as on an upgrade.
+        """
+        state = self._require_state()
+        index = next((i for i, proc in enumerate(self.processes) if proc.name == "kube-apiserver"), None)
+        if index is None:
+            raise RuntimeError("kube-apiserver is not running in this cluster")
+        old = self.processes[index]
+        stopped = time.monotonic()
+        old.send(signal.SIGTERM)
+        if not old.wait_gone(grace):
+            old.stop(timeout=0)
+        proc = ManagedProcess.start(
+            old.name,
+            old.record.argv,
+            log_path=Path(old.record.log),
+            pid_dir=self.directory / "pids",
+            cwd=self.directory,
+            die_with_parent=not self.config.detach,
+        )
+        self.processes[index] = proc
+        write_records(self.directory / PROCESSES_FILE, self.processes)
+        wait_until(
+            "kube-apiserver /readyz",
+            lambda: http_status(f"{state.server}/readyz", context=self.ssl_context(), token=state.admin_token) == 200,
+            timeout=self.config.timeout,
+            process=proc,
+        )
+        took = time.monotonic() - stopped
+        _log(f"kube-apiserver restarted ({took:.1f}s)")
+        return took
+
     def _start_scheduler(
         self, binaries: build.Binaries, name: str, config_path: Path, port: int, kubeconfig: Path
     ) -> None:
