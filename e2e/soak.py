@@ -260,6 +260,7 @@ class Checker:
     peak_bound: int = 0
     peak_pending_fitting: int = 0
     pending_fitting: int = 0
+    _seen: set[str] = field(default_factory=set)
     """Pending pods that fit somewhere, at the last check."""
 
     def check(self, api: Api, now: float | None = None) -> list[str]:
@@ -278,7 +279,11 @@ class Checker:
         found += self._bound_in_time(state, pods, nodes, now)
         self.checks += 1
         for message in found:
-            if message not in self.violations:
+            # A pod left pending is one violation however many checks see it.
+            key = message.split(" fits but", 1)[0]
+            if key not in self._seen:
+                self._seen.add(key)
+                _log(f"VIOLATION {message}")
                 self.violations.append(message)
         return found
 
@@ -317,7 +322,8 @@ class Checker:
             pod = by_uid.get(uid)
             if pod is None or tracked.node is not None or tracked.direct:
                 continue
-            if not self.fits_somewhere(state, pod, nodes):
+            fitting_nodes = self.fitting_nodes(state, pod, nodes)
+            if not fitting_nodes:
                 tracked.fits_since = None
                 continue
             fitting += 1
@@ -327,7 +333,8 @@ class Checker:
             if waited > self.bind_within:
                 found.append(
                     f"not bound in time: pod {tracked.namespace}/{tracked.name} fits but has been pending "
-                    f"{waited:.0f}s (> {self.bind_within:.0f}s) with the control plane whole"
+                    f"{waited:.0f}s (> {self.bind_within:.0f}s) with the control plane whole; it fits "
+                    f"{', '.join(fitting_nodes[:3])}; the scheduler said: {scheduling_message(pod)[:400]}"
                 )
         self.pending_fitting = fitting
         self.peak_pending_fitting = max(self.peak_pending_fitting, fitting)
@@ -336,6 +343,11 @@ class Checker:
     @staticmethod
     def fits_somewhere(state: ClusterState, pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> bool:
         """Whether the pod passes the node's selectors and taints and the VRAM rule on some node."""
+        return bool(Checker.fitting_nodes(state, pod, nodes))
+
+    @staticmethod
+    def fitting_nodes(state: ClusterState, pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The nodes whose selectors, taints and VRAM rule the pod passes."""
         spec = pod.get("spec") or {}
         eligible = [
             n["metadata"]["name"]
@@ -347,10 +359,19 @@ class Checker:
             is None
         ]
         if not eligible:
-            return False
+            return []
         choice = state.choose_class(pod)
         claims = state.claims_for(pod, choice)
-        return any(v.verdict is Verdict.PASS for v in filter_nodes(state.ledger, eligible, claims, choice))
+        verdicts = filter_nodes(state.ledger, eligible, claims, choice)
+        return [node for node, verdict in zip(eligible, verdicts, strict=True) if verdict.verdict is Verdict.PASS]
+
+
+def scheduling_message(pod: Mapping[str, Any]) -> str:
+    """The scheduler's last word on a pending pod (its PodScheduled condition), if any."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled":
+            return str(condition.get("message") or condition.get("reason") or "")
+    return ""
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
