@@ -180,6 +180,9 @@ NODE_SHAPES: dict[str, Callable[[str], gpu_nodes.GPUNodeSpec]] = {
 INITIAL_NODES = ("h100-ts", "h100-ts", "a100-whole", "l40s-mps", "h200-ts")
 DIRECT_NODES = 2
 """Nodes only direct placements use (tainted; scheduled pods do not tolerate the taint)."""
+DRAIN_SETTLE = 1.5
+"""Seconds between cordoning a node and deleting its pods: a bind the scheduler began before the
+cordon lands meanwhile (changing a node's GPUs under a running pod is not the guard's to prevent)."""
 
 
 # --------------------------------------------------------------------------- the API, with retries
@@ -504,7 +507,7 @@ class Soak:
             "scale-group": 10,
             "add-node": 2 if nodes < self.config.max_nodes else 0,
             "resize-node": 2,
-            "remove-node": 2 if nodes > 3 else 0,
+            "remove-node": 2 if nodes > 3 + DIRECT_NODES else 0,
         }
 
     def step(self) -> str:
@@ -598,40 +601,44 @@ class Soak:
             self._delete(tracked)
 
     def _drain(self, node: str) -> None:
-        for tracked in [t for t in self.checker.live.values() if t.node == node]:
-            self._delete(tracked)
-        # A pod bound since the last check: the API server knows, the checker not yet.
-        for pod in self.api.pods():
-            uid = pod["metadata"]["uid"]
-            if pod["spec"].get("nodeName") == node and uid in self.checker.live:
-                self._delete(self.checker.live[uid])
+        """Cordon the node, let binds already under way land, then delete every pod on it (as
+        ``kubectl drain`` does; pods here have no controller to recreate them elsewhere)."""
+        self._patch_node(node, {"spec": {"unschedulable": True}})
+        time.sleep(DRAIN_SETTLE)
+        for _ in range(5):
+            on_node = [p for p in self.api.pods() if p["spec"].get("nodeName") == node]
+            if not on_node:
+                return
+            for pod in on_node:
+                uid = pod["metadata"]["uid"]
+                if uid in self.checker.live:
+                    self._delete(self.checker.live[uid])
+            time.sleep(0.2)
+        raise RuntimeError(f"node {node} still has pods after draining it")
+
+    def _patch_node(self, node: str, body: Mapping[str, Any], subresource: str = "") -> None:
+        self.api.call("PATCH", f"/api/v1/nodes/{node}{subresource}", body, content_type="application/merge-patch+json")
+
+    def _changeable_nodes(self) -> list[str]:
+        return sorted(name for name in self.nodes if name not in self.direct_nodes)
 
     def _op_add_node(self) -> None:
         self._add_node(self.rng.choice(sorted(NODE_SHAPES)))
 
     def _op_resize_node(self) -> None:
         """Drain a node and change its GPU count, as after a repair (labels and capacity change)."""
-        name = self.rng.choice(sorted(self.nodes))
+        name = self.rng.choice(self._changeable_nodes())
         spec = self.nodes[name]
         gpus = self.rng.choice([g for g in (1, 2, 4) if g != spec.gpus])
         self._drain(name)
         new = dataclasses.replace(spec, gpus=gpus)
-        self.api.call(
-            "PATCH",
-            f"/api/v1/nodes/{name}",
-            {"metadata": {"labels": gpu_nodes.node_labels(new)}},
-            content_type="application/merge-patch+json",
-        )
-        self.api.call(
-            "PATCH",
-            f"/api/v1/nodes/{name}/status",
-            {"status": gpu_nodes.node_status(new)},
-            content_type="application/merge-patch+json",
-        )
+        self._patch_node(name, {"metadata": {"labels": gpu_nodes.node_labels(new)}})
+        self._patch_node(name, {"status": gpu_nodes.node_status(new)}, "/status")
+        self._patch_node(name, {"spec": {"unschedulable": None}})
         self.nodes[name] = new
 
     def _op_remove_node(self) -> None:
-        name = self.rng.choice(sorted(self.nodes))
+        name = self.rng.choice(self._changeable_nodes())
         self._drain(name)
         try:
             self.api.call("DELETE", f"/api/v1/nodes/{name}")
