@@ -1,4 +1,4 @@
-"""Build etcd, kube-apiserver and kube-scheduler from Go source, cached by Kubernetes version.
+"""Build etcd, kube-apiserver, kube-scheduler and kube-controller-manager from Go source, cached by Kubernetes version.
 
 ``go install k8s.io/kubernetes/cmd/...@vX`` does not work: k8s.io/kubernetes points its staging
 modules (k8s.io/api, k8s.io/client-go, ...) at ``./staging/src/...`` through replace directives,
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_KUBE_MINOR = "1.35"
+DEFAULT_KUBE_MINOR = "1.36"
 """Kubernetes minor version used when neither ``--version`` nor ``KUBE_VERSION`` is given."""
 
 KUBE_VERSION_ENV = "KUBE_VERSION"
@@ -44,7 +44,7 @@ ETCD_SERVER_MODULE = "go.etcd.io/etcd/server/v3"
 FALLBACK_ETCD_VERSION = "v3.6.5"
 """Used only when a Kubernetes go.mod does not mention the etcd server module."""
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler")
+KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 ETCD_COMMAND = "etcd"
 BINARIES = (ETCD_COMMAND, *KUBE_COMMANDS)
 
@@ -307,12 +307,14 @@ class Binaries:
         """The kube-scheduler binary."""
         return self.directory / "kube-scheduler"
 
+    @property
+    def kube_controller_manager(self) -> Path:
+        """The kube-controller-manager binary (resource-claim controller and garbage collector)."""
+        return self.directory / "kube-controller-manager"
+
     def complete(self) -> bool:
-        """True when all three binaries exist and are executable."""
-        return all(
-            path.is_file() and os.access(path, os.X_OK)
-            for path in (self.etcd, self.kube_apiserver, self.kube_scheduler)
-        )
+        """True when every binary exists and is executable."""
+        return all(path.is_file() and os.access(path, os.X_OK) for path in (self.directory / name for name in BINARIES))
 
     def info(self) -> dict[str, Any]:
         """The build record written next to the binaries (empty if absent)."""

@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-scheduler.
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager (a few controllers).
 
 Command line::
 
@@ -15,9 +16,10 @@ Library::
 ``DIR/logs/`` and pid files to ``DIR/pids/``; ``down`` stops every process group it started.
 All ports are picked free on 127.0.0.1, so several clusters can run side by side.
 
-No kubelet, controller-manager or container runtime runs: Nodes are API objects (see
-``e2e.gpu_nodes``), pods are scheduled and bound but never start. The admission plugins that
-need those controllers (``ServiceAccount``, ``TaintNodesByCondition``) are disabled.
+No kubelet or container runtime runs: Nodes are API objects (see ``e2e.gpu_nodes``), pods are
+scheduled and bound but never start. kube-controller-manager runs only the controllers in
+``CONTROLLERS`` (DRA claims, garbage collection, Deployments); the admission plugins that need the
+others (``ServiceAccount``, ``TaintNodesByCondition``) are disabled.
 """
 
 from __future__ import annotations
@@ -59,6 +61,19 @@ VramguardMode = Literal["auto", "on", "off"]
 
 ADMIN_USER = "kubernetes-admin"
 SCHEDULER_USER = "system:kube-scheduler"
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+CONTROLLERS = (
+    # DRA: creates claims from ResourceClaimTemplates, sets pod.status.resourceClaimStatuses, and
+    # deallocates a claim once no pod it is reserved for exists any more.
+    "resourceclaim-controller",
+    # Deletes the claims the scheduler creates for DRA extended resources with their pod.
+    "garbage-collector-controller",
+    # Deployments, as the tests scale them.
+    "deployment-controller",
+    "replicaset-controller",
+)
+"""The kube-controller-manager controllers the harness runs; nothing else (no node lifecycle, which
+would taint the kubelet-less Nodes not-ready; no ServiceAccount tokens, which nothing here uses)."""
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 STATE_FILE = "cluster.json"
 PROCESSES_FILE = "processes.json"
@@ -75,7 +90,7 @@ class ClusterConfig:
 
     directory: Path
     kube_version: str | None = None
-    """Kubernetes version or minor (default: ``$KUBE_VERSION``, else the newest 1.35.x)."""
+    """Kubernetes version or minor (default: ``$KUBE_VERSION``, else the newest 1.36.x)."""
     second_scheduler: bool = False
     """Run the extender behind a second scheduler named ``vramguard`` instead of the default one."""
     vramguard: VramguardMode = "auto"
@@ -343,7 +358,8 @@ class Cluster:
             extender_port,
             extender_ops_port,
             webhook_port,
-        ) = free_ports(8)
+            controller_manager_port,
+        ) = free_ports(9)
         server = f"https://127.0.0.1:{api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
 
@@ -367,11 +383,16 @@ class Cluster:
         )
         # kube-scheduler's client certificate for the extender's mutual TLS (tlsConfig.certFile).
         ca.issue("kube-scheduler", server=False, client=True).write(*self.scheduler_client_cert)
-        tokens = {"admin": secrets.token_hex(16), "scheduler": secrets.token_hex(16)}
+        tokens = {name: secrets.token_hex(16) for name in ("admin", "scheduler", "controller-manager")}
         identities = {name: services.service_identity(name, cfg.manifests) for name in wanted}
         lines = [
             token_auth_line(tokens["admin"], ADMIN_USER, "admin", ["system:masters"]),
             token_auth_line(tokens["scheduler"], SCHEDULER_USER, "kube-scheduler"),
+            # A test control plane: the controllers run under one identity with every right,
+            # instead of one ServiceAccount per controller (which needs the token controller).
+            token_auth_line(
+                tokens["controller-manager"], CONTROLLER_MANAGER_USER, "kube-controller-manager", ["system:masters"]
+            ),
         ]
         for name, identity in identities.items():
             tokens[name] = secrets.token_hex(16)
@@ -447,8 +468,8 @@ class Cluster:
                 f"--proxy-client-cert-file={self.pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={self.pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
-                # No controller-manager: nothing would create ServiceAccounts or lift the
-                # not-ready taint that TaintNodesByCondition puts on every new Node.
+                # kube-controller-manager runs only the controllers in CONTROLLERS: nothing would
+                # create ServiceAccounts or lift the not-ready taint TaintNodesByCondition sets.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={self.pki / 'sa.pub'}",
@@ -469,6 +490,13 @@ class Cluster:
             process=apiserver,
         )
         _log(f"kube-apiserver {binaries.version} ready on {server} ({waited:.1f}s)")
+        self._start_controller_manager(
+            binaries,
+            controller_manager_port,
+            write_kubeconfig(
+                self.pki / "controller-manager.kubeconfig", CONTROLLER_MANAGER_USER, tokens["controller-manager"]
+            ),
+        )
 
         # vramguard services (before the schedulers, which call the extender)
         urls: dict[str, str] = {}
@@ -576,8 +604,9 @@ class Cluster:
         for replica in range(self.config.extender_replicas):
             backend_port, ops_port = free_ports(2)
             process = f"vramguard-extender-{replica}"
-            url = self._start_vramguard_service("extender", backend_port, kubeconfig, ops_port, process=process,
-                                                ready=False)
+            url = self._start_vramguard_service(
+                "extender", backend_port, kubeconfig, ops_port, process=process, ready=False
+            )
             self._require_state().vramguard[f"extender-{replica}"] = url
             ops = self._require_state().vramguard_ops.pop("extender")
             self._require_state().vramguard_ops[f"extender-{replica}"] = ops
@@ -642,8 +671,12 @@ class Cluster:
         if ops_port is not None:
             ready_url = self._require_state().vramguard_ops[name] = f"http://127.0.0.1:{ops_port}"
         if not ready:
-            waited = wait_until(f"vramguard {name} /healthz", lambda: http_status(f"{ready_url}/healthz") == 200,
-                                timeout=self.config.timeout, process=proc)
+            waited = wait_until(
+                f"vramguard {name} /healthz",
+                lambda: http_status(f"{ready_url}/healthz") == 200,
+                timeout=self.config.timeout,
+                process=proc,
+            )
             _log(f"vramguard {name} live on {url} ({waited:.1f}s)")
             return url
         waited = self._wait_ready(name, ready_url, proc)
@@ -710,8 +743,12 @@ class Cluster:
         write_records(self.directory / PROCESSES_FILE, self.processes)
         if replica is not None:
             ops = state.vramguard_ops[key]
-            waited = wait_until(f"vramguard {key} /healthz", lambda: http_status(f"{ops}/healthz") == 200,
-                                timeout=self.config.timeout, process=proc)
+            waited = wait_until(
+                f"vramguard {key} /healthz",
+                lambda: http_status(f"{ops}/healthz") == 200,
+                timeout=self.config.timeout,
+                process=proc,
+            )
             _log(f"vramguard {key} live again on {url} ({waited:.1f}s)")
             return
         waited = self._wait_ready(service, self.ops_url(service), proc)
@@ -786,6 +823,39 @@ class Cluster:
         _log(f"kube-apiserver restarted ({took:.1f}s)")
         return took
 
+    def _start_controller_manager(self, binaries: build.Binaries, port: int, kubeconfig: Path) -> None:
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                str(binaries.kube_controller_manager),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--leader-elect=false",
+                # The harness' pods and claims come in bursts; the default 20/s would queue them.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--v=1",
+            ],
+        )
+        self._wait_self_signed("kube-controller-manager", port, proc)
+
+    def _wait_self_signed(self, name: str, port: int, proc: ManagedProcess) -> None:
+        """Wait for /healthz of a component serving a certificate it signed itself in memory."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        waited = wait_until(
+            f"{name} /healthz",
+            lambda: http_status(f"https://127.0.0.1:{port}/healthz", context=context) == 200,
+            timeout=self.config.timeout,
+            process=proc,
+        )
+        _log(f"{name} ready on 127.0.0.1:{port} ({waited:.1f}s)")
+
     def _start_scheduler(
         self, binaries: build.Binaries, name: str, config_path: Path, port: int, kubeconfig: Path
     ) -> None:
@@ -801,17 +871,7 @@ class Cluster:
                 "--v=2",
             ],
         )
-        # The serving certificate is self-signed in memory; /readyz only needs to answer.
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        waited = wait_until(
-            f"{name} /readyz",
-            lambda: http_status(f"https://127.0.0.1:{port}/readyz", context=context) == 200,
-            timeout=self.config.timeout,
-            process=proc,
-        )
-        _log(f"{name} ready on 127.0.0.1:{port} ({waited:.1f}s)")
+        self._wait_self_signed(name, port, proc)
 
     # ------------------------------------------------------------------ stop
 
@@ -864,7 +924,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster in DIR and wait until it is ready")
     up.add_argument("--dir", required=True, type=Path, help="state, logs and kubeconfig go here")
-    up.add_argument("--kube-version", help="Kubernetes version or minor (default $KUBE_VERSION or 1.35)")
+    up.add_argument("--kube-version", help="Kubernetes version or minor (default $KUBE_VERSION or 1.36)")
     up.add_argument(
         "--second-scheduler",
         action="store_true",

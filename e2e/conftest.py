@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--e2e-kube-version",
         dest="e2e_kube_version",
         default=None,
-        help="Kubernetes version or minor for the local control plane (default $KUBE_VERSION or 1.35)",
+        help="Kubernetes version or minor for the local control plane (default $KUBE_VERSION or 1.36)",
     )
     group.addoption(
         "--e2e-second-scheduler",

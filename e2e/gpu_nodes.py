@@ -328,7 +328,7 @@ def _condition(kind: str, status: str, reason: str) -> dict[str, str]:
     }
 
 
-def node_status(spec: GPUNodeSpec, kubelet_version: str = "v1.35.0") -> dict[str, Any]:
+def node_status(spec: GPUNodeSpec, kubelet_version: str = "v1.36.0") -> dict[str, Any]:
     """The Node status a kubelet with the device plugin would report: capacity, Ready, info."""
     capacity = {
         "cpu": spec.cpu,
@@ -386,7 +386,7 @@ def _create_with_status(core_v1: Any, manifest: Mapping[str, Any], status: Mappi
     )
 
 
-def create_gpu_node(core_v1: Any, spec: GPUNodeSpec, kubelet_version: str = "v1.35.0") -> Any:
+def create_gpu_node(core_v1: Any, spec: GPUNodeSpec, kubelet_version: str = "v1.36.0") -> Any:
     """Create the Node, then write its status; returns the Node as the API server has it."""
     return _create_with_status(core_v1, node_manifest(spec), node_status(spec, kubelet_version))
 

@@ -212,3 +212,57 @@ def test_a_port_taken_before_start_is_retried_with_new_ports(
             assert cluster.state.etcd_url != f"http://127.0.0.1:{taken.getsockname()[1]}"
         finally:
             cluster.down()
+
+
+def test_controller_manager_runs_deployments_and_claims_from_templates(
+    control_plane: Any, core: Any, node_names: list[str], unique: str
+) -> None:
+    """The controllers the harness runs: Deployments get their pods, templates their claims."""
+    k8s = kube.kubernetes_module()
+    apps = k8s.client.AppsV1Api(control_plane.api_client())
+    resource = k8s.client.ResourceV1Api(control_plane.api_client())
+    pool = {"e2e.vramguard.io/pool": unique}
+    gpu_nodes.create_cpu_node(core, f"cpu-{unique}", labels=pool)
+    node_names.append(f"cpu-{unique}")
+    labels = {"app": f"d-{unique}"}
+    template = {"metadata": {"labels": labels}, "spec": gpu_pod("ignored", {}, selector=pool)["spec"]}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"d-{unique}"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": template},
+    }
+    claim_template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"t-{unique}"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "none"}}]}}},
+    }
+    claimed = gpu_pod(f"c-{unique}", {}, selector=pool)
+    claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"t-{unique}"}]
+    apps.create_namespaced_deployment(namespace=NAMESPACE, body=deployment)
+    resource.create_namespaced_resource_claim_template(namespace=NAMESPACE, body=claim_template)
+    core.create_namespaced_pod(namespace=NAMESPACE, body=claimed)
+    try:
+        selector = f"app=d-{unique}"
+
+        def bound_replicas() -> bool:
+            listed = core.list_namespaced_pod(namespace=NAMESPACE, label_selector=selector).items
+            return len(listed) == 2 and all(pod.spec.node_name == f"cpu-{unique}" for pod in listed)
+
+        wait_for("the Deployment's two pods to be created and bound", bound_replicas)
+
+        def claim_name() -> str | None:
+            statuses = core.read_namespaced_pod(name=f"c-{unique}", namespace=NAMESPACE).status.resource_claim_statuses
+            return statuses[0].resource_claim_name if statuses else None
+
+        name = wait_for("the claim made from the template", claim_name)
+        assert resource.read_namespaced_resource_claim(name=name, namespace=NAMESPACE).metadata.owner_references
+    finally:
+        apps.delete_namespaced_deployment(name=f"d-{unique}", namespace=NAMESPACE, propagation_policy="Foreground")
+        core.delete_namespaced_pod(name=f"c-{unique}", namespace=NAMESPACE, grace_period_seconds=0)
+        resource.delete_namespaced_resource_claim_template(name=f"t-{unique}", namespace=NAMESPACE)
+    wait_for(
+        "the garbage collector to delete the Deployment's pods",
+        lambda: not core.list_namespaced_pod(namespace=NAMESPACE, label_selector=f"app=d-{unique}").items,
+    )
