@@ -788,11 +788,13 @@ class Cluster:
         _log(f"extender replicas {sorted(old)} replaced by {new}")
         return new
 
-    def restart_apiserver(self, *, grace: float = 30.0) -> float:
+    def restart_apiserver(self, *, grace: float = 10.0) -> float:
         """Stop kube-apiserver with SIGTERM and start it again: same etcd, flags, port and certificates.
 
         Returns the seconds from the signal until the new process answers ``/readyz``. Clients keep
         their URLs and tokens; their watches break and must be re-established, as on an upgrade.
+        kube-apiserver stops listening at once but may take 30 s to exit; what is left after
+        ``grace`` seconds is killed, as the kubelet does after a pod's grace period.
         """
         state = self._require_state()
         index = next((i for i, proc in enumerate(self.processes) if proc.name == "kube-apiserver"), None)

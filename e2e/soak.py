@@ -9,8 +9,9 @@ comes first):
 
 * GPU pods of several shapes and engines (vLLM, SGLang, TGI, declared ``vramguard.io/vram``
   annotations, unknown VRAM, multi-GPU, MPS) created and deleted, in an ``enforce`` and an
-  ``audit`` namespace; replica groups scaled up and down (pods sharing an owner label, as a
-  ReplicaSet makes them);
+  ``audit`` namespace; Deployments scaled up and down (where the cluster runs
+  kube-controller-manager; otherwise replica groups, pods sharing an owner label that the soak
+  creates and deletes as a ReplicaSet would);
 * pods placed directly with ``spec.nodeName`` (the webhook's check, on nodes of their own: the
   scheduler and the webhook race on a shared node, which is documented);
 * GPU nodes appearing, changing their GPU count (drained first, as an operator would) and
@@ -27,8 +28,9 @@ ledger rebuilt from them, as a restarted extender would build it; never an exten
   seconds (counted from when it fits and the control plane is whole again: a leader is ready);
 * every deleted pod is gone from the API server, so its VRAM is released (and the pods that then
   fit are bound, which only happens if the extender released it too);
-* no pod lost (every pod created and not deleted is still there) or bound twice (a pod's node
-  never changes once set).
+* no pod lost (every pod created and not deleted is still there, and every Deployment has as many
+  pods as replicas within ``--bind-within`` seconds) or bound twice (a pod's node never changes once
+  set).
 
 The summary (operations by kind, kills, restarts, leader changes, bind latency percentiles, the
 processes' peak RSS from /proc, violations) is printed and written as JSON with ``--out``; the exit
@@ -67,6 +69,7 @@ from vramguard.policy import default_policy
 EXTENDER_LEASE = "/apis/coordination.k8s.io/v1/namespaces/vramguard-system/leases/vramguard-extender"
 RUN_LABEL = "soak.vramguard.io/run"
 GROUP_LABEL = "soak.vramguard.io/group"
+DEPLOYMENT_LABEL = "soak.vramguard.io/deployment"
 DIRECT_LABEL = "soak.vramguard.io/direct"
 ENFORCE_NS = "soak-enforce"
 AUDIT_NS = "soak-audit"
@@ -171,6 +174,25 @@ def pod_manifest(
     }
 
 
+def deployment_manifest(name: str, shape: str, run: str) -> dict[str, Any]:
+    """A Deployment of ``shape`` pods, at 0 replicas (the soak scales it)."""
+    pod = pod_manifest(name, shape, run)
+    labels = {**pod["metadata"]["labels"], DEPLOYMENT_LABEL: name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {RUN_LABEL: run}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {DEPLOYMENT_LABEL: name}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": pod["metadata"]["annotations"]},
+                "spec": pod["spec"],
+            },
+        },
+    }
+
+
 NODE_SHAPES: dict[str, Callable[[str], gpu_nodes.GPUNodeSpec]] = {
     "h100-ts": lambda name: gpu_nodes.time_sliced(name, "H100-80GB", gpus=2, replicas=4),
     "a100-whole": lambda name: gpu_nodes.exclusive(name, "A100-80GB", gpus=2),
@@ -240,6 +262,8 @@ class Tracked:
     uid: str
     created: float
     direct: bool
+    owned: bool = False
+    """Made by a ReplicaSet: its controller may delete it (scaling down), so only its count is checked."""
     node: str | None = None
     bound_seen: float | None = None
     fits_since: float | None = None
@@ -255,6 +279,10 @@ class Checker:
     """uid -> pods created and not deleted by the soak."""
     deleted: dict[str, float] = field(default_factory=dict)
     """uid -> when the soak's DELETE returned."""
+    deployments: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Deployment name -> (namespace, replicas the soak asked for)."""
+    short_since: dict[str, float] = field(default_factory=dict)
+    """Deployment name -> since when it has had fewer or more pods than replicas."""
     quiet_since: float = field(default_factory=time.monotonic)
     """When the control plane was last whole again (a ready extender leader, the API server up)."""
     violations: list[str] = field(default_factory=list)
@@ -277,7 +305,9 @@ class Checker:
         state.pods.replace(pods)
         now = time.monotonic() if now is None else now
         found = [f"over budget: {v}" for v in state.ledger.check_invariants()]
+        self._adopt(pods, now)
         found += self._lost_or_rebound(pods, now)
+        found += self._replicas(pods, now)
         found += self._released(pods)
         found += self._bound_in_time(state, pods, nodes, now)
         self.checks += 1
@@ -288,6 +318,35 @@ class Checker:
                 self._seen.add(key)
                 _log(f"VIOLATION {message}")
                 self.violations.append(message)
+        return found
+
+    def _adopt(self, pods: list[dict[str, Any]], now: float) -> None:
+        """Track the pods the Deployments' ReplicaSets made; forget those their controller deleted."""
+        present = {p["metadata"]["uid"] for p in pods}
+        for uid in [uid for uid, t in self.live.items() if t.owned and uid not in present]:
+            del self.live[uid]
+        for pod in pods:
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get(DEPLOYMENT_LABEL) and meta["uid"] not in self.live:
+                self.live[meta["uid"]] = Tracked(meta["namespace"], meta["name"], meta["uid"], now, False, owned=True)
+
+    def _replicas(self, pods: list[dict[str, Any]], now: float) -> list[str]:
+        """Every Deployment has as many live pods as replicas, within ``bind_within`` once quiet."""
+        found = []
+        for name, (namespace, replicas) in self.deployments.items():
+            count = sum(
+                1
+                for p in pods
+                if p["metadata"]["namespace"] == namespace
+                and (p["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == name
+                and not p["metadata"].get("deletionTimestamp")
+            )
+            if count == replicas:
+                self.short_since.pop(name, None)
+                continue
+            since = self.short_since.setdefault(name, now)
+            if now - max(since, self.quiet_since) > self.bind_within:
+                found.append(f"lost: Deployment {namespace}/{name} has {count} pods for {replicas} replicas")
         return found
 
     def _lost_or_rebound(self, pods: list[dict[str, Any]], now: float) -> list[str]:
@@ -305,7 +364,7 @@ class Checker:
             elif node and pod.node is None:
                 pod.node = node
                 pod.bound_seen = now
-                if not pod.direct:
+                if not pod.direct and not pod.owned:
                     self.latencies.append(now - pod.created)
             bound += bool(node)
         self.peak_bound = max(self.peak_bound, bound)
@@ -443,6 +502,8 @@ class Soak:
         self.direct_nodes: list[str] = []
         self.groups: dict[str, tuple[str, str]] = {}
         """group -> (namespace, shape)."""
+        self.deployments = any(proc.name == "kube-controller-manager" for proc in cluster.processes)
+        """Groups are Deployments (kube-controller-manager runs), else pods the soak makes itself."""
         self.serial = 0
         self.leader_changes_seen = 0
         self.holder: str | None = None
@@ -474,6 +535,14 @@ class Soak:
             self.direct_nodes.append(spec.name)
         for index, shape in enumerate(("vllm-0.30", "tgi-0.25", "declared-20Gi")):
             self.groups[f"g{index}"] = (ENFORCE_NS if index % 2 == 0 else AUDIT_NS, shape)
+        if self.deployments:
+            for name, (namespace, shape) in self.groups.items():
+                self.api.call(
+                    "POST",
+                    f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                    deployment_manifest(name, shape, self.run),
+                )
+                self.checker.deployments[name] = (namespace, 0)
         self.holder = self._lease_holder()
 
     def _name(self, prefix: str) -> str:
@@ -587,10 +656,23 @@ class Soak:
             self._delete(tracked)
 
     def _op_scale_group(self) -> None:
-        """Scale a replica group to a random size: new pods from its template, or the newest deleted
-        (pending ones first, as a ReplicaSet scales down)."""
+        """Scale a Deployment (or a replica group: new pods from its template, or the newest deleted,
+        pending ones first, as a ReplicaSet scales down) to a random size."""
         group = self.rng.choice(sorted(self.groups))
         namespace, shape = self.groups[group]
+        if self.deployments:
+            current = self.checker.deployments[group][1]
+            target = min(self.rng.randint(0, 8), current + max(0, self.config.max_pods - len(self.checker.live)))
+            self.api.call(
+                "PATCH",
+                f"/apis/apps/v1/namespaces/{namespace}/deployments/{group}",
+                {"spec": {"replicas": target}},
+                content_type="application/merge-patch+json",
+            )
+            self.checker.deployments[group] = (namespace, target)
+            self.checker.short_since.pop(group, None)
+            self.outcomes["deployment pods asked for"] += max(0, target - current)
+            return
         members = [t for t in self.checker.live.values() if t.name.startswith(f"{group}-")]
         target = self.rng.randint(0, 8)
         room = self.config.max_pods - len(self.checker.live)
