@@ -683,8 +683,8 @@ class Soak:
             self._delete(tracked)
 
     def _drain(self, node: str) -> None:
-        """Cordon the node, let binds already under way land, then delete every pod on it (as
-        ``kubectl drain`` does; pods here have no controller to recreate them elsewhere)."""
+        """Cordon the node, let binds already under way land, then delete every pod on it, as
+        ``kubectl drain`` does (a Deployment's ReplicaSet makes a new pod, placed elsewhere)."""
         self._patch_node(node, {"spec": {"unschedulable": True}})
         time.sleep(DRAIN_SETTLE)
         for _ in range(5):
@@ -692,9 +692,13 @@ class Soak:
             if not on_node:
                 return
             for pod in on_node:
-                uid = pod["metadata"]["uid"]
-                if uid in self.checker.live:
-                    self._delete(self.checker.live[uid])
+                meta = pod["metadata"]
+                # A Deployment's pod made since the last check is not tracked yet: track it first.
+                tracked = self.checker.live.get(meta["uid"]) or Tracked(
+                    meta["namespace"], meta["name"], meta["uid"], time.monotonic(), False, owned=True
+                )
+                self.checker.live[meta["uid"]] = tracked
+                self._delete(tracked)
             time.sleep(0.2)
         raise RuntimeError(f"node {node} still has pods after draining it")
 
