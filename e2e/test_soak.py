@@ -122,15 +122,19 @@ def emptied(soaked: tuple[Cluster, Soak]) -> Api:
     api = Api(soaked[0])
     for namespace in (ENFORCE_NS, AUDIT_NS):
         for deployment in api.call("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"]:
-            api.call("DELETE", f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment['metadata']['name']}",
-                     {"propagationPolicy": "Background"})
+            api.call(
+                "DELETE",
+                f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment['metadata']['name']}",
+                {"propagationPolicy": "Background"},
+            )
     deadline = time.monotonic() + 60
     while left := [p["metadata"] for p in api.pods() if p["metadata"]["namespace"] in (ENFORCE_NS, AUDIT_NS)]:
         assert time.monotonic() < deadline, f"pods left: {[meta['name'] for meta in left]}"
         for meta in left:
             with contextlib.suppress(urllib.error.HTTPError):  # the garbage collector may be first
-                api.call("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                         {"gracePeriodSeconds": 0})
+                api.call(
+                    "DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", {"gracePeriodSeconds": 0}
+                )
         time.sleep(1)
     return api
 

@@ -50,7 +50,7 @@ def _prefixes(trees: list[ast.Module]) -> set[str]:
             if isinstance(node, ast.keyword) and node.arg == "metrics_prefix":
                 values.append(node.value)
             if isinstance(node, ast.arguments):
-                positional = node.args[len(node.args) - len(node.defaults):]
+                positional = node.args[len(node.args) - len(node.defaults) :]
                 pairs = [
                     *zip(positional, node.defaults, strict=True),
                     *zip(node.kwonlyargs, node.kw_defaults, strict=True),
@@ -77,8 +77,12 @@ def code_metric_names() -> frozenset[str]:
                 names.update(METRIC.findall(node.value))
             elif isinstance(node, ast.JoinedStr) and len(node.values) == 2:
                 head, tail = node.values
-                if not (isinstance(head, ast.FormattedValue) and isinstance(head.value, ast.Name)
-                        and isinstance(tail, ast.Constant) and isinstance(tail.value, str)):
+                if not (
+                    isinstance(head, ast.FormattedValue)
+                    and isinstance(head.value, ast.Name)
+                    and isinstance(tail, ast.Constant)
+                    and isinstance(tail.value, str)
+                ):
                     continue
                 if head.value.id in constants:
                     names.add(constants[head.value.id] + tail.value)
