@@ -754,6 +754,77 @@ class Cluster:
         waited = self._wait_ready(service, self.ops_url(service), proc)
         _log(f"vramguard {service} ready again on {url} ({waited:.1f}s)")
 
+    def roll_extender(self, *, grace: float = 30.0) -> list[int]:
+        """Replace every extender replica as a Deployment's RollingUpdate with ``maxUnavailable: 100%``
+        does: start as many new replicas (new ports, behind the same Service proxy), then SIGTERM the
+        old ones (each drains for its ``--drain-delay`` and releases the Lease) and drop them from the
+        proxy once they are gone. Returns the new replicas' indexes; they are live, one becomes ready."""
+        state = self._require_state()
+        proxy = self._extender_service
+        if proxy is None:
+            raise RuntimeError("the extender does not run as replicas behind a Service in this cluster")
+        old = {key: state.vramguard_ops[key] for key in state.vramguard_ops if key.startswith("extender-")}
+        first = 1 + max(int(key.rpartition("-")[2]) for key in old)
+        new = list(range(first, first + len(old)))
+        for replica in new:
+            backend_port, ops_port = free_ports(2)
+            url = self._start_vramguard_service("extender", backend_port, self.pki / "extender.kubeconfig", ops_port,
+                                                process=f"vramguard-extender-{replica}", ready=False)
+            state.vramguard[f"extender-{replica}"] = url
+            state.vramguard_ops[f"extender-{replica}"] = ops = state.vramguard_ops.pop("extender")
+            proxy.backends.append(Backend(backend_port, f"{ops}/readyz"))
+        leaving = [proc for proc in self.processes if proc.name in {f"vramguard-{key}" for key in old}]
+        for proc in leaving:
+            proc.send(signal.SIGTERM)
+        for proc in leaving:
+            if not proc.wait_gone(grace):
+                proc.stop(timeout=0)
+        proxy.backends[:] = [b for b in proxy.backends if b.ready_url not in {f"{ops}/readyz" for ops in old.values()}]
+        self.processes = [proc for proc in self.processes if proc not in leaving]
+        for key in old:
+            state.vramguard.pop(key, None)
+            state.vramguard_ops.pop(key, None)
+        write_records(self.directory / PROCESSES_FILE, self.processes)
+        _log(f"extender replicas {sorted(old)} replaced by {new}")
+        return new
+
+    def restart_apiserver(self, *, grace: float = 10.0) -> float:
+        """Stop kube-apiserver with SIGTERM and start it again: same etcd, flags, port and certificates.
+
+        Returns the seconds from the signal until the new process answers ``/readyz``. Clients keep
+        their URLs and tokens; their watches break and must be re-established, as on an upgrade.
+        kube-apiserver stops listening at once but may take 30 s to exit; what is left after
+        ``grace`` seconds is killed, as the kubelet does after a pod's grace period.
+        """
+        state = self._require_state()
+        index = next((i for i, proc in enumerate(self.processes) if proc.name == "kube-apiserver"), None)
+        if index is None:
+            raise RuntimeError("kube-apiserver is not running in this cluster")
+        old = self.processes[index]
+        stopped = time.monotonic()
+        old.send(signal.SIGTERM)
+        if not old.wait_gone(grace):
+            old.stop(timeout=0)
+        proc = ManagedProcess.start(
+            old.name,
+            old.record.argv,
+            log_path=Path(old.record.log),
+            pid_dir=self.directory / "pids",
+            cwd=self.directory,
+            die_with_parent=not self.config.detach,
+        )
+        self.processes[index] = proc
+        write_records(self.directory / PROCESSES_FILE, self.processes)
+        wait_until(
+            "kube-apiserver /readyz",
+            lambda: http_status(f"{state.server}/readyz", context=self.ssl_context(), token=state.admin_token) == 200,
+            timeout=self.config.timeout,
+            process=proc,
+        )
+        took = time.monotonic() - stopped
+        _log(f"kube-apiserver restarted ({took:.1f}s)")
+        return took
+
     def _start_controller_manager(self, binaries: build.Binaries, port: int, kubeconfig: Path) -> None:
         proc = self._spawn(
             "kube-controller-manager",

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from e2e import gpu_nodes
 from e2e.cluster import Cluster
 from e2e.procs import http_status
 from e2e.scenario import violations_on_own_nodes
-from e2e.test_extender import add_nodes, vllm_pod
+from e2e.test_extender import add_nodes, create_all, vllm_pod
 from extender.verbs import NOT_LEADER
 
 pytestmark = pytest.mark.timeout(420)
@@ -35,7 +36,7 @@ RETRY_PERIOD = 2.0
 @pytest.fixture(scope="module")
 def ha_cluster(local_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster = Cluster.up(tmp_path_factory.mktemp("ha"), kube_version=local_control_plane.version,
-                         extender_replicas=2)
+                         extender_replicas=2, service_args={"extender": ["--drain-delay", "2"]})
     try:
         yield cluster
     finally:
@@ -140,36 +141,34 @@ def wait_leader(cluster: Cluster, timeout: float) -> tuple[int, float]:
         time.sleep(0.1)
 
 
-def test_a_rolling_update_during_a_wave_binds_every_fitting_pod(ha_cluster: Cluster, unique: str) -> None:
+def test_a_rolling_update_during_a_wave_of_200_pods_binds_every_fitting_pod(ha_cluster: Cluster, unique: str) -> None:
     cluster = ha_cluster
     core_v1 = cluster.core_v1()
-    # Whatever the previous test left dead comes back as a standby (or leader) first.
-    for replica in replicas(cluster):
-        [proc] = [p for p in cluster.processes if p.name == f"vramguard-extender-{replica}"]
-        if proc.exited() is not None or not proc.record.running():
-            cluster.restart_vramguard("extender", signal.SIGTERM, replica=replica)
     wait_leader(cluster, timeout=3 * LEASE_DURATION + 30)
 
-    # 6 GPUs time-sliced 4 ways, 0.30 per pod: 18 of the 30 pods fit.
-    add_nodes(core_v1, unique, *[gpu_nodes.time_sliced(f"r{i}", "H100-80GB", replicas=4) for i in range(6)])
+    # 50 GPUs time-sliced 4 ways, 0.30 per pod: 3 pods per GPU, 150 of the 200 fit. (One GPU per
+    # node: without an agent's report the pods' GPU on a node is unknown, so the rule assumes the
+    # worst, all on one GPU.)
+    add_nodes(core_v1, unique, *[gpu_nodes.time_sliced(f"r{i:02}", "H100-80GB", replicas=4) for i in range(50)])
+    pods = [vllm_pod(f"roll{i:03}-{unique}", "0.30", unique) for i in range(200)]
     handovers = []
-    for step in range(3):
-        for i in range(10 * step, 10 * step + 10):
-            core_v1.create_namespaced_pod(NAMESPACE, vllm_pod(f"roll{i:02}-{unique}", "0.30", unique))
-        if step == 2:
-            break
-        # A rolling update replaces the leader: SIGTERM (drain, release the Lease), a new process.
-        leader, _ = wait_leader(cluster, timeout=3 * LEASE_DURATION + 30)
-        stopped = time.monotonic()
-        cluster.restart_vramguard("extender", signal.SIGTERM, replica=leader)
-        wait_leader(cluster, timeout=LEASE_DURATION)
-        handovers.append(time.monotonic() - stopped)
+    with ThreadPoolExecutor(max_workers=1) as creator:
+        wave = creator.submit(create_all, core_v1, NAMESPACE, pods)
+        # Roll twice while the wave is created and scheduled: new replicas start, the old ones get
+        # SIGTERM, drain for --drain-delay and release the Lease, as a Deployment's RollingUpdate does.
+        for rolled in (30, 90):
+            wait_bound(core_v1, "roll", rolled, timeout=120)
+            stopped = time.monotonic()
+            cluster.roll_extender()
+            wait_leader(cluster, timeout=LEASE_DURATION)
+            handovers.append(time.monotonic() - stopped)
+        wave.result(timeout=120)
     print("rolling update: new leader serving " + ", ".join(f"{h:.1f}s" for h in handovers)
-          + " after SIGTERM to the old one (including its restart)")
+          + " after the new replicas were started and the old ones got SIGTERM")
     # A released Lease is taken within a retry period, without the takeover grace.
     assert all(h < LEASE_DURATION for h in handovers), handovers
 
-    pods = wait_bound(core_v1, "roll", 18, timeout=120)
-    assert len(pods) == 30, "no pod lost"
-    assert sum(1 for node in pods.values() if node) == 18, pods
+    placed = wait_bound(core_v1, "roll", 150, timeout=180)
+    assert len(placed) == 200, "no pod lost"
+    assert sum(1 for node in placed.values() if node) == 150, placed
     assert violations_on_own_nodes(cluster, unique) == []
