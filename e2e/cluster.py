@@ -726,21 +726,8 @@ class Cluster:
         index = next((i for i, proc in enumerate(self.processes) if proc.name == name), None)
         if url is None or index is None:
             raise RuntimeError(f"vramguard {service} is not running in this cluster")
-        old = self.processes[index]
-        old.send(sig)
-        if not old.wait_gone(grace):
-            old.stop(timeout=0)
-        _log(f"vramguard {service} stopped with {sig.name}; restarting")
-        proc = ManagedProcess.start(
-            name,
-            old.record.argv,
-            log_path=Path(old.record.log),
-            pid_dir=self.directory / "pids",
-            cwd=self.directory,
-            die_with_parent=not self.config.detach,
-        )
-        self.processes[index] = proc
-        write_records(self.directory / PROCESSES_FILE, self.processes)
+        proc = self._replace_process(index, sig, grace)
+        _log(f"vramguard {service} stopped with {sig.name}; restarted")
         if replica is not None:
             ops = state.vramguard_ops[key]
             waited = wait_until(
@@ -788,21 +775,11 @@ class Cluster:
         _log(f"extender replicas {sorted(old)} replaced by {new}")
         return new
 
-    def restart_apiserver(self, *, grace: float = 10.0) -> float:
-        """Stop kube-apiserver with SIGTERM and start it again: same etcd, flags, port and certificates.
-
-        Returns the seconds from the signal until the new process answers ``/readyz``. Clients keep
-        their URLs and tokens; their watches break and must be re-established, as on an upgrade.
-        kube-apiserver stops listening at once but may take 30 s to exit; what is left after
-        ``grace`` seconds is killed, as the kubelet does after a pod's grace period.
-        """
-        state = self._require_state()
-        index = next((i for i, proc in enumerate(self.processes) if proc.name == "kube-apiserver"), None)
-        if index is None:
-            raise RuntimeError("kube-apiserver is not running in this cluster")
+    def _replace_process(self, index: int, sig: signal.Signals, grace: float) -> ManagedProcess:
+        """Stop ``self.processes[index]`` with ``sig`` (killing what is left after ``grace`` seconds)
+        and start the same command line again in its place, with the same log and pid file."""
         old = self.processes[index]
-        stopped = time.monotonic()
-        old.send(signal.SIGTERM)
+        old.send(sig)
         if not old.wait_gone(grace):
             old.stop(timeout=0)
         proc = ManagedProcess.start(
@@ -815,6 +792,22 @@ class Cluster:
         )
         self.processes[index] = proc
         write_records(self.directory / PROCESSES_FILE, self.processes)
+        return proc
+
+    def restart_apiserver(self, *, grace: float = 10.0) -> float:
+        """Stop kube-apiserver with SIGTERM and start it again: same etcd, flags, port and certificates.
+
+        Returns the seconds from the signal until the new process answers ``/readyz``. Clients keep
+        their URLs and tokens; their watches break and must be re-established, as on an upgrade.
+        kube-apiserver stops listening at once but may take 30 s to exit; what is left after
+        ``grace`` seconds is killed, as the kubelet does after a pod's grace period.
+        """
+        state = self._require_state()
+        index = next((i for i, proc in enumerate(self.processes) if proc.name == "kube-apiserver"), None)
+        if index is None:
+            raise RuntimeError("kube-apiserver is not running in this cluster")
+        stopped = time.monotonic()
+        proc = self._replace_process(index, signal.SIGTERM, grace)
         wait_until(
             "kube-apiserver /readyz",
             lambda: http_status(f"{state.server}/readyz", context=self.ssl_context(), token=state.admin_token) == 200,
