@@ -554,7 +554,14 @@ class ClusterState:
         record = PodRecord(
             key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod)
         )
-        return _PodEntry(key, record, self.bound_claims(pod, choice, template) if node else None)
+        # An unchanged pod (most of a re-list) keeps the objects the model holds: the new state being
+        # built shares them with the old one instead of doubling the memory of every record.
+        if self.records.get(key.uid) == record:
+            record = self.records[key.uid]
+        held = self.ledger.holding(key.uid)
+        if held is not None and held[0] == key:
+            key = held[0]
+        return _PodEntry(key, record, self.bound_claims(pod, choice, template).claims if node else None)
 
     def _apply_pod(self, entry: _PodEntry, was_bound: bool) -> None:
         """Keep a pod's record, and hold its claims in the ledger when it is bound."""
@@ -568,7 +575,7 @@ class ClusterState:
             # Its placement comes from its claim, read at the next sync.
             self._dra_pod_changes += 1
             self._dra_pods_seen.add(record.node)
-        self.ledger.hold(record.node, key, entry.claims.claims)
+        self.ledger.hold(record.node, key, entry.claims)
         self._record(key, record)
 
     def _delete_pod(self, pod: JSON) -> None:
@@ -918,7 +925,8 @@ class _PodEntry:
 
     key: PodKey
     record: PodRecord
-    claims: PodClaims | None
+    claims: tuple[Claim, ...] | None
+    """The claims the ledger holds (shared per template and class), when the pod is bound."""
 
 
 class _PodsReplacement:
