@@ -274,3 +274,16 @@ def test_a_pod_list_read_page_by_page_changes_the_quota_only_when_complete() -> 
     assert pods.pending() == 0, "the list showed the admitted pod"
     assert pods.usage("team-a") == NamespaceUsage(20 * GiB, 1)
     assert model.ledger.holding("old") is None and model.ledger.holding("new") is not None
+
+
+def test_a_relist_keeps_the_records_of_unchanged_pods() -> None:
+    # While a re-list is built the old state serves; sharing unchanged records (and the ledger's pod
+    # references) keeps the two from doubling the memory of every pod.
+    model, pods = stores()
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="small")])
+    same, moved = model.records["same"], model.records["moved"]
+    ref = model.ledger.holding("same")[0]  # type: ignore[index]
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="big")])
+    assert model.records["same"] is same
+    assert model.ledger.holding("same")[0] is ref  # type: ignore[index]
+    assert model.records["moved"] is not moved and model.records["moved"].node == "big"
