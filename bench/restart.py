@@ -136,7 +136,9 @@ class Extender:
                 "--kubeconfig", str(kubeconfig), "--leader-elect", "false",
                 "--max-watch-event-bytes", str(MAX_EVENT_BYTES)]
         self.started = time.monotonic()
-        self.process = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        # Run from the log's folder: ``-c`` puts the working directory first on the import path, and
+        # a checkout there would shadow the interpreter's own vramguard.
+        self.process = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=log.parent)
 
     def wait_ready(self) -> float:
         """Seconds from the start to the first 200 of ``/readyz``."""
@@ -182,7 +184,9 @@ def settle() -> None:
 def measure(python: str, kubeconfig: Path, pod_path: str, work_dir: Path, pods: int) -> JSON:
     """The four states of one extender build (see the module docstring)."""
     log = work_dir / f"extender-{abs(hash(python))}.log"
-    result: JSON = {"python": python, "pods": pods}
+    where = subprocess.run([python, "-c", "import vramguard; print(vramguard.__file__)"], cwd=work_dir,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    result: JSON = {"python": python, "vramguard": where, "pods": pods}
     extender = Extender(python, kubeconfig, log)
     try:
         result["first_ready_s"] = round(extender.wait_ready(), 1)
