@@ -24,6 +24,14 @@ class FakeResource:
     list_calls: int = 0
     list_gates: dict[int, asyncio.Event] = field(default_factory=dict)
     """List call number (0 = the first) -> gate the answer waits for."""
+    page_size: int | None = None
+    """Items per page (else the request's ``limit``); pages after the first carry a continue token."""
+    page_gates: dict[tuple[int, int], asyncio.Event] = field(default_factory=dict)
+    """(list call number, page number) -> gate that page's answer waits for."""
+    page_failures: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(list call number, page number) -> status that page answers with (410: the token expired)."""
+    pages_served: list[tuple[int, int]] = field(default_factory=list)
+    """(list call number, page number) of every page answered."""
     fail_status: int | None = None
     """While set, lists and watches answer this status."""
     watches: asyncio.Queue[asyncio.Queue[bytes | None]] = field(default_factory=asyncio.Queue)
@@ -55,13 +63,7 @@ class FakeApi:
                 return web.json_response({"reason": "InternalError", "message": "failing"},
                                          status=resource.fail_status)
             if request.query.get("watch") != "1":
-                number = resource.list_calls
-                resource.list_calls += 1
-                gate = resource.list_gates.get(number)
-                if gate is not None:
-                    await gate.wait()
-                items = resource.lists[min(number, len(resource.lists) - 1)]
-                return web.json_response({"metadata": {"resourceVersion": str(100 + number)}, "items": items})
+                return await self._list(resource, request)
             queue: asyncio.Queue[bytes | None] = asyncio.Queue()
             await resource.watches.put(queue)
             response = web.StreamResponse()
@@ -71,6 +73,34 @@ class FakeApi:
             return response
 
         return handler
+
+    @staticmethod
+    async def _list(resource: FakeResource, request: web.Request) -> web.Response:
+        """One page of a list: a new list (``list_calls`` counts them) or a continued one."""
+        token = request.query.get("continue")
+        if token is None:
+            number, offset = resource.list_calls, 0
+            resource.list_calls += 1
+            gate = resource.list_gates.get(number)
+            if gate is not None:
+                await gate.wait()
+        else:
+            number, offset = (int(part) for part in token.split(":"))
+        items = resource.lists[min(number, len(resource.lists) - 1)]
+        size = resource.page_size or int(request.query.get("limit") or len(items) or 1)
+        page = (number, offset // size)
+        page_gate = resource.page_gates.get(page)
+        if page_gate is not None:
+            await page_gate.wait()
+        status = resource.page_failures.pop(page, None)
+        if status is not None:
+            return web.json_response({"reason": "Expired" if status == 410 else "InternalError",
+                                      "message": f"page {page[1]} of list {number} fails"}, status=status)
+        resource.pages_served.append(page)
+        metadata: dict[str, Any] = {"resourceVersion": str(100 + number)}
+        if offset + size < len(items):
+            metadata["continue"] = f"{number}:{offset + size}"
+        return web.json_response({"metadata": metadata, "items": items[offset : offset + size]})
 
     async def _namespace(self, request: web.Request) -> web.Response:
         for obj in self.resources["namespaces"].lists[0]:

@@ -253,3 +253,37 @@ def test_the_all_pods_feed_showing_a_pod_unbound_keeps_its_bind_in_flight() -> N
     assert model.is_bound("x") == "small" and "x" not in model.in_flight
     pods.delete(gpu_pod("x", node_name="small"))
     assert model.ledger.holding("x") is None and model.is_bound("x") is None
+
+
+def test_a_pod_list_read_page_by_page_changes_the_quota_only_when_complete() -> None:
+    model, pods = stores()
+    pods.replace([gpu_pod("old", node_name="small")])
+    claims = quota_claims(derive_pod_demand(gpu_pod("admitted")))
+    pods.hold("admitted", "team-a", claims, node="small")
+    before = pods.usage("team-a")
+    assert before == NamespaceUsage(20 * GiB + 20 * GiB, 2)
+    relist = model.pods.begin_replace()
+    relist.add([gpu_pod("admitted", node_name="small")])
+    relist.add([gpu_pod("new", namespace="team-b", node_name="big")])
+    # Two pages in, nothing shows: the old pod still counts, the admission is still pending.
+    assert pods.usage("team-a") == before
+    assert pods.pending() == 1
+    assert set(model.records) == {"old"} and model.ledger.holding("new") is None
+    relist.commit()
+    assert set(model.records) == {"admitted", "new"}
+    assert pods.pending() == 0, "the list showed the admitted pod"
+    assert pods.usage("team-a") == NamespaceUsage(20 * GiB, 1)
+    assert model.ledger.holding("old") is None and model.ledger.holding("new") is not None
+
+
+def test_a_relist_keeps_the_records_of_unchanged_pods() -> None:
+    # While a re-list is built the old state serves; sharing unchanged records (and the ledger's pod
+    # references) keeps the two from doubling the memory of every pod.
+    model, pods = stores()
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="small")])
+    same, moved = model.records["same"], model.records["moved"]
+    ref = model.ledger.holding("same")[0]  # type: ignore[index]
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="big")])
+    assert model.records["same"] is same
+    assert model.ledger.holding("same")[0] is ref  # type: ignore[index]
+    assert model.records["moved"] is not moved and model.records["moved"].node == "big"

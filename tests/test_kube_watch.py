@@ -215,6 +215,70 @@ async def test_an_event_beyond_aiohttps_own_line_limit_is_read_under_ours(env: E
         assert env.api["pods"].list_calls == 1
 
 
+def held(state: ClusterState, uids: list[str]) -> set[str]:
+    """Which of ``uids`` the ledger holds."""
+    return {uid for uid in uids if state.ledger.holding(uid) is not None}
+
+
+ALL_UIDS = [f"uid-p{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("page", "status", "reason"),
+    [
+        pytest.param(2, 500, "api", id="page 3 fails: the old pods serve until a list completes"),
+        pytest.param(1, 410, "expired", id="the continue token expires: the list starts again from page 1"),
+    ],
+)
+async def test_a_relist_is_read_page_by_page_and_swapped_in_only_when_complete(
+    env: Env, page: int, status: int, reason: str
+) -> None:
+    pods = env.api["pods"]
+    old = [vllm_pod(f"p{i}", "0.2", "n1") for i in range(4)]
+    new = [old[0], vllm_pod("p8", "0.2", "n2"), vllm_pod("p9", "0.2", "n2")]
+    pods.lists = [old, new]  # the re-list: p1..p3 were deleted, p8 and p9 bound meanwhile
+    pods.page_size = 1
+    pods.page_failures[(1, page)] = status
+    retry = pods.list_gates[2] = asyncio.Event()
+    state, registry = cluster_state(), CollectorRegistry()
+    informer = Informer(env.client(), "/api/v1/pods", state.pods, slim=slim_pod, metrics=WatchMetrics(registry))
+    async with running(informer) as task:
+        await informer.synced.wait()
+        assert pods.pages_served == [(0, 0), (0, 1), (0, 2), (0, 3)]
+        assert held(state, ALL_UIDS) == {"uid-p0", "uid-p1", "uid-p2", "uid-p3"}
+        (await pods.watches.get()).put_nowait(b"{not json\n")  # forces a re-list
+        await eventually(lambda: pods.list_calls == 3)  # the failed list, and the next one (held back)
+        assert sample(registry, "vramguard_watch_restarts_total", resource="pods", reason=reason) == 1
+        assert (1, 0) in pods.pages_served, "the failed list had read a page before it failed"
+        assert held(state, ALL_UIDS) == {"uid-p0", "uid-p1", "uid-p2", "uid-p3"}, "a half list changed nothing"
+        assert informer.healthy(), "the old state is whole: it keeps serving"
+        retry.set()
+        await eventually(lambda: held(state, ALL_UIDS) == {"uid-p0", "uid-p8", "uid-p9"})
+        assert pods.pages_served[-3:] == [(2, 0), (2, 1), (2, 2)], "the list started again from its first page"
+        assert set(state.records) == {"uid-p0", "uid-p8", "uid-p9"}
+        assert not task.done()
+
+
+async def test_a_list_being_read_changes_nothing_until_its_last_page(env: Env) -> None:
+    pods = env.api["pods"]
+    pods.lists = [[vllm_pod("p0", "0.2", "n1")], [vllm_pod("p8", "0.2", "n2"), vllm_pod("p9", "0.2", "n2")]]
+    pods.page_size = 1
+    last_page = pods.page_gates[(1, 1)] = asyncio.Event()
+    state = cluster_state()
+    informer = Informer(env.client(), "/api/v1/pods", state.pods, slim=slim_pod)
+    async with running(informer):
+        await informer.synced.wait()
+        state.pods.suspect(frozenset({"n1"}))
+        (await pods.watches.get()).put_nowait(b"{not json\n")
+        await eventually(lambda: (1, 0) in pods.pages_served)
+        await asyncio.sleep(0.05)  # the first page is in: nothing of it shows yet
+        assert held(state, ALL_UIDS) == {"uid-p0"}
+        assert state.suspects == {"n1"}, "nodes stay held back until the list is complete"
+        last_page.set()
+        await eventually(lambda: held(state, ALL_UIDS) == {"uid-p8", "uid-p9"})
+        assert state.suspects == set()
+
+
 class FlakyStore:
     """A store whose ``fails`` method raises once: a bug in the store, not in the stream."""
 

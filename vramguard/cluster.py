@@ -235,7 +235,9 @@ class ClusterState:
         self.in_flight: dict[str, tuple[str, PodRef, PodClaims]] = {}
         """Pod UID -> (node, pod, claims) reserved by bind and not yet seen bound by the watch."""
         self.nodes = _Delegate(self._replace_nodes, self._upsert_node, self._delete_node)
-        self.pods = _SuspectingDelegate(self._relist_pods, self._upsert_pod, self._delete_pod, self._suspect)
+        self.pods = _SuspectingDelegate(
+            self._relist_pods, self._upsert_pod, self._delete_pod, self._suspect, self._begin_pods_relist
+        )
         self.suspects: set[str] = set()
         """Nodes whose pods are being re-read after a watch event that could not be read."""
         self.namespaces = _Delegate(self._replace_namespaces, self._upsert_namespace, self._delete_namespace)
@@ -532,26 +534,49 @@ class ClusterState:
         key = pod_key(pod)
         self._pending.pop(key.uid, None)
         was_bound = self.is_bound(key.uid) is not None
-        spec = pod.get("spec")
-        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        if not is_live(pod) or not asks_for_gpu(pod, self.options):
+        entry = self._pod_entry(pod, key)
+        if entry is None:
             self._drop_record(key.uid)
             self._release(key.uid, was_bound)
             return
+        self._apply_pod(entry, was_bound)
+
+    def _pod_entry(self, pod: Mapping[str, Any], key: PodKey) -> _PodEntry | None:
+        """What the model keeps of a pod (its record, and its claims when bound), read from the
+        object without changing anything; ``None`` for a pod that holds no GPU."""
+        if not is_live(pod) or not asks_for_gpu(pod, self.options):
+            return None
+        spec = pod.get("spec")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        node = node if node and isinstance(node, str) else ""
         choice = self.choose_class(pod)
         template = self._template(pod)
-        if not node or not isinstance(node, str):
-            self._record(key, pod, choice, template, "")
+        record = PodRecord(
+            key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod)
+        )
+        # An unchanged pod (most of a re-list) keeps the objects the model holds: the new state being
+        # built shares them with the old one instead of doubling the memory of every record.
+        if self.records.get(key.uid) == record:
+            record = self.records[key.uid]
+        held = self.ledger.holding(key.uid)
+        if held is not None and held[0] == key:
+            key = held[0]
+        return _PodEntry(key, record, self.bound_claims(pod, choice, template).claims if node else None)
+
+    def _apply_pod(self, entry: _PodEntry, was_bound: bool) -> None:
+        """Keep a pod's record, and hold its claims in the ledger when it is bound."""
+        key, record = entry.key, entry.record
+        if entry.claims is None:
+            self._record(key, record)
             self._release(key.uid, was_bound)
             return
         self.in_flight.pop(key.uid, None)
-        if node in self._dra_parts and not was_bound:
+        if record.node in self._dra_parts and not was_bound:
             # Its placement comes from its claim, read at the next sync.
             self._dra_pod_changes += 1
-            self._dra_pods_seen.add(node)
-        claims = self.bound_claims(pod, choice, template)
-        self.ledger.hold(node, key, claims.claims)
-        self._record(key, pod, choice, template, node)
+            self._dra_pods_seen.add(record.node)
+        self.ledger.hold(record.node, key, entry.claims)
+        self._record(key, record)
 
     def _delete_pod(self, pod: JSON) -> None:
         uid = pod_key(pod).uid
@@ -560,13 +585,10 @@ class ClusterState:
         self._drop_record(uid)
         self._release(uid, was_bound)
 
-    def _record(self, key: PodKey, pod: Mapping[str, Any], choice: ClassChoice, template: Template, node: str) -> None:
-        """Keep the record of a live pod that names a GPU resource (bound to ``node``, or ``""``)."""
+    def _record(self, key: PodKey, record: PodRecord) -> None:
+        """Keep the record of a live pod that names a GPU resource (bound, or ``node`` empty)."""
         if not key.uid:
             return
-        record = PodRecord(
-            key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod)
-        )
         previous = self.records.get(key.uid)
         if previous == record:
             return  # a status or metadata change that moves no VRAM
@@ -602,14 +624,23 @@ class ClusterState:
         self.ledger.release(uid)
 
     def _replace_pods(self, pods: list[JSON]) -> None:
+        replacement = _PodsReplacement(self, clears_suspects=False)
+        replacement.add(pods)
+        replacement.commit()
+
+    def _commit_pods(self, entries: list[_PodEntry], pending_seen: set[str]) -> None:
+        """Swap in a complete list of pods (read into ``entries``), in one step: the ledger holds
+        exactly what the list says, plus the binds still in flight."""
         for uid, record in self.records.items():
             if record.node:
                 self.ledger.release(uid)
         self.records.clear()
         self._by_namespace.clear()
         self._sums.clear()
-        for pod in pods:
-            self._upsert_pod(pod)
+        for uid in pending_seen:
+            self._pending.pop(uid, None)
+        for entry in entries:
+            self._apply_pod(entry, was_bound=self.is_bound(entry.key.uid) is not None)
         for uid, (node, ref, claims) in self.in_flight.items():
             if self.is_bound(uid) is None:
                 self.ledger.hold(node, ref, claims.claims)
@@ -622,9 +653,14 @@ class ClusterState:
         self.suspects |= nodes
 
     def _relist_pods(self, pods: list[JSON]) -> None:
-        """A full list of the bound pods: the ledger is exact again, every node is trusted."""
-        self._replace_pods(pods)
-        self.suspects.clear()
+        """A full list of the pods: the ledger is exact again, every node is trusted."""
+        replacement = self._begin_pods_relist()
+        replacement.add(pods)
+        replacement.commit()
+
+    def _begin_pods_relist(self) -> _PodsReplacement:
+        """A re-list of the pods, read page by page (see :class:`_PodsReplacement`)."""
+        return _PodsReplacement(self, clears_suspects=True)
 
     def suspect_message(self, node: str) -> str | None:
         """Why nothing may be placed on ``node`` right now, or None (the usual case)."""
@@ -874,11 +910,53 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 
 
 class _SuspectingDelegate(_Delegate):
-    """A :class:`_Delegate` that can also hold nodes back (``suspect``), for the pods."""
+    """A :class:`_Delegate` that can also hold nodes back (``suspect``) and read a list page by page
+    (``begin_replace``), for the pods."""
 
-    def __init__(self, replace: Any, upsert: Any, delete: Any, suspect: Any) -> None:
+    def __init__(self, replace: Any, upsert: Any, delete: Any, suspect: Any, begin_replace: Any) -> None:
         super().__init__(replace, upsert, delete)
         self.suspect = suspect
+        self.begin_replace = begin_replace
+
+
+@dataclass(frozen=True, slots=True)
+class _PodEntry:
+    """A listed pod as the model keeps it: its record, and its claims when it is bound."""
+
+    key: PodKey
+    record: PodRecord
+    claims: tuple[Claim, ...] | None
+    """The claims the ledger holds (shared per template and class), when the pod is bound."""
+
+
+class _PodsReplacement:
+    """A list of pods read page by page into compact entries (records pointing at shared templates,
+    claims shared per template), swapped in at :meth:`commit`. Until then the model serves the old
+    list unchanged: a list that fails half-way leaves no half-listed ledger behind."""
+
+    def __init__(self, state: ClusterState, *, clears_suspects: bool) -> None:
+        self._state = state
+        self._clears_suspects = clears_suspects
+        self._entries: list[_PodEntry] = []
+        self._pending_seen: set[str] = set()
+
+    def add(self, pods: list[JSON]) -> None:
+        """One page: only each pod's entry is kept, not the object."""
+        state = self._state
+        for pod in pods:
+            key = pod_key(pod)
+            if key.uid in state._pending:
+                self._pending_seen.add(key.uid)
+            entry = state._pod_entry(pod, key)
+            if entry is not None:
+                self._entries.append(entry)
+
+    def commit(self) -> None:
+        """The list is complete: it becomes the model's pods at once."""
+        self._state._commit_pods(self._entries, self._pending_seen)
+        self._entries = []
+        if self._clears_suspects:
+            self._state.suspects.clear()
 
 
 def _same(old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]) -> bool:

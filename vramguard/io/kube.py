@@ -8,6 +8,8 @@ service account, through the official client's loader (which also refreshes proj
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import json
 import logging
 import math
@@ -218,25 +220,44 @@ class KubeClient:
         """DELETE an object at once (grace period 0)."""
         return await self.request("DELETE", path, {"gracePeriodSeconds": 0})
 
+    async def list_pages(
+        self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
+    ) -> AsyncIterator[ListPage]:
+        """A collection, page by page (``limit``/``continue``, :data:`LIST_PAGE_SIZE` items a page).
+
+        ``slim`` is applied to each item as its page arrives, and a page is handed out before the
+        next is requested: a caller that keeps only what it needs of each page never holds the whole
+        list of full (or slimmed) objects. A ``410 Gone`` on a continued page (the API server
+        compacted the snapshot the list reads) raises :class:`ContinueExpired`: start again.
+        """
+        query = {"limit": str(LIST_PAGE_SIZE), **(params or {})}
+        while True:
+            try:
+                page = await self.get(path, query)
+            except ApiError as exc:
+                if exc.status == 410 and "continue" in query:
+                    raise ContinueExpired(exc.status, exc.reason, exc.message) from exc
+                raise
+            page_items = page.get("items") or []
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue")
+            items = list(map(slim, page_items) if slim is not None else page_items)
+            del page, page_items  # the full objects go before the caller keeps its part of the page
+            yield ListPage(items, str(metadata.get("resourceVersion", "")), last=not token)
+            if not token:
+                return
+            query["continue"] = str(token)
+
     async def list_all(
         self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
     ) -> tuple[list[JSON], str]:
-        """Every item of a collection, paginated; returns ``(items, resourceVersion)``.
-
-        ``slim`` is applied to each item as its page arrives, so a list of 50,000 pods never holds
-        more than one page of full objects (managedFields, status, volumes, ...) at a time.
-        """
+        """Every item of a collection (see :meth:`list_pages`); returns ``(items, resourceVersion)``."""
         items: list[JSON] = []
-        query = {"limit": str(LIST_PAGE_SIZE), **(params or {})}
-        while True:
-            page = await self.get(path, query)
-            page_items = page.get("items") or []
-            items.extend(map(slim, page_items) if slim is not None else page_items)
-            metadata = page.get("metadata") or {}
-            token = metadata.get("continue")
-            if not token:
-                return items, str(metadata.get("resourceVersion", ""))
-            query["continue"] = token
+        version = ""
+        async for page in self.list_pages(path, params, slim):
+            items.extend(page.items)
+            version = page.resource_version
+        return items, version
 
     async def watch(
         self, path: str, resource_version: str, params: Mapping[str, str] | None = None
@@ -266,6 +287,20 @@ class KubeClient:
                     raise ValueError(f"watch event is not a JSON object: {line[:80]!r}")
                 obj = event.get("object")
                 yield str(event.get("type", "")), obj if isinstance(obj, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One page of a list: its (slimmed) items and the list's resourceVersion."""
+
+    items: list[JSON]
+    resource_version: str
+    last: bool
+    """No page follows: the list is complete."""
+
+
+class ContinueExpired(ApiError):
+    """A list's continue token expired (410 on a continued page): the list must start again."""
 
 
 class OversizedEvent(Exception):
@@ -396,6 +431,39 @@ class Store(Protocol):
         """An object was deleted."""
 
 
+class Replacement(Protocol):
+    """A new state being built from a list, page by page, while the old one keeps serving."""
+
+    def add(self, objects: list[JSON]) -> None:
+        """One page of the list."""
+
+    def commit(self) -> None:
+        """The list is complete: swap the new state in, at once."""
+
+
+@runtime_checkable
+class PagedStore(Protocol):
+    """A store that builds its new state page by page (optional, beside :class:`Store`): it keeps
+    only what it needs of each page, so a re-list never holds the whole list of objects."""
+
+    def begin_replace(self) -> Replacement:
+        """Start a new state; nothing changes until its :meth:`Replacement.commit`."""
+
+
+class _Collected:
+    """The :class:`Replacement` of a plain :class:`Store`: the pages gathered, replaced at commit."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._objects: list[JSON] = []
+
+    def add(self, objects: list[JSON]) -> None:
+        self._objects.extend(objects)
+
+    def commit(self) -> None:
+        self._store.replace(self._objects)
+
+
 @runtime_checkable
 class SuspectingStore(Protocol):
     """A store that can hold nodes back while it re-reads them (optional, beside :class:`Store`)."""
@@ -444,6 +512,19 @@ class _HealthCollector(Collector):
         for informer in self._informers:
             healthy.add_metric([informer.resource], 1.0 if informer.healthy() else 0.0)
         yield healthy
+
+
+def return_freed_memory() -> bool:
+    """Collect what a list left behind and hand the C heap's free pages back to the system
+    (glibc's ``malloc_trim``): the pages of a list are freed, but without this the process keeps
+    their memory resident. Returns whether the C library offered it (glibc does; musl does not)."""
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
 
 
 class _StoreError(Exception):
@@ -530,6 +611,10 @@ class Informer:
                 continue
             except asyncio.CancelledError:
                 raise
+            except ContinueExpired as exc:
+                # The snapshot the list was reading is gone: what was built is dropped unapplied.
+                logger.info("list of %s expired between pages (%s); listing again", self.path, exc.message)
+                self._restart("expired")
             except ApiError as exc:
                 if exc.status == 404 and self.may_be_absent:
                     self._absent(exc)
@@ -577,14 +662,26 @@ class Informer:
         self._progress()
 
     async def _list(self) -> None:
-        objects, version = await self.client.list_all(self.path, self.params, self.slim)
-        if self.absent:
-            logger.info("%s is served now", self.path)
-            self.absent = False
+        """List page by page into a new state, swapped in only when the list is complete: until then
+        (and for good, if a page fails) the old state keeps serving, so the ledger is never half-listed."""
+        replacement = self.store.begin_replace() if isinstance(self.store, PagedStore) else _Collected(self.store)
+        version = ""
+        async for page in self.client.list_pages(self.path, self.params, self.slim):
+            if self.absent:
+                logger.info("%s is served now", self.path)
+                self.absent = False
+            try:
+                replacement.add(page.items)
+            except Exception as exc:
+                raise _StoreError(f"page of the list of {self.path}") from exc
+            version = page.resource_version
+            self._progress()  # a long list is progress, page by page
         try:
-            self.store.replace(objects)
+            replacement.commit()
         except Exception as exc:
             raise _StoreError(f"replace of {self.path}") from exc
+        del replacement
+        return_freed_memory()
         self.resource_version = version
         self.synced.set()
         self._progress()
