@@ -151,7 +151,7 @@ class Summary:
 class Query:
     """One pod's claims, prepared once for the many nodes a filter asks about."""
 
-    __slots__ = ("by_resource", "claims", "never", "ours", "pinned", "uid")
+    __slots__ = ("by_resource", "claims", "never", "ours", "pinned", "uid", "unresolvable")
 
     def __init__(self, claims: tuple[Claim, ...], uid: str | None) -> None:
         self.claims = claims
@@ -164,6 +164,8 @@ class Query:
         """Some claim names its device: the general check resolves it per node."""
         self.ours: dict[tuple[str, tuple[int, int]], list[int]] = {}
         self.never: dict[tuple[int, str], Check] = {}
+        self.unresolvable: dict[tuple[int, ...], bool] = {}
+        """Per kind of node (its groups' shapes): whether the pod fails it empty."""
 
     def prefix(self, resource: str, device: _Device) -> list[int]:
         """Prefix sums of this pod's claims on ``resource`` on a device like ``device``, largest first."""
@@ -302,7 +304,10 @@ class FastPath:
             if resource in query.by_resource:
                 need = query.prefix(resource, device)[1]
                 if need > room:
-                    return None if self._unresolvable(node, query) else (device, room, need, unknown_pods)
+                    unresolvable = query.unresolvable.get(node.kind)
+                    if unresolvable is None:
+                        unresolvable = query.unresolvable[node.kind] = self._unresolvable(node, query)
+                    return None if unresolvable else (device, room, need, unknown_pods)
         return None
 
     def _unresolvable(self, node: _Node, query: Query) -> bool:
