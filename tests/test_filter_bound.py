@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from vramguard.demand.model import Vram
 from vramguard.inventory import Gpu, NodeInventory, Sharing
-from vramguard.ledger import Claim, Ledger, PodRef
+from vramguard.ledger import Claim, Fit, Ledger, PodRef
 from vramguard.placement import FilterMemo, PodClaims, Verdict, filter_nodes
 from vramguard.policy import ClassChoice, QosClass
 
@@ -96,15 +96,30 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     return ledger, names, asked
 
 
+def general(ledger: Ledger, node: str, claims: tuple[Claim, ...], uid: str | None) -> Fit:
+    """The general check, as :meth:`Ledger.fits` words it, without any of the fast path's caches."""
+    state = ledger._nodes[node]
+    record = ledger._records.get(uid) if uid is not None else None
+    fit = ledger._fit(state, claims, uid, record if record is not None and record.node == node else None)
+    distrust = state.inventory.distrust
+    return (
+        fit if fit.ok or distrust is None else Fit(False, fit.unresolvable, fit.shortfalls, (*fit.problems, distrust))
+    )
+
+
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_a_bound_refusal_is_a_resolvable_failure_of_the_full_check(scenario: Scenario) -> None:
+    """Also: verdicts shared by nodes of one kind (failing even empty) are each node's own."""
     ledger, names, asked = scenario
     for claims, uid in asked:
         for node in names:
             refusal = ledger.quick_refusal(node, claims, uid)
+            fit = ledger.fits(node, claims, uid)
+            assert fit == general(ledger, node, claims, uid)
+            judged = ledger.judge(node, claims, uid)
+            assert judged == (refusal if refusal is not None else fit)
             if refusal is not None:
-                fit = ledger.fits(node, claims, uid)
                 assert not fit.ok and not fit.unresolvable, (node, claims, uid, refusal, fit)
 
 

@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger_fast import Check as _Check
-from vramguard.ledger_fast import FastPath, GroupCache, largest_first
+from vramguard.ledger_fast import FastPath, GroupCache, Query, largest_first
 from vramguard.ledger_fast import Placed as _Placed
 from vramguard.ledger_rule import (
     FITS,
@@ -370,20 +370,14 @@ class Ledger:
 
         A node the ledger does not know fails (resolvably: its inventory may arrive).
         """
-        state = self._nodes.get(node)
-        if state is None:
-            return Fit(False, problems=(f"node {node} is not known to vramguard yet",))
-        exclude = self._records.get(uid) if uid is not None else None
-        if exclude is not None and exclude.node != node:
-            exclude = None
-        claims = claims if isinstance(claims, tuple) else tuple(claims)
-        fit = self._fast.fit(state, self._fast.prepare(claims, uid)) if exclude is None else None
-        if fit is None:
-            fit = self._fit(state, claims, uid, exclude)
-        if not fit.ok and state.inventory.distrust is not None:
-            # The node's agent report was set aside: say so, it is why the rule is so strict here.
-            return Fit(False, fit.unresolvable, fit.shortfalls, (*fit.problems, state.inventory.distrust))
-        return fit
+        verdict = self._judge(node, claims if isinstance(claims, tuple) else tuple(claims), uid, quick=False)
+        assert isinstance(verdict, Fit)  # without ``quick`` the full check always answers
+        return verdict
+
+    def judge(self, node: str, claims: tuple[Claim, ...], uid: str | None = None) -> Fit | QuickRefusal:
+        """:meth:`fits`, or a :class:`QuickRefusal` where the node's bound already refuses the claims
+        (one comparison instead of the full check; the same verdict, property-tested)."""
+        return self._judge(node, claims, uid, quick=True)
 
     def quick_refusal(self, node: str, claims: tuple[Claim, ...], uid: str | None = None) -> QuickRefusal | None:
         """A resolvable failure decided from the node's bound alone: one of the pod's claims is
@@ -391,16 +385,38 @@ class Ledger:
         :meth:`fits` (the node may fit, or fails in a way the full check words). Never a refusal
         :meth:`fits` would not give."""
         state = self._nodes.get(node)
-        if state is None:
-            return None
         record = self._records.get(uid) if uid is not None else None
-        if record is not None and record.node == node:
-            return None  # its own holding is left out: the full check
-        hit = self._fast.refusal(state, self._fast.prepare(claims, uid))
+        if state is None or (record is not None and record.node == node):
+            return None  # unknown, or its own holding is left out: the full check
+        return self._refusal(state, self._fast.prepare(claims, uid))
+
+    def _refusal(self, state: _Node, query: Query) -> QuickRefusal | None:
+        hit = self._fast.refusal(state, query)
         if hit is None:
             return None
         device, room, need, unknown_pods = hit
         return QuickRefusal(device.gpu, device.budget, room, need, unknown_pods, state.inventory.distrust)
+
+    def _judge(self, node: str, claims: tuple[Claim, ...], uid: str | None, *, quick: bool) -> Fit | QuickRefusal:
+        state = self._nodes.get(node)
+        if state is None:
+            return Fit(False, problems=(f"node {node} is not known to vramguard yet",))
+        exclude = self._records.get(uid) if uid is not None else None
+        if exclude is not None and exclude.node != node:
+            exclude = None
+        fit = None
+        if exclude is None:
+            query = self._fast.prepare(claims, uid)
+            refusal = self._refusal(state, query) if quick else None
+            if refusal is not None:
+                return refusal
+            fit = self._fast.fit(state, query)
+        if fit is None:
+            fit = self._fit(state, claims, uid, exclude)
+        if not fit.ok and state.inventory.distrust is not None:
+            # The node's agent report was set aside: say so, it is why the rule is so strict here.
+            return Fit(False, fit.unresolvable, fit.shortfalls, (*fit.problems, state.inventory.distrust))
+        return fit
 
     def warm(self) -> None:
         """Compute every node's summaries and bounds now (after a sync), so the first filter finds

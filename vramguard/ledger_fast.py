@@ -151,7 +151,7 @@ class Summary:
 class Query:
     """One pod's claims, prepared once for the many nodes a filter asks about."""
 
-    __slots__ = ("by_resource", "claims", "never", "ours", "pinned", "uid", "unresolvable")
+    __slots__ = ("by_resource", "claims", "empty_fits", "never", "ours", "pinned", "uid", "unresolvable")
 
     def __init__(self, claims: tuple[Claim, ...], uid: str | None) -> None:
         self.claims = claims
@@ -166,6 +166,9 @@ class Query:
         self.never: dict[tuple[int, str], Check] = {}
         self.unresolvable: dict[tuple[int, ...], bool] = {}
         """Per kind of node (its groups' shapes): whether the pod fails it empty."""
+        self.empty_fits: dict[tuple[int, ...], Fit] = {}
+        """Per kind of node, the verdict when every resource fails empty (or is missing): it
+        depends on nothing else, so nodes of that kind share one verdict and one message."""
 
     def prefix(self, resource: str, device: _Device) -> list[int]:
         """Prefix sums of this pod's claims on ``resource`` on a device like ``device``, largest first."""
@@ -343,6 +346,7 @@ class FastPath:
         problems: list[str] = []
         shortfalls: list[Shortfall] = []
         unresolvable = False
+        settled = True  # every resource so far missing or failing empty: the node's kind decides
         for resource, new in query.by_resource.items():
             group = node.groups.get(resource)
             if group is None:
@@ -360,6 +364,7 @@ class FastPath:
                 problems.extend(never[0])
                 shortfalls.extend(never[1])
                 continue
+            settled = False
             ours = query.prefix(resource, group.devices[0])
             count = len(new)
             least = summary.least
@@ -376,6 +381,11 @@ class FastPath:
             shortfalls.extend(now[1])
         if not problems and not shortfalls:
             return FITS
+        if settled:
+            empty = query.empty_fits.get(node.kind)
+            if empty is None:
+                empty = query.empty_fits[node.kind] = Fit(False, unresolvable, tuple(shortfalls), tuple(problems))
+            return empty
         return Fit(False, unresolvable, tuple(shortfalls), tuple(problems))
 
 

@@ -232,12 +232,22 @@ class FilterMemo:
     distinct refusal and one string per distinct text (the scheduler counts equal reasons as one
     line of its event)."""
 
-    __slots__ = ("messages", "static", "texts")
+    __slots__ = ("fits", "messages", "static", "texts")
 
     def __init__(self) -> None:
         self.static: dict[tuple[int, ...], tuple[NodeVerdict | None, tuple[ClassFinding, ...]]] = {}
         self.messages: dict[QuickRefusal, str] = {}
         self.texts: dict[str, str] = {}
+        self.fits: dict[int, tuple[Fit, str]] = {}
+
+    def described(self, fit: Fit, claims: Sequence[Claim]) -> str:
+        """:func:`describe_fit`, once per verdict object: nodes of a kind the pod fails even empty
+        share one verdict (the ledger's), so they share one text too."""
+        kept = self.fits.get(id(fit))
+        if kept is None:
+            # The verdict is kept with its text, so its id cannot be reused during the request.
+            kept = self.fits[id(fit)] = (fit, describe_fit(fit, claims))
+        return kept[1]
 
     def message(self, refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
         """The reason for a bound refusal, shared by every node refused the same way."""
@@ -281,8 +291,19 @@ def filter_nodes(
             if static is None:
                 static = memo.static[kind] = _static_verdict(ledger.offers(node) or {}, resources, choice)
             verdict, findings = static
-            if verdict is None and (refusal := ledger.quick_refusal(node, pod.claims, uid)) is not None:
-                verdict = NodeVerdict(Verdict.FAIL, memo.message(refusal, pod.claims), Rule.VRAM_BUDGET, findings)
+            if verdict is None:
+                judged = ledger.judge(node, pod.claims, uid)
+                if isinstance(judged, QuickRefusal):
+                    verdict = NodeVerdict(Verdict.FAIL, memo.message(judged, pod.claims), Rule.VRAM_BUDGET, findings)
+                elif judged.ok:
+                    verdict = NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS
+                else:
+                    verdict = NodeVerdict(
+                        Verdict.UNRESOLVABLE if judged.unresolvable else Verdict.FAIL,
+                        memo.described(judged, pod.claims),
+                        Rule.VRAM_BUDGET,
+                        findings,
+                    )
         if verdict is None:
             # The VRAM budget holds in every enforcement mode: that is the product.
             fit = ledger.fits(node, pod.claims, uid)
