@@ -48,6 +48,15 @@ def _holders(state: ClusterState, node: str, priority: int) -> list[Holder]:
     return holders
 
 
+def _any_evictable(state: ClusterState, node: str, priority: int) -> bool:
+    """Whether :func:`_holders` would find an evictable pod on ``node``, without building them."""
+    ledger = state.ledger
+    return any(
+        state.priority(uid) < priority and state.is_bound(uid) == node and ledger.holding(uid) is not None
+        for uid in ledger.pods_on(node)
+    )
+
+
 def mark_unhelpable(state: ClusterState, pod: Mapping[str, Any], outcome: FilterOutcome) -> FilterOutcome:
     """Move the VRAM failures no eviction can cure to the unresolvable nodes, so that kube-scheduler
     does not preempt there for nothing (its own plugins would pick victims blind to VRAM)."""
@@ -60,20 +69,25 @@ def mark_unhelpable(state: ClusterState, pod: Mapping[str, Any], outcome: Filter
     failed = dict(outcome.failed)
     unresolvable = dict(outcome.unresolvable)
     checks = EVICTION_CHECKS_PER_FILTER
+    # One text per distinct reason: nodes failing alike keep sharing one string (and one line of
+    # the scheduler's event), and a 5,000-node answer builds a few texts, not 5,000.
+    marked: dict[str, str] = {}
     for node, message in outcome.failed.items():
         inventory = state.ledger.inventory(node)
         if inventory is None:
             continue  # not known yet: may become known
-        holders = _holders(state, node, priority)
         # Cheap first: with nobody of lower priority there (a wave of equal pods), nothing helps.
-        if any(h.evictable for h in holders):
+        if _any_evictable(state, node, priority):
             if checks <= 0:
                 continue
             checks -= 1
-            if choose_victims(inventory, headrooms, holders, claims) is not None:
+            if choose_victims(inventory, headrooms, _holders(state, node, priority), claims) is not None:
                 continue
         del failed[node]
-        unresolvable[node] = f"{message} (no pod of lower priority frees enough)"
+        text = marked.get(message)
+        if text is None:
+            text = marked[message] = f"{message} (no pod of lower priority frees enough)"
+        unresolvable[node] = text
     return FilterOutcome(outcome.passing, failed, unresolvable)
 
 

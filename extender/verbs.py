@@ -36,6 +36,7 @@ from vramguard.io.dra import RESOURCE_CLAIMS
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import (
+    FilterMemo,
     NodeVerdict,
     PodClaims,
     Verdict,
@@ -312,10 +313,11 @@ class Verbs:
         if not missing:
             return [v for v in verdicts if v is not None]
         fresh: dict[str, NodeVerdict] = {}
+        memo = FilterMemo()  # one pod and class: shared device checks and reasons across the slices
         for start in range(0, len(missing), SLICE_NODES):
             await slicer.pause()
             part = missing[start:start + SLICE_NODES]
-            for node, verdict in zip(part, filter_nodes(self.state.ledger, part, claims, choice), strict=True):
+            for node, verdict in zip(part, filter_nodes(self.state.ledger, part, claims, choice, memo), strict=True):
                 fresh[node] = verdict
                 if node != own:
                     cache[node] = _cached(generation(node), verdict)

@@ -180,3 +180,14 @@ def test_priority_survives_the_slim_watch_objects() -> None:
     assert preempt(state, prioritized("new", "0.5", 1000, node=None), {"ts": (["uid-vip"], 0)}) == {}
     state.pods.delete(slim_pod(prioritized("vip", "0.8", 2_000_000)))
     assert state.priority("uid-vip") == 0
+
+
+async def test_nodes_failing_alike_share_one_unhelpable_reason() -> None:
+    """Equal reasons stay one string object (the scheduler counts them as one line; a 5,000-node
+    answer builds one text, not 5,000)."""
+    pods = [prioritized(f"{node}-equal", "0.9", 1, node=node) for node in ("a", "b", "c")]
+    state, verbs, _ = make([gpu_node("a"), gpu_node("b"), gpu_node("c")], pods)
+    pod = prioritized("new", "0.5", 1, node=None)
+    marked = mark_unhelpable(state, pod, await verbs.filter(pod, ["a", "b", "c"]))
+    assert sorted(marked.unresolvable) == ["a", "b", "c"]
+    assert len({id(text) for text in marked.unresolvable.values()}) == 1

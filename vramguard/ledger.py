@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger_fast import Check as _Check
-from vramguard.ledger_fast import FastPath, GroupCache, largest_first
+from vramguard.ledger_fast import FastPath, GroupCache, Query, largest_first
 from vramguard.ledger_fast import Placed as _Placed
 from vramguard.ledger_rule import (
     FITS,
@@ -203,6 +203,23 @@ class ResourceOffer:
         return self.largest_bytes > 0
 
 
+@dataclass(frozen=True, slots=True)
+class QuickRefusal:
+    """Why a pod fails a node, from the node's bound (:meth:`Ledger.quick_refusal`)."""
+
+    device: Gpu
+    """The device with the least room for one more claim."""
+    budget: int
+    room: int
+    """What is left of its budget for one more claim, in the worst case."""
+    need: int
+    """The pod's largest claim on such a device."""
+    unknown_pods: int
+    """Pods counted whose claims' device is not known yet."""
+    distrust: str | None
+    """Why the node's agent report was set aside, if it was."""
+
+
 @dataclass(slots=True)
 class _Node:
     inventory: NodeInventory
@@ -210,6 +227,8 @@ class _Node:
     devices: dict[str, _Device]
     generation: int
     offers: dict[str, ResourceOffer] = field(default_factory=dict)
+    kind: tuple[int, ...] = ()
+    """The shapes of its groups, in order: nodes of one kind make the same offers."""
 
 
 @dataclass(slots=True)
@@ -285,6 +304,11 @@ class Ledger:
         node = self._nodes.get(name)
         return node.offers if node is not None else None
 
+    def offer_kind(self, name: str) -> tuple[int, ...] | None:
+        """A key equal for nodes whose :meth:`offers` are equal (their devices and budgets match)."""
+        node = self._nodes.get(name)
+        return node.kind if node is not None else None
+
     def budget(self, node: str, device_id: str) -> int | None:
         """The budget of one device in bytes, or ``None`` when unknown."""
         state = self._nodes.get(node)
@@ -300,7 +324,7 @@ class Ledger:
             by_resource.setdefault(gpu.resource, []).append(device)
         groups = {resource: _Group(resource, group, self._shape(group)) for resource, group in by_resource.items()}
         offers = {r: ResourceOffer.of(d.gpu for d in g.devices) for r, g in groups.items()}
-        node = _Node(inventory, groups, devices, 0, offers)
+        node = _Node(inventory, groups, devices, 0, offers, tuple(g.shape for g in groups.values()))
         self._touch(node)
         self._nodes[inventory.node] = node
         for uid in self._pods_on.get(inventory.node, ()):
@@ -346,20 +370,59 @@ class Ledger:
 
         A node the ledger does not know fails (resolvably: its inventory may arrive).
         """
+        verdict = self._judge(node, claims if isinstance(claims, tuple) else tuple(claims), uid, quick=False)
+        assert isinstance(verdict, Fit)  # without ``quick`` the full check always answers
+        return verdict
+
+    def judge(self, node: str, claims: tuple[Claim, ...], uid: str | None = None) -> Fit | QuickRefusal:
+        """:meth:`fits`, or a :class:`QuickRefusal` where the node's bound already refuses the claims
+        (one comparison instead of the full check; the same verdict, property-tested)."""
+        return self._judge(node, claims, uid, quick=True)
+
+    def quick_refusal(self, node: str, claims: tuple[Claim, ...], uid: str | None = None) -> QuickRefusal | None:
+        """A resolvable failure decided from the node's bound alone: one of the pod's claims is
+        bigger than the room some device the device plugin may pick has left. ``None``: ask
+        :meth:`fits` (the node may fit, or fails in a way the full check words). Never a refusal
+        :meth:`fits` would not give."""
+        state = self._nodes.get(node)
+        record = self._records.get(uid) if uid is not None else None
+        if state is None or (record is not None and record.node == node):
+            return None  # unknown, or its own holding is left out: the full check
+        return self._refusal(state, self._fast.prepare(claims, uid))
+
+    def _refusal(self, state: _Node, query: Query) -> QuickRefusal | None:
+        hit = self._fast.refusal(state, query)
+        if hit is None:
+            return None
+        device, room, need, unknown_pods = hit
+        return QuickRefusal(device.gpu, device.budget, room, need, unknown_pods, state.inventory.distrust)
+
+    def _judge(self, node: str, claims: tuple[Claim, ...], uid: str | None, *, quick: bool) -> Fit | QuickRefusal:
         state = self._nodes.get(node)
         if state is None:
             return Fit(False, problems=(f"node {node} is not known to vramguard yet",))
         exclude = self._records.get(uid) if uid is not None else None
         if exclude is not None and exclude.node != node:
             exclude = None
-        claims = claims if isinstance(claims, tuple) else tuple(claims)
-        fit = self._fast.fit(state, self._fast.prepare(claims, uid)) if exclude is None else None
+        fit = None
+        if exclude is None:
+            query = self._fast.prepare(claims, uid)
+            refusal = self._refusal(state, query) if quick else None
+            if refusal is not None:
+                return refusal
+            fit = self._fast.fit(state, query)
         if fit is None:
             fit = self._fit(state, claims, uid, exclude)
         if not fit.ok and state.inventory.distrust is not None:
             # The node's agent report was set aside: say so, it is why the rule is so strict here.
             return Fit(False, fit.unresolvable, fit.shortfalls, (*fit.problems, state.inventory.distrust))
         return fit
+
+    def warm(self) -> None:
+        """Compute every node's summaries and bounds now (after a sync), so the first filter finds
+        them ready instead of building 5,000 of them."""
+        for node in self._nodes.values():
+            self._fast.bound(node)
 
     def reserve(self, node: str, pod: PodRef, claims: Iterable[Claim], *, force: bool = False) -> Fit:
         """Hold ``claims`` for ``pod`` on ``node`` if they fit; idempotent for the same pod.

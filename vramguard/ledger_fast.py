@@ -25,6 +25,7 @@ Cache                      Keyed by                        Invalid when
                            shape
 ``Claim._last``            device size                     the last size only (a filter asks one
                                                            claim of one size of device, mostly)
+``FastPath.bounds``        node name, at a generation      the generation moves; dropped with the node
 =========================  ==============================  ==========================================
 
 **Generations and the change clock.** Every change to a node's devices or holdings gives the node
@@ -38,6 +39,12 @@ up per generation (:class:`Summary`): the least room left for ``j`` more claims 
 can take them, so the common verdict is a handful of integer comparisons, and a failure's numbers
 come from the same rows (:func:`check_summary`). Anything else (claims naming their device, a pod
 re-checked against its own holding, reported placements, mixed devices) takes the general check.
+
+**The bound.** From the summary, per resource: the least room any device that can take one more
+claim has for it (``least[1]``), and which device that is (:meth:`FastPath.bound`). A pod whose
+largest claim is bigger cannot fit whatever the device plugin picks, so a filter refuses the node
+on that one comparison (:meth:`FastPath.refusal`) instead of the whole check and its message; the
+property tests compare that refusal with the full verdict.
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ Check = tuple[tuple[str, ...], tuple[Shortfall, ...]]
 """Problems and shortfalls of adding claims to one resource of a node."""
 Placed = tuple[Claim, str | None]
 """A claim and the device it is known to be on (``None``: the device plugin's choice, unknown)."""
+Bound = tuple[tuple[str, "_Device", int, int], ...]
+"""Per resource the summary decides: (resource, the device with least room for one more claim,
+that room, pods whose claims there are of unknown device)."""
 
 
 def largest_first(amounts: list[int]) -> list[int]:
@@ -141,7 +151,7 @@ class Summary:
 class Query:
     """One pod's claims, prepared once for the many nodes a filter asks about."""
 
-    __slots__ = ("by_resource", "claims", "never", "ours", "pinned", "uid")
+    __slots__ = ("by_resource", "claims", "empty_fits", "never", "ours", "pinned", "uid", "unresolvable")
 
     def __init__(self, claims: tuple[Claim, ...], uid: str | None) -> None:
         self.claims = claims
@@ -154,6 +164,11 @@ class Query:
         """Some claim names its device: the general check resolves it per node."""
         self.ours: dict[tuple[str, tuple[int, int]], list[int]] = {}
         self.never: dict[tuple[int, str], Check] = {}
+        self.unresolvable: dict[tuple[int, ...], bool] = {}
+        """Per kind of node (its groups' shapes): whether the pod fails it empty."""
+        self.empty_fits: dict[tuple[int, ...], Fit] = {}
+        """Per kind of node, the verdict when every resource fails empty (or is missing): it
+        depends on nothing else, so nodes of that kind share one verdict and one message."""
 
     def prefix(self, resource: str, device: _Device) -> list[int]:
         """Prefix sums of this pod's claims on ``resource`` on a device like ``device``, largest first."""
@@ -181,6 +196,7 @@ class FastPath:
         self._never: dict[tuple[object, ...], Check] = {}
         self._query: Query | None = None
         self._usage: dict[str, tuple[int, tuple[DeviceUsage, ...]]] = {}
+        self._bounds: dict[str, tuple[int, Bound]] = {}
 
     # -- the clock ------------------------------------------------------------------------------
 
@@ -251,6 +267,72 @@ class FastPath:
     def forget(self, name: str) -> None:
         """Node ``name`` left: drop what is kept per node."""
         self._usage.pop(name, None)
+        self._bounds.pop(name, None)
+
+    # -- the bound: a refusal on one comparison ---------------------------------------------------
+
+    def bound(self, node: _Node) -> Bound:
+        """Per resource whose summary decides (devices of one size and sharing; a single device only
+        without claims of unknown device), the device with the least room for one more claim
+        (``Summary.least[1]``) and that room; kept per generation."""
+        name = node.inventory.node
+        cached = self._bounds.get(name)
+        if cached is not None and cached[0] == node.generation:
+            return cached[1]
+        entries = []
+        for resource, group in node.groups.items():
+            summary = group.cache.summary(group, node.generation)
+            if summary is None or len(summary.least) < 2 or (len(group.devices) == 1 and group.unknown):
+                continue
+            theirs = summary.theirs
+            last = len(theirs) - 1
+            room, position = min(
+                (room - theirs[min(slots - 1, last)], i)
+                for i, (_, slots, room) in enumerate(summary.rows) if slots >= 1
+            )
+            entries.append((resource, summary.rows[position][0], room, summary.unknown_pods))
+        bound = tuple(entries)
+        self._bounds[name] = (node.generation, bound)
+        return bound
+
+    def refusal(self, node: _Node, query: Query) -> tuple[_Device, int, int, int] | None:
+        """(device, its room for one more claim, the pod's largest claim there, pods of unknown
+        device counted) when that claim is bigger than the room: the pod fits no choice of the
+        device plugin, and the node fails (resolvably). ``None``: the full check decides (the node
+        may fit, the claims name devices, the pod holds a reported placement here, or the node is
+        unresolvable for the pod, whose message the full check words)."""
+        if query.pinned or (query.uid is not None and query.uid in node.inventory.placements):
+            return None
+        for resource, device, room, unknown_pods in self.bound(node):
+            if resource in query.by_resource:
+                need = query.prefix(resource, device)[1]
+                if need > room:
+                    unresolvable = query.unresolvable.get(node.kind)
+                    if unresolvable is None:
+                        unresolvable = query.unresolvable[node.kind] = self._unresolvable(node, query)
+                    return None if unresolvable else (device, room, need, unknown_pods)
+        return None
+
+    def _unresolvable(self, node: _Node, query: Query) -> bool:
+        """Whether the pod fails the empty node (or a resource is missing): the full check's
+        ``Fit.unresolvable`` for a pod that does not fit."""
+        for resource, new in query.by_resource.items():
+            group = node.groups.get(resource)
+            if group is None:
+                return True
+            never = self._never_for(group, query, resource, new)
+            if never[0] or never[1]:
+                return True
+        return False
+
+    def _never_for(self, group: _Group, query: Query, resource: str, new: tuple[Claim, ...]) -> Check:
+        """The empty-node check of the pod's claims on ``resource``, kept on the query per kind of node."""
+        key = (group.shape, resource)
+        never = query.never.get(key)
+        if never is None:
+            only = group.devices[0].gpu.id if len(group.devices) == 1 else None
+            never = query.never[key] = self.never_fits(group, [(c, only) for c in new])
+        return never
 
     # -- the fast verdict -----------------------------------------------------------------------
 
@@ -264,6 +346,7 @@ class FastPath:
         problems: list[str] = []
         shortfalls: list[Shortfall] = []
         unresolvable = False
+        settled = True  # every resource so far missing or failing empty: the node's kind decides
         for resource, new in query.by_resource.items():
             group = node.groups.get(resource)
             if group is None:
@@ -275,16 +358,13 @@ class FastPath:
             single = len(group.devices) == 1
             if summary is None or (single and group.unknown):
                 return None
-            key = (group.shape, resource)
-            never = query.never.get(key)
-            if never is None:
-                only = group.devices[0].gpu.id if single else None
-                never = query.never[key] = self.never_fits(group, [(c, only) for c in new])
+            never = self._never_for(group, query, resource, new)
             if never[0] or never[1]:
                 unresolvable = True
                 problems.extend(never[0])
                 shortfalls.extend(never[1])
                 continue
+            settled = False
             ours = query.prefix(resource, group.devices[0])
             count = len(new)
             least = summary.least
@@ -301,6 +381,11 @@ class FastPath:
             shortfalls.extend(now[1])
         if not problems and not shortfalls:
             return FITS
+        if settled:
+            empty = query.empty_fits.get(node.kind)
+            if empty is None:
+                empty = query.empty_fits[node.kind] = Fit(False, unresolvable, tuple(shortfalls), tuple(problems))
+            return empty
         return Fit(False, unresolvable, tuple(shortfalls), tuple(problems))
 
 

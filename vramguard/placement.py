@@ -21,7 +21,7 @@ from enum import StrEnum
 from vramguard.codecs import VRAM_ANNOTATION, ClassFindingRecord, Placement
 from vramguard.demand.model import PodDemand, Vram
 from vramguard.inventory import Gpu, Sharing
-from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, ResourceOffer, Shortfall
+from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, QuickRefusal, ResourceOffer, Shortfall
 from vramguard.policy import ClassChoice
 from vramguard.quantity import GiB, MiB, format_bytes
 
@@ -226,8 +226,48 @@ def filter_node(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) 
     return filter_nodes(ledger, (node,), pod, choice)[0]
 
 
-def filter_nodes(ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: ClassChoice) -> list[NodeVerdict]:
-    """:func:`filter_node` for each of ``nodes``, with the pod's part of the work done once."""
+class FilterMemo:
+    """What one filter request reuses across its nodes (one pod, one class): the verdict of the
+    node's devices alone per kind of node, and the text of each bound refusal, built once per
+    distinct refusal and one string per distinct text (the scheduler counts equal reasons as one
+    line of its event)."""
+
+    __slots__ = ("fits", "messages", "static", "texts")
+
+    def __init__(self) -> None:
+        self.static: dict[tuple[int, ...], tuple[NodeVerdict | None, tuple[ClassFinding, ...]]] = {}
+        self.messages: dict[QuickRefusal, str] = {}
+        self.texts: dict[str, str] = {}
+        self.fits: dict[int, tuple[Fit, str]] = {}
+
+    def described(self, fit: Fit, claims: Sequence[Claim]) -> str:
+        """:func:`describe_fit`, once per verdict object: nodes of a kind the pod fails even empty
+        share one verdict (the ledger's), so they share one text too."""
+        kept = self.fits.get(id(fit))
+        if kept is None:
+            # The verdict is kept with its text, so its id cannot be reused during the request.
+            kept = self.fits[id(fit)] = (fit, describe_fit(fit, claims))
+        return kept[1]
+
+    def message(self, refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
+        """The reason for a bound refusal, shared by every node refused the same way."""
+        text = self.messages.get(refusal)
+        if text is None:
+            words = _refusal_text(refusal, claims)
+            # Rooms that round alike give one text: one string object for all their nodes.
+            text = self.messages[refusal] = self.texts.setdefault(words, words)
+        return text
+
+
+def filter_nodes(
+    ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: ClassChoice, memo: FilterMemo | None = None
+) -> list[NodeVerdict]:
+    """:func:`filter_node` for each of ``nodes``, with the pod's part of the work done once.
+
+    With a ``memo`` (a filter request's), nodes of one kind share the check of their devices, and a
+    node whose bound already refuses the pod (:meth:`Ledger.quick_refusal`) fails without the full
+    check, with a reason shared by every node refused the same way; same verdicts, shorter texts.
+    """
     if pod.refusal is not None:
         return [NodeVerdict(Verdict.UNRESOLVABLE, pod.refusal, Rule.VRAM_UNKNOWN)] * len(nodes)
     if not pod.claims:
@@ -236,11 +276,34 @@ def filter_nodes(ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: C
     uid = pod.uid or None
     verdicts = []
     for node in nodes:
-        offers = ledger.offers(node)
-        if offers is None:
-            verdicts.append(NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN))
-            continue
-        verdict, findings = _static_verdict(offers, resources, choice)
+        if memo is None:
+            offers = ledger.offers(node)
+            if offers is None:
+                verdicts.append(_unknown(node))
+                continue
+            verdict, findings = _static_verdict(offers, resources, choice)
+        else:
+            kind = ledger.offer_kind(node)
+            if kind is None:
+                verdicts.append(_unknown(node))
+                continue
+            static = memo.static.get(kind)
+            if static is None:
+                static = memo.static[kind] = _static_verdict(ledger.offers(node) or {}, resources, choice)
+            verdict, findings = static
+            if verdict is None:
+                judged = ledger.judge(node, pod.claims, uid)
+                if isinstance(judged, QuickRefusal):
+                    verdict = NodeVerdict(Verdict.FAIL, memo.message(judged, pod.claims), Rule.VRAM_BUDGET, findings)
+                elif judged.ok:
+                    verdict = NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS
+                else:
+                    verdict = NodeVerdict(
+                        Verdict.UNRESOLVABLE if judged.unresolvable else Verdict.FAIL,
+                        memo.described(judged, pod.claims),
+                        Rule.VRAM_BUDGET,
+                        findings,
+                    )
         if verdict is None:
             # The VRAM budget holds in every enforcement mode: that is the product.
             fit = ledger.fits(node, pod.claims, uid)
@@ -255,6 +318,27 @@ def filter_nodes(ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: C
                 )
         verdicts.append(verdict)
     return verdicts
+
+
+def _unknown(node: str) -> NodeVerdict:
+    return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN)
+
+
+def _refusal_text(refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
+    """The device with least room (the device plugin may pick it) in the words of
+    :func:`describe_fit`, without the other devices' list: ``GPU 0 (NVIDIA H100 80GB HBM3): 12.0 GiB
+    of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU``."""
+    text = (
+        f"{refusal.device.label}: {_like(max(refusal.room, 0), refusal.budget)} of "
+        f"{format_bytes(refusal.budget)} VRAM budget free, pod needs {format_bytes(refusal.need)} per GPU"
+    )
+    if any(None in c.vram for c in claims):
+        text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
+    if refusal.unknown_pods:
+        text += f"; counting {_pods(refusal.unknown_pods)} whose GPU is not known yet"
+    if refusal.distrust is not None:
+        text += f"; {refusal.distrust}"
+    return text
 
 
 def class_findings(

@@ -1,0 +1,197 @@
+"""A filter's shortcut (the node's bound, the device check per kind of node, shared reasons) decides
+exactly as the full check does, on random ledgers and pods."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vramguard.demand.model import Vram
+from vramguard.inventory import Gpu, NodeInventory, Sharing
+from vramguard.ledger import Claim, Fit, Ledger, PodRef
+from vramguard.placement import FilterMemo, PodClaims, Verdict, filter_nodes
+from vramguard.policy import ClassChoice, QosClass
+
+TENTH: dict[Sharing, Fraction] = dict.fromkeys(("none", "time-slicing", "mps", "mig"), Fraction(1, 10))
+GPU = "nvidia.com/gpu"
+OTHER = "nvidia.com/gpu.shared"
+MIG = "nvidia.com/mig-1g.10gb"
+
+AMOUNTS = st.one_of(
+    st.integers(0, 18).map(lambda n: Vram(bytes=n * 50)),
+    st.integers(1, 9).map(lambda n: Vram(fraction=Fraction(n, 10))),
+    st.none(),
+)
+CHOICES = [
+    ClassChoice("any", QosClass(sharing=("none", "time-slicing", "mps", "mig")), "default"),
+    ClassChoice("isolated", QosClass(sharing=("none", "mig")), "default", enforcement="enforce"),
+    ClassChoice("shared", QosClass(sharing=("time-slicing",)), "default", enforcement="warn"),
+    ClassChoice("mps-only", QosClass(sharing=("mps",)), "default", enforcement="enforce"),
+]
+
+
+@st.composite
+def inventories(draw: st.DrawFn, name: str) -> NodeInventory:
+    """Devices of one or two resources (one size mostly, sometimes mixed), MIG instances, a device
+    of unknown size now and then, agent placements, and a report set aside."""
+    gpus: list[Gpu] = []
+    for resource in draw(st.sampled_from([(GPU,), (GPU, OTHER), (MIG,), (GPU, MIG), ()])):
+        if resource == MIG:
+            for i in range(draw(st.integers(1, 3))):
+                gpus.append(Gpu(f"1g.10gb#{i}", i, "Test GPU", 1000, "mig", 1, MIG, mig_profile="1g.10gb"))
+            continue
+        sharing: Sharing = draw(st.sampled_from(["time-slicing", "none", "mps"]))
+        replicas = 1 if sharing == "none" else draw(st.integers(2, 4))
+        memory = draw(st.sampled_from([800, 1000]))
+        for _ in range(draw(st.integers(1, 3))):
+            size = memory if draw(st.integers(0, 9)) else draw(st.sampled_from([1800 - memory, 0]))
+            gpus.append(Gpu(str(len(gpus)), len(gpus), "Test GPU", size, sharing, replicas, resource))
+    placements = {"p0": {"c": (gpus[0].id,)}} if gpus and draw(st.integers(0, 4)) == 0 else {}
+    distrust = "the agent's Lease is stale" if draw(st.integers(0, 5)) == 0 else None
+    return NodeInventory(name, tuple(gpus), placements=placements, distrust=distrust)
+
+
+def claims_for(draw: st.DrawFn, inventory: NodeInventory, most: int) -> list[Claim]:
+    resources = [*inventory.resources(), GPU, MIG]
+    ids = [g.id for g in inventory.devices] or ["0"]
+    return [
+        Claim(
+            draw(st.sampled_from(resources)),
+            "c",
+            (draw(AMOUNTS),),
+            gpu=draw(st.sampled_from(ids)) if draw(st.integers(0, 6)) == 0 else None,
+        )
+        for _ in range(draw(st.integers(1, most)))
+    ]
+
+
+Scenario = tuple[Ledger, list[str], list[tuple[tuple[Claim, ...], str | None]]]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    """A ledger of a few nodes with pods held (bound, in flight, or forced past the budget), and the
+    pods to ask about: new ones, and pods re-checked against their own holding."""
+    ledger = Ledger(TENTH)
+    names = [f"n{i}" for i in range(draw(st.integers(1, 4)))]
+    inventories_ = {name: draw(inventories(name)) for name in names}
+    for inventory in inventories_.values():
+        ledger.upsert_node(inventory)
+    for i in range(draw(st.integers(0, 12))):
+        node = draw(st.sampled_from(names))
+        claims = claims_for(draw, inventories_[node], 3)
+        ledger.reserve(node, PodRef(f"p{i}"), claims, force=draw(st.booleans()))
+    if draw(st.booleans()):
+        ledger.release(f"p{draw(st.integers(0, 12))}")
+    asked = [
+        (
+            tuple(claims_for(draw, inventories_[draw(st.sampled_from(names))], 4)),
+            draw(st.sampled_from([None, "new", "p0", "p1", "p2"])),
+        )
+        for _ in range(4)
+    ]
+    return ledger, names, asked
+
+
+def general(ledger: Ledger, node: str, claims: tuple[Claim, ...], uid: str | None) -> Fit:
+    """The general check, as :meth:`Ledger.fits` words it, without any of the fast path's caches."""
+    state = ledger._nodes[node]
+    record = ledger._records.get(uid) if uid is not None else None
+    fit = ledger._fit(state, claims, uid, record if record is not None and record.node == node else None)
+    distrust = state.inventory.distrust
+    return (
+        fit if fit.ok or distrust is None else Fit(False, fit.unresolvable, fit.shortfalls, (*fit.problems, distrust))
+    )
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_a_bound_refusal_is_a_resolvable_failure_of_the_full_check(scenario: Scenario) -> None:
+    """Also: verdicts shared by nodes of one kind (failing even empty) are each node's own."""
+    ledger, names, asked = scenario
+    for claims, uid in asked:
+        for node in names:
+            refusal = ledger.quick_refusal(node, claims, uid)
+            fit = ledger.fits(node, claims, uid)
+            assert fit == general(ledger, node, claims, uid)
+            judged = ledger.judge(node, claims, uid)
+            assert judged == (refusal if refusal is not None else fit)
+            if refusal is not None:
+                assert not fit.ok and not fit.unresolvable, (node, claims, uid, refusal, fit)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from(CHOICES))
+def test_a_filter_with_the_memo_decides_as_one_without(scenario: Scenario, choice: ClassChoice) -> None:
+    """Same verdict, rule and findings for every node; the same message unless the bound refused it."""
+    ledger, names, asked = scenario
+    for claims, uid in asked:
+        pod = PodClaims(uid or "", claims)
+        memo = FilterMemo()
+        fast = filter_nodes(ledger, names, pod, choice, memo)
+        full = filter_nodes(ledger, names, pod, choice)
+        for node, quick, slow in zip(names, fast, full, strict=True):
+            assert (quick.verdict, quick.rule, quick.findings) == (slow.verdict, slow.rule, slow.findings), node
+            if quick.message not in memo.texts:
+                assert quick.message == slow.message
+
+
+def _ledger(*devices: Gpu, placements: dict[str, dict[str, tuple[str, ...]]] | None = None) -> Ledger:
+    ledger = Ledger(TENTH)
+    ledger.upsert_node(NodeInventory("n", devices, placements=placements or {}))
+    return ledger
+
+
+def _gpus(count: int, replicas: int = 4) -> tuple[Gpu, ...]:
+    return tuple(Gpu(str(i), i, "Test GPU", 1000, "time-slicing", replicas, GPU) for i in range(count))
+
+
+def _claim(amount: int, gpu: str | None = None) -> Claim:
+    return Claim(GPU, "c", (Vram(bytes=amount),), gpu=gpu)
+
+
+# Budget 900 per device (a tenth kept free). (ledger setup, claims asked, uid, refused by the bound)
+CASES = {
+    "a claim bigger than the room left on the fuller device": ((700,), (_claim(300),), None, True),
+    "a claim that fits every device": ((300,), (_claim(500),), None, False),
+    "a claim naming the emptier device": ((700,), (_claim(300, gpu="1"),), None, False),
+    "the pod re-checked against its own holding": ((700,), (_claim(300),), "p0", False),
+    "bigger than an empty device (unresolvable: the full check words it)": ((), (_claim(950),), None, False),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_when_the_bound_refuses(case: tuple[tuple[int, ...], tuple[Claim, ...], str | None, bool]) -> None:
+    held, claims, uid, refused = case
+    ledger = _ledger(*_gpus(2))
+    for i, amount in enumerate(held):
+        ledger.reserve("n", PodRef(f"p{i}"), [_claim(amount, gpu="0")])
+    assert (ledger.quick_refusal("n", claims, uid) is not None) is refused
+    if refused:
+        assert not ledger.fits("n", claims, uid).ok
+
+
+def test_the_bound_follows_the_ledger() -> None:
+    """A bound kept from before a release would refuse a node that now fits."""
+    ledger = _ledger(*_gpus(1))
+    ledger.reserve("n", PodRef("a"), [_claim(700)])
+    assert ledger.quick_refusal("n", (_claim(300),)) is not None
+    ledger.release("a")
+    assert ledger.quick_refusal("n", (_claim(300),)) is None
+    assert ledger.fits("n", (_claim(300),)).ok
+
+
+def test_nodes_refused_the_same_way_share_one_reason() -> None:
+    """The scheduler counts equal reasons as one line: the bound's reason is one string per way."""
+    ledger = Ledger(TENTH)
+    for i in range(3):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(1)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(700)])
+    memo = FilterMemo()
+    verdicts = filter_nodes(ledger, ["n0", "n1", "n2"], PodClaims("x", (_claim(300),)), CHOICES[0], memo)
+    assert {v.verdict for v in verdicts} == {Verdict.FAIL}
+    assert len({id(v.message) for v in verdicts}) == 1
+    assert verdicts[0].message == ("GPU 0 (Test GPU): 200 B of 900 B VRAM budget free, pod needs 300 B per GPU")
