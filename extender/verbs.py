@@ -44,6 +44,7 @@ from vramguard.placement import (
     describe_fit,
     filter_node,
     filter_nodes,
+    filter_sorted,
     score_node,
 )
 from vramguard.policy import ClassChoice
@@ -312,11 +313,16 @@ class Verbs:
                 missing.append(node)
         if not missing:
             return [v for v in verdicts if v is not None]
-        fresh: dict[str, NodeVerdict] = {}
         memo = FilterMemo()  # one pod and class: shared device checks and reasons across the slices
-        for start in range(0, len(missing), SLICE_NODES):
+        # The nodes the bound index decides, in one step (a bisection per kind of node); the rest
+        # one by one, in slices.
+        fresh, rest = filter_sorted(self.state.ledger, missing, claims, choice, memo)
+        for node, verdict in fresh.items():
+            if node != own:
+                cache[node] = _cached(generation(node), verdict)
+        for start in range(0, len(rest), SLICE_NODES):
             await slicer.pause()
-            part = missing[start:start + SLICE_NODES]
+            part = rest[start:start + SLICE_NODES]
             for node, verdict in zip(part, filter_nodes(self.state.ledger, part, claims, choice, memo), strict=True):
                 fresh[node] = verdict
                 if node != own:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vramguard.demand.model import Vram
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger import Claim, Fit, Ledger, PodRef
-from vramguard.placement import FilterMemo, PodClaims, Verdict, filter_nodes
+from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, Verdict, filter_nodes, filter_sorted
 from vramguard.policy import ClassChoice, QosClass
 
 TENTH: dict[Sharing, Fraction] = dict.fromkeys(("none", "time-slicing", "mps", "mig"), Fraction(1, 10))
@@ -139,6 +139,49 @@ def test_a_filter_with_the_memo_decides_as_one_without(scenario: Scenario, choic
                 assert quick.message == slow.message
 
 
+def sorted_then_one_by_one(
+    ledger: Ledger, names: list[str], pod: PodClaims, choice: ClassChoice, memo: FilterMemo
+) -> list[NodeVerdict]:
+    """What the extender does: the bound index first, then the nodes it left, one by one."""
+    decided, rest = filter_sorted(ledger, names, pod, choice, memo)
+    assert not set(decided) & set(rest)
+    assert set(decided) | set(rest) == set(names)
+    decided.update(zip(rest, filter_nodes(ledger, rest, pod, choice, memo), strict=True))
+    return [decided[node] for node in names]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from(CHOICES), st.data())
+def test_the_bound_index_decides_as_the_full_check(
+    scenario: Scenario, choice: ClassChoice, data: st.DataObject
+) -> None:
+    """Same verdict, rule and findings as the full check for every node, the same message as the
+    one-by-one filter with its memo; also after the ledger changed between two filters (the index
+    follows the change log), and for any subset of the nodes asked."""
+    ledger, names, asked = scenario
+    for round_ in range(2):
+        for claims, uid in asked:
+            pod = PodClaims(uid or "", claims)
+            subset = data.draw(st.lists(st.sampled_from(names), unique=True)) if round_ else names
+            memo = FilterMemo()
+            indexed = sorted_then_one_by_one(ledger, subset, pod, choice, memo)
+            one_by_one = filter_nodes(ledger, subset, pod, choice, FilterMemo())
+            full = filter_nodes(ledger, subset, pod, choice)
+            for node, quick, memoed, slow in zip(subset, indexed, one_by_one, full, strict=True):
+                assert (quick.verdict, quick.rule, quick.findings) == (slow.verdict, slow.rule, slow.findings), node
+                assert quick == memoed, node
+                if quick.message not in memo.texts:
+                    assert quick.message == slow.message
+        # Change the ledger: a pod leaves, another is forced in; the index must follow.
+        ledger.release(f"p{data.draw(st.integers(0, 12))}")
+        node = data.draw(st.sampled_from(names))
+        inventory = ledger.inventory(node)
+        assert inventory is not None
+        if inventory.devices:
+            extra = Claim(inventory.devices[0].resource, "c", (Vram(bytes=data.draw(st.integers(0, 9)) * 100),))
+            ledger.reserve(node, PodRef(f"q{round_}"), [extra], force=True)
+
+
 def _ledger(*devices: Gpu, placements: dict[str, dict[str, tuple[str, ...]]] | None = None) -> Ledger:
     ledger = Ledger(TENTH)
     ledger.upsert_node(NodeInventory("n", devices, placements=placements or {}))
@@ -194,4 +237,7 @@ def test_nodes_refused_the_same_way_share_one_reason() -> None:
     verdicts = filter_nodes(ledger, ["n0", "n1", "n2"], PodClaims("x", (_claim(300),)), CHOICES[0], memo)
     assert {v.verdict for v in verdicts} == {Verdict.FAIL}
     assert len({id(v.message) for v in verdicts}) == 1
-    assert verdicts[0].message == ("GPU 0 (Test GPU): 200 B of 900 B VRAM budget free, pod needs 300 B per GPU")
+    assert verdicts[0].message == (
+        "GPU (Test GPU): less than 300 B of a 900 B VRAM budget free on a device the pod may be given, "
+        "pod needs 300 B per GPU"
+    )

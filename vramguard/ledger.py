@@ -10,14 +10,15 @@ verdict must equal it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
 from vramguard.inventory import Gpu, NodeInventory, Sharing
+from vramguard.ledger_fast import BoundIndex, FastPath, GroupCache, Query, largest_first
 from vramguard.ledger_fast import Check as _Check
-from vramguard.ledger_fast import FastPath, GroupCache, Query, largest_first
 from vramguard.ledger_fast import Placed as _Placed
 from vramguard.ledger_rule import (
     FITS,
@@ -36,6 +37,7 @@ from vramguard.quantity import format_bytes
 
 __all__ = [
     "MEASURED_TOLERANCE_BYTES",
+    "BoundSplit",
     "Claim",
     "DeviceUsage",
     "Fit",
@@ -221,6 +223,28 @@ class QuickRefusal:
 
 
 @dataclass(slots=True)
+class BoundSplit:
+    """The nodes of one kind, split by their bound for a pod (:meth:`Ledger.split_by_bound`)."""
+
+    resource: str
+    kind: tuple[int, ...]
+    device: Gpu
+    """A device of the kind (they share product, size and budget)."""
+    budget: int
+    need: int
+    """The pod's largest claim on such a device."""
+    passing: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    """Refused by the bound: a device the device plugin may pick has less room than ``need``."""
+    refused_counting: list[str] = field(default_factory=list)
+    """Refused likewise, counting claims of other pods whose device is not known yet."""
+    unresolvable: list[str] = field(default_factory=list)
+    """The pod fails the kind even empty: every node of it shares one verdict."""
+    undecided: list[str] = field(default_factory=list)
+    """Above the bound but not passed by the summary alone: judged one by one."""
+
+
+@dataclass(slots=True)
 class _Node:
     inventory: NodeInventory
     groups: dict[str, _Group]
@@ -253,6 +277,7 @@ class Ledger:
         self._pods_on: dict[str, set[str]] = {}  # node name -> UIDs of pods recorded there
         # Every cache, and the generation clock (see vramguard.ledger_fast).
         self._fast = FastPath(lambda group, new: _check_group(group, new, None, empty=True))
+        self._index = BoundIndex()
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -419,10 +444,70 @@ class Ledger:
         return fit
 
     def warm(self) -> None:
-        """Compute every node's summaries and bounds now (after a sync), so the first filter finds
-        them ready instead of building 5,000 of them."""
-        for node in self._nodes.values():
-            self._fast.bound(node)
+        """Compute every node's summaries and bounds, and sort the nodes by them, now (after a
+        sync), so the first filter finds them ready instead of building 5,000 of them."""
+        self._index.refresh(self._fast, self._nodes)
+
+    def split_by_bound(
+        self, nodes: Iterable[str], claims: tuple[Claim, ...], uid: str | None = None
+    ) -> tuple[list[BoundSplit], list[str]] | None:
+        """``nodes`` split by the bound index: per kind of node, those that :meth:`judge` would
+        refuse on their bound, those it would pass, those whose kind the pod fails even empty, and
+        those it must judge one by one; then the nodes outside the index (also judged one by one).
+        ``None``: the index does not serve these claims (more than one resource, or claims naming
+        their device).
+
+        The same verdicts as :meth:`judge` (property-tested), found with one bisection per kind.
+        """
+        query = self._fast.prepare(claims, uid)
+        if query.pinned or len(query.by_resource) != 1:
+            return None
+        self._index.refresh(self._fast, self._nodes)
+        ((resource, mine),) = query.by_resource.items()
+        asked = set(nodes)
+        record = self._records.get(uid) if uid is not None else None
+        if record is not None:
+            asked.discard(record.node)  # its own holding is left out there: judged one by one
+        splits: list[BoundSplit] = []
+        decided: set[str] = set()
+        details = self._index.details
+        count = len(mine)
+        for (bucket_resource, kind), bucket in self._index.buckets.items():
+            if bucket_resource != resource:
+                continue
+            node = bucket.node
+            device = node.groups[resource].devices[0]
+            ours = query.prefix(resource, device)
+            need = ours[1]
+            cut = bisect_left(bucket.entries, (need, ""))
+            refused = [name for _, name in bucket.entries[:cut] if name in asked]
+            fitting = [name for _, name in bucket.entries[cut:] if name in asked]
+            if not refused and not fitting:
+                continue
+            decided.update(refused)
+            decided.update(fitting)
+            unresolvable = query.unresolvable.get(kind)
+            if unresolvable is None:
+                unresolvable = query.unresolvable[kind] = self._fast.unresolvable(node, query)
+            split = BoundSplit(resource, kind, device.gpu, device.budget, need)
+            splits.append(split)
+            if unresolvable:
+                split.unresolvable.extend(refused)
+                split.unresolvable.extend(fitting)
+                continue
+            for name in refused:
+                (split.refused_counting if details[(name, resource)][3] else split.refused).append(name)
+            mps_ok = device.gpu.sharing != "mps" or need <= device.whole
+            for name in fitting:
+                clean, free, least, _ = details[(name, resource)]
+                if (
+                    clean and mps_ok and free >= count
+                    and all(ours[j] <= least[j] for j in range(2, min(count, len(least) - 1) + 1))
+                ):
+                    split.passing.append(name)
+                else:
+                    split.undecided.append(name)
+        return splits, [name for name in nodes if name not in decided]
 
     def reserve(self, node: str, pod: PodRef, claims: Iterable[Claim], *, force: bool = False) -> Fit:
         """Hold ``claims`` for ``pod`` on ``node`` if they fit; idempotent for the same pod.

@@ -49,7 +49,7 @@ property tests compare that refusal with the full verdict.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Hashable
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -309,11 +309,11 @@ class FastPath:
                 if need > room:
                     unresolvable = query.unresolvable.get(node.kind)
                     if unresolvable is None:
-                        unresolvable = query.unresolvable[node.kind] = self._unresolvable(node, query)
+                        unresolvable = query.unresolvable[node.kind] = self.unresolvable(node, query)
                     return None if unresolvable else (device, room, need, unknown_pods)
         return None
 
-    def _unresolvable(self, node: _Node, query: Query) -> bool:
+    def unresolvable(self, node: _Node, query: Query) -> bool:
         """Whether the pod fails the empty node (or a resource is missing): the full check's
         ``Fit.unresolvable`` for a pod that does not fit."""
         for resource, new in query.by_resource.items():
@@ -442,3 +442,98 @@ def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, 
             shortfalls.append(Shortfall(gpu, device.budget, room - rest, ours[j], j, summary.unknown_pods))
             break
     return tuple(problems), tuple(shortfalls)
+
+
+Entry = tuple[int, str]
+"""A node in a :class:`BoundIndex` bucket: (its room for one more claim, its name)."""
+
+
+class Bucket:
+    """The nodes of one kind that offer one resource, sorted by their room for one more claim
+    (``Summary.least[1]``, the bound): a pod whose largest claim there is ``need`` is refused by
+    every node before ``bisect_left(entries, (need, ""))`` and may fit the others."""
+
+    __slots__ = ("entries", "kind", "node", "resource")
+
+    def __init__(self, resource: str, kind: tuple[int, ...], node: _Node) -> None:
+        self.resource = resource
+        self.kind = kind
+        self.node = node
+        """A node of the kind (the last one added): what depends on the kind alone is asked of it."""
+        self.entries: list[Entry] = []
+
+
+Detail = tuple[bool, int, tuple[int, ...], int]
+"""Per node and resource: (the summary decides a fit alone: no device over its budget or holding
+more claims than replicas; replicas left; ``Summary.least``; pods counted whose device is unknown)."""
+
+
+class BoundIndex:
+    """Every node whose bound decides (see :meth:`FastPath.bound`), per resource and kind of node,
+    sorted by that bound; brought up to date from the change log (:meth:`FastPath.changed_since`)
+    before each use, so a filter splits thousands of nodes with one bisection per kind instead of a
+    check per node. Nodes with agent placements or a report set aside are left out (their verdict
+    depends on the pod's UID or words their node): the general path decides them."""
+
+    def __init__(self) -> None:
+        self.clock = -1
+        """The ledger's clock the index reflects (-1: never built)."""
+        self.buckets: dict[tuple[str, tuple[int, ...]], Bucket] = {}
+        self.details: dict[tuple[str, str], Detail] = {}
+        self._keys: dict[str, tuple[tuple[tuple[str, tuple[int, ...]], int], ...]] = {}
+
+    def refresh(self, fast: FastPath, nodes: dict[str, _Node]) -> None:
+        """Re-sort the nodes changed since the last refresh (all of them when that is too long ago)."""
+        if self.clock == fast.clock:
+            return
+        changed = fast.changed_since(self.clock) if self.clock >= 0 else None
+        if changed is None:
+            self.buckets.clear()
+            self.details.clear()
+            self._keys.clear()
+            for node in nodes.values():
+                self._add(fast, node)
+            for bucket in self.buckets.values():
+                bucket.entries.sort()
+        else:
+            for name in changed:
+                self._remove(name)
+                now = nodes.get(name)
+                if now is not None:
+                    self._add(fast, now, keep_sorted=True)
+        self.clock = fast.clock
+
+    def _remove(self, name: str) -> None:
+        for key, room in self._keys.pop(name, ()):
+            bucket = self.buckets[key]
+            entries = bucket.entries
+            at = bisect_left(entries, (room, name))
+            del entries[at]
+            self.details.pop((name, key[0]), None)
+            if not entries:
+                del self.buckets[key]
+
+    def _add(self, fast: FastPath, node: _Node, *, keep_sorted: bool = False) -> None:
+        inventory = node.inventory
+        if inventory.placements or inventory.distrust is not None:
+            return
+        name = inventory.node
+        keys = []
+        for resource, _, room, unknown_pods in fast.bound(node):
+            group = node.groups[resource]
+            summary = group.cache.summary(group, node.generation)
+            assert summary is not None  # the bound decides only where the summary does
+            key = (resource, node.kind)
+            bucket = self.buckets.get(key)
+            if bucket is None:
+                bucket = self.buckets[key] = Bucket(resource, node.kind, node)
+            bucket.node = node
+            if keep_sorted:
+                insort(bucket.entries, (room, name))
+            else:
+                bucket.entries.append((room, name))
+            clean = not summary.overfull and summary.least[0] >= 0
+            self.details[(name, resource)] = (clean, group.slots - summary.used, tuple(summary.least), unknown_pods)
+            keys.append((key, room))
+        if keys:
+            self._keys[name] = tuple(keys)

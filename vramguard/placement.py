@@ -320,22 +320,66 @@ def filter_nodes(
     return verdicts
 
 
+def filter_sorted(
+    ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: ClassChoice, memo: FilterMemo
+) -> tuple[dict[str, NodeVerdict], list[str]]:
+    """The verdicts :func:`filter_nodes` would give, for the nodes the ledger's bound index decides
+    (:meth:`Ledger.split_by_bound`: one bisection per kind of node, no work per node but its
+    name), and the nodes left to :func:`filter_nodes`."""
+    if pod.refusal is not None or not pod.claims:
+        return dict(zip(nodes, filter_nodes(ledger, nodes, pod, choice, memo), strict=True)), []
+    split = ledger.split_by_bound(nodes, pod.claims, pod.uid or None)
+    if split is None:
+        return {}, list(nodes)
+    splits, rest = split
+    decided: dict[str, NodeVerdict] = {}
+    for part in splits:
+        static = memo.static.get(part.kind)
+        if static is None:
+            first = next(iter(part.passing or part.refused or part.refused_counting or part.unresolvable
+                              or part.undecided))
+            static = memo.static[part.kind] = _static_verdict(ledger.offers(first) or {}, pod.resources, choice)
+        verdict, findings = static
+        if verdict is not None:
+            for names in (part.passing, part.refused, part.refused_counting, part.unresolvable, part.undecided):
+                decided.update(dict.fromkeys(names, verdict))
+            continue
+        rest.extend(part.undecided)
+        if part.passing:
+            passed = NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS
+            decided.update(dict.fromkeys(part.passing, passed))
+        for names, unknown_pods in ((part.refused, 0), (part.refused_counting, 1)):
+            if names:
+                refusal = QuickRefusal(part.device, part.budget, 0, part.need, unknown_pods, None)
+                failed = NodeVerdict(Verdict.FAIL, memo.message(refusal, pod.claims), Rule.VRAM_BUDGET, findings)
+                decided.update(dict.fromkeys(names, failed))
+        if part.unresolvable:
+            # The pod fails the kind even empty: every node of it has the same verdict (the ledger's).
+            shared = filter_nodes(ledger, part.unresolvable[:1], pod, choice, memo)[0]
+            decided.update(dict.fromkeys(part.unresolvable, shared))
+    return decided, rest
+
+
 def _unknown(node: str) -> NodeVerdict:
     return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN)
 
 
 def _refusal_text(refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
-    """The device with least room (the device plugin may pick it) in the words of
-    :func:`describe_fit`, without the other devices' list: ``GPU 0 (NVIDIA H100 80GB HBM3): 12.0 GiB
-    of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU``."""
+    """One line for every node refused the same way (the scheduler's event counts equal reasons as
+    one): the kind of device, not which one or its exact room, ``GPU (NVIDIA H100 80GB HBM3): less
+    than 23.9 GiB of a 71.7 GiB VRAM budget free on a device the pod may be given, pod needs 23.9
+    GiB per GPU``."""
+    device = refusal.device
+    kind = f"MIG {device.mig_profile}" if device.mig_profile is not None else "GPU"
+    need = format_bytes(refusal.need)
     text = (
-        f"{refusal.device.label}: {_like(max(refusal.room, 0), refusal.budget)} of "
-        f"{format_bytes(refusal.budget)} VRAM budget free, pod needs {format_bytes(refusal.need)} per GPU"
+        f"{kind} ({device.product}): less than {need} of a {format_bytes(refusal.budget)} VRAM budget "
+        f"free on a device the pod may be given, pod needs {need} per GPU"
     )
     if any(None in c.vram for c in claims):
         text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
     if refusal.unknown_pods:
-        text += f"; counting {_pods(refusal.unknown_pods)} whose GPU is not known yet"
+        text += "; counting pods whose GPU is not known yet"
     if refusal.distrust is not None:
         text += f"; {refusal.distrust}"
     return text
