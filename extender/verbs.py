@@ -302,24 +302,20 @@ class Verbs:
         Computed a slice of nodes at a time; each slice reads the generations it stores with, so a
         bind between slices leaves no verdict cached under a generation it was not computed for."""
         generation = self.state.ledger.generation
-        verdicts: list[NodeVerdict | None] = []
-        missing: list[str] = []
-        for node in nodes:
-            hit = cache.get(node)
-            if hit is not None and hit[0] == generation(node) and node != own:
-                verdicts.append(_uncached(hit))
-            else:
-                verdicts.append(None)
-                missing.append(node)
-        if not missing:
-            return [v for v in verdicts if v is not None]
+        hits: dict[str, NodeVerdict] = {}
+        missing = nodes
+        if cache:
+            missing = []
+            for node in nodes:
+                hit = cache.get(node)
+                if hit is not None and node != own and hit[0] == generation(node):
+                    hits[node] = _uncached(hit)
+                else:
+                    missing.append(node)
         memo = FilterMemo()  # one pod and class: shared device checks and reasons across the slices
-        # The nodes the bound index decides, in one step (a bisection per kind of node); the rest
-        # one by one, in slices.
-        fresh, rest = filter_sorted(self.state.ledger, missing, claims, choice, memo)
-        for node, verdict in fresh.items():
-            if node != own:
-                cache[node] = _cached(generation(node), verdict)
+        # The nodes the bound index decides, in one step (a bisection per kind of node): not cached,
+        # deciding them again costs about what a lookup in the cache does. The rest one by one, in slices.
+        fresh, rest = filter_sorted(self.state.ledger, missing, claims, choice, memo) if missing else ({}, [])
         for start in range(0, len(rest), SLICE_NODES):
             await slicer.pause()
             part = rest[start:start + SLICE_NODES]
@@ -327,7 +323,8 @@ class Verbs:
                 fresh[node] = verdict
                 if node != own:
                     cache[node] = _cached(generation(node), verdict)
-        return [cached if cached is not None else fresh[node] for node, cached in zip(nodes, verdicts, strict=True)]
+        fresh.update(hits)
+        return [fresh[node] for node in nodes]
 
     async def prioritize(self, pod: Mapping[str, Any], nodes: list[str]) -> dict[str, int]:
         """0..10 per node from the pod's class strategy (binpack or spread)."""

@@ -17,7 +17,7 @@ from enum import StrEnum
 from fractions import Fraction
 
 from vramguard.inventory import Gpu, NodeInventory, Sharing
-from vramguard.ledger_fast import BoundIndex, FastPath, GroupCache, Query, largest_first
+from vramguard.ledger_fast import BoundIndex, FastPath, GroupCache, Query, largest_first, too_few_replicas
 from vramguard.ledger_fast import Check as _Check
 from vramguard.ledger_fast import Placed as _Placed
 from vramguard.ledger_rule import (
@@ -228,11 +228,15 @@ class BoundSplit:
 
     resource: str
     kind: tuple[int, ...]
+    example: str
+    """One of the nodes (what depends on the kind alone is asked of it)."""
     device: Gpu
     """A device of the kind (they share product, size and budget)."""
     budget: int
     need: int
     """The pod's largest claim on such a device."""
+    slots: int
+    """Replicas of the resource on a node of the kind."""
     passing: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     """Refused by the bound: a device the device plugin may pick has less room than ``need``."""
@@ -240,6 +244,8 @@ class BoundSplit:
     """Refused likewise, counting claims of other pods whose device is not known yet."""
     unresolvable: list[str] = field(default_factory=list)
     """The pod fails the kind even empty: every node of it shares one verdict."""
+    short: dict[int, list[str]] = field(default_factory=dict)
+    """Fewer replicas left than the pod has claims (failing, resolvably), per replicas left."""
     undecided: list[str] = field(default_factory=list)
     """Above the bound but not passed by the summary alone: judged one by one."""
 
@@ -470,40 +476,42 @@ class Ledger:
             asked.discard(record.node)  # its own holding is left out there: judged one by one
         splits: list[BoundSplit] = []
         decided: set[str] = set()
-        details = self._index.details
         count = len(mine)
-        for (bucket_resource, kind), bucket in self._index.buckets.items():
-            if bucket_resource != resource:
-                continue
-            node = bucket.node
+        for bucket, entries in self._index.select(resource, asked):
+            node, kind, details = bucket.node, bucket.kind, bucket.details
             device = node.groups[resource].devices[0]
             ours = query.prefix(resource, device)
             need = ours[1]
-            cut = bisect_left(bucket.entries, (need, ""))
-            refused = [name for _, name in bucket.entries[:cut] if name in asked]
-            fitting = [name for _, name in bucket.entries[cut:] if name in asked]
-            if not refused and not fitting:
-                continue
+            cut = bisect_left(entries, (need, ""))
+            refused = [name for _, name in entries[:cut]]
+            fitting = [name for _, name in entries[cut:]]
             decided.update(refused)
             decided.update(fitting)
             unresolvable = query.unresolvable.get(kind)
             if unresolvable is None:
                 unresolvable = query.unresolvable[kind] = self._fast.unresolvable(node, query)
-            split = BoundSplit(resource, kind, device.gpu, device.budget, need)
+            slots = node.groups[resource].slots
+            split = BoundSplit(resource, kind, entries[0][1], device.gpu, device.budget, need, slots)
             splits.append(split)
             if unresolvable:
                 split.unresolvable.extend(refused)
                 split.unresolvable.extend(fitting)
                 continue
-            for name in refused:
-                (split.refused_counting if details[(name, resource)][3] else split.refused).append(name)
+            split.refused = [name for name in refused if not details[name][3]]
+            split.refused_counting = [name for name in refused if details[name][3]]
+            if count == 1 and (device.gpu.sharing != "mps" or need <= device.whole):
+                # One claim within the room the bound leaves: the summary's verdict needs only a
+                # free replica and no device over its budget.
+                split.passing = [name for name in fitting if (detail := details[name])[0] and detail[1] >= 1]
+                split.undecided = [name for name in fitting if not details[name][0] and details[name][1] >= 1]
+                fitting = [name for name in fitting if details[name][1] < 1]
             mps_ok = device.gpu.sharing != "mps" or need <= device.whole
             for name in fitting:
-                clean, free, least, _ = details[(name, resource)]
-                if (
-                    clean and mps_ok and free >= count
-                    and all(ours[j] <= least[j] for j in range(2, min(count, len(least) - 1) + 1))
-                ):
+                clean, free, least, _ = details[name]
+                if free < count:
+                    # Fewer replicas left than claims: the summary's verdict whatever the bytes.
+                    split.short.setdefault(max(free, 0), []).append(name)
+                elif clean and mps_ok and all(ours[j] <= least[j] for j in range(2, min(count, len(least) - 1) + 1)):
                     split.passing.append(name)
                 else:
                     split.undecided.append(name)
@@ -831,8 +839,7 @@ def _check_group(group: _Group, new: list[_Placed], exclude: _Record | None, *, 
             slots for _, slots in own_known.values()
         )
     if used_slots + len(new) > group.slots:
-        free = max(group.slots - used_slots, 0)
-        problems.append(f"pod needs {len(new)} {group.resource}, node has {group.slots} ({free} free)")
+        problems.append(too_few_replicas(len(new), group.resource, group.slots, used_slots))
         return tuple(problems), ()
 
     ours_by_size: dict[tuple[int, int], list[int]] = {}

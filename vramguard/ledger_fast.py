@@ -389,6 +389,11 @@ class FastPath:
         return Fit(False, unresolvable, tuple(shortfalls), tuple(problems))
 
 
+def too_few_replicas(count: int, resource: str, slots: int, used: int) -> str:
+    """The problem of a pod of ``count`` claims on a resource of ``slots`` replicas, ``used`` held."""
+    return f"pod needs {count} {resource}, node has {slots} ({max(slots - used, 0)} free)"
+
+
 def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, *, single: bool) -> Check:
     """The general check for a pod without holdings on the node, from the group's summary.
 
@@ -400,8 +405,7 @@ def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, 
     shortfalls: list[Shortfall] = []
     used = summary.used
     if used + count > group.slots:
-        free = max(group.slots - used, 0)
-        problems.append(f"pod needs {count} {group.resource}, node has {group.slots} ({free} free)")
+        problems.append(too_few_replicas(count, group.resource, group.slots, used))
         return tuple(problems), ()
     theirs = summary.theirs
     last = len(theirs) - 1  # theirs[min(k, last)] below is worst_case(0, k, theirs), inlined
@@ -453,7 +457,7 @@ class Bucket:
     (``Summary.least[1]``, the bound): a pod whose largest claim there is ``need`` is refused by
     every node before ``bisect_left(entries, (need, ""))`` and may fit the others."""
 
-    __slots__ = ("entries", "kind", "node", "resource")
+    __slots__ = ("details", "entries", "kind", "node", "resource")
 
     def __init__(self, resource: str, kind: tuple[int, ...], node: _Node) -> None:
         self.resource = resource
@@ -461,6 +465,7 @@ class Bucket:
         self.node = node
         """A node of the kind (the last one added): what depends on the kind alone is asked of it."""
         self.entries: list[Entry] = []
+        self.details: dict[str, Detail] = {}
 
 
 Detail = tuple[bool, int, tuple[int, ...], int]
@@ -479,7 +484,6 @@ class BoundIndex:
         self.clock = -1
         """The ledger's clock the index reflects (-1: never built)."""
         self.buckets: dict[tuple[str, tuple[int, ...]], Bucket] = {}
-        self.details: dict[tuple[str, str], Detail] = {}
         self._keys: dict[str, tuple[tuple[tuple[str, tuple[int, ...]], int], ...]] = {}
 
     def refresh(self, fast: FastPath, nodes: dict[str, _Node]) -> None:
@@ -489,7 +493,6 @@ class BoundIndex:
         changed = fast.changed_since(self.clock) if self.clock >= 0 else None
         if changed is None:
             self.buckets.clear()
-            self.details.clear()
             self._keys.clear()
             for node in nodes.values():
                 self._add(fast, node)
@@ -509,7 +512,7 @@ class BoundIndex:
             entries = bucket.entries
             at = bisect_left(entries, (room, name))
             del entries[at]
-            self.details.pop((name, key[0]), None)
+            del bucket.details[name]
             if not entries:
                 del self.buckets[key]
 
@@ -533,7 +536,22 @@ class BoundIndex:
             else:
                 bucket.entries.append((room, name))
             clean = not summary.overfull and summary.least[0] >= 0
-            self.details[(name, resource)] = (clean, group.slots - summary.used, tuple(summary.least), unknown_pods)
+            bucket.details[name] = (clean, group.slots - summary.used, tuple(summary.least), unknown_pods)
             keys.append((key, room))
         if keys:
             self._keys[name] = tuple(keys)
+
+    def select(self, resource: str, asked: set[str]) -> list[tuple[Bucket, list[Entry]]]:
+        """Per bucket of ``resource``, the entries of the ``asked`` nodes, sorted by room: read off
+        the buckets when many nodes are asked (a cold filter), looked up node by node when few
+        are (a filter redoing the nodes changed since its last answer)."""
+        if len(asked) * 4 >= len(self._keys):
+            buckets = [b for b in self.buckets.values() if b.resource == resource]
+            found = [(b, [e for e in b.entries if e[1] in asked]) for b in buckets]
+            return [(b, entries) for b, entries in found if entries]
+        chosen: dict[tuple[str, tuple[int, ...]], list[Entry]] = {}
+        for name in asked:
+            for key, room in self._keys.get(name, ()):
+                if key[0] == resource:
+                    chosen.setdefault(key, []).append((room, name))
+        return [(self.buckets[key], sorted(entries)) for key, entries in chosen.items()]

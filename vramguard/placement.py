@@ -22,6 +22,7 @@ from vramguard.codecs import VRAM_ANNOTATION, ClassFindingRecord, Placement
 from vramguard.demand.model import PodDemand, Vram
 from vramguard.inventory import Gpu, Sharing
 from vramguard.ledger import Claim, DeviceUsage, Fit, Ledger, QuickRefusal, ResourceOffer, Shortfall
+from vramguard.ledger_fast import too_few_replicas
 from vramguard.policy import ClassChoice
 from vramguard.quantity import GiB, MiB, format_bytes
 
@@ -336,12 +337,12 @@ def filter_sorted(
     for part in splits:
         static = memo.static.get(part.kind)
         if static is None:
-            first = next(iter(part.passing or part.refused or part.refused_counting or part.unresolvable
-                              or part.undecided))
-            static = memo.static[part.kind] = _static_verdict(ledger.offers(first) or {}, pod.resources, choice)
+            offers = ledger.offers(part.example) or {}
+            static = memo.static[part.kind] = _static_verdict(offers, pod.resources, choice)
         verdict, findings = static
         if verdict is not None:
-            for names in (part.passing, part.refused, part.refused_counting, part.unresolvable, part.undecided):
+            for names in (part.passing, part.refused, part.refused_counting, part.unresolvable, part.undecided,
+                          *part.short.values()):
                 decided.update(dict.fromkeys(names, verdict))
             continue
         rest.extend(part.undecided)
@@ -353,6 +354,10 @@ def filter_sorted(
                 refusal = QuickRefusal(part.device, part.budget, 0, part.need, unknown_pods, None)
                 failed = NodeVerdict(Verdict.FAIL, memo.message(refusal, pod.claims), Rule.VRAM_BUDGET, findings)
                 decided.update(dict.fromkeys(names, failed))
+        for free, names in part.short.items():
+            text = too_few_replicas(len(pod.claims), part.resource, part.slots, part.slots - free)
+            short = NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings)
+            decided.update(dict.fromkeys(names, short))
         if part.unresolvable:
             # The pod fails the kind even empty: every node of it has the same verdict (the ledger's).
             shared = filter_nodes(ledger, part.unresolvable[:1], pod, choice, memo)[0]
