@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
@@ -49,6 +50,9 @@ __all__ = [
     "Shortfall",
     "over_use",
 ]
+
+
+_NO_PODS: AbstractSet[str] = frozenset()
 
 
 class Invariant(StrEnum):
@@ -391,6 +395,15 @@ class Ledger:
     def pods_on(self, node: str) -> tuple[str, ...]:
         """UIDs of the pods holding reservations on ``node`` (sorted)."""
         return tuple(sorted(self._pods_on.get(node, ())))
+
+    def holds_on(self, node: str) -> AbstractSet[str]:
+        """UIDs of the pods holding reservations on ``node``, unsorted (read only: the ledger's own
+        set; for checks run on every failing node of a filter)."""
+        return self._pods_on.get(node, _NO_PODS)
+
+    def holds(self, uid: str) -> bool:
+        """Whether pod ``uid`` holds a reservation."""
+        return uid in self._records
 
     def pod_count(self) -> int:
         """How many pods hold reservations."""

@@ -349,10 +349,10 @@ def filter_sorted(
         if part.passing:
             passed = NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS
             decided.update(dict.fromkeys(part.passing, passed))
-        for names, unknown_pods in ((part.refused, 0), (part.refused_counting, 1)):
+        for names, counting in ((part.refused, False), (part.refused_counting, True)):
             if names:
-                refusal = QuickRefusal(part.device, part.budget, 0, part.need, unknown_pods, None)
-                failed = NodeVerdict(Verdict.FAIL, memo.message(refusal, pod.claims), Rule.VRAM_BUDGET, findings)
+                text = _kind_refusal_text(part.device, part.budget, part.need, pod.claims, counting=counting)
+                failed = NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings)
                 decided.update(dict.fromkeys(names, failed))
         for free, names in part.short.items():
             text = too_few_replicas(len(pod.claims), part.resource, part.slots, part.slots - free)
@@ -369,22 +369,35 @@ def _unknown(node: str) -> NodeVerdict:
     return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN)
 
 
-def _refusal_text(refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
-    """One line for every node refused the same way (the scheduler's event counts equal reasons as
-    one): the kind of device, not which one or its exact room, ``GPU (NVIDIA H100 80GB HBM3): less
-    than 23.9 GiB of a 71.7 GiB VRAM budget free on a device the pod may be given, pod needs 23.9
-    GiB per GPU``."""
-    device = refusal.device
+def _kind_refusal_text(device: Gpu, budget: int, need: int, claims: Sequence[Claim], *, counting: bool) -> str:
+    """The bound index's reason, one line for every node of a kind refused the same way (the
+    scheduler's event counts equal reasons as one): the kind of device, not which one nor its exact
+    room, ``GPU (NVIDIA H100 80GB HBM3): less than 23.9 GiB of a 71.7 GiB VRAM budget free on a
+    device the pod may be given, pod needs 23.9 GiB per GPU``."""
     kind = f"MIG {device.mig_profile}" if device.mig_profile is not None else "GPU"
-    need = format_bytes(refusal.need)
     text = (
-        f"{kind} ({device.product}): less than {need} of a {format_bytes(refusal.budget)} VRAM budget "
-        f"free on a device the pod may be given, pod needs {need} per GPU"
+        f"{kind} ({device.product}): less than {format_bytes(need)} of a {format_bytes(budget)} VRAM budget "
+        f"free on a device the pod may be given, pod needs {format_bytes(need)} per GPU"
+    )
+    if any(None in c.vram for c in claims):
+        text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
+    if counting:
+        text += "; counting pods whose GPU is not known yet"
+    return text
+
+
+def _refusal_text(refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
+    """The device with least room (the device plugin may pick it) in the words of
+    :func:`describe_fit`, without the other devices' list: ``GPU 0 (NVIDIA H100 80GB HBM3): 12.0 GiB
+    of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU``."""
+    text = (
+        f"{refusal.device.label}: {_like(max(refusal.room, 0), refusal.budget)} of "
+        f"{format_bytes(refusal.budget)} VRAM budget free, pod needs {format_bytes(refusal.need)} per GPU"
     )
     if any(None in c.vram for c in claims):
         text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
     if refusal.unknown_pods:
-        text += "; counting pods whose GPU is not known yet"
+        text += f"; counting {_pods(refusal.unknown_pods)} whose GPU is not known yet"
     if refusal.distrust is not None:
         text += f"; {refusal.distrust}"
     return text
