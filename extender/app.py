@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from extender.findings import FindingsReporter
 from extender.metrics import ExtenderMetrics, LedgerExposition
-from extender.preemption import mark_unhelpable, preempt_handler
+from extender.preemption import LowestPriorities, mark_unhelpable, preempt_handler
 from extender.verbs import NOT_LEADER, Verbs
 from extender.wire import (
     NODE_CACHE_REQUIRED,
@@ -88,6 +88,8 @@ def build_app(
             return None
         return args
 
+    lowest = LowestPriorities()  # per node, for telling failures eviction may cure
+
     async def filter_handler(request: web.Request) -> web.Response:
         args = await read_names(request, "filter")
         if args is None:
@@ -97,7 +99,7 @@ def build_app(
             return web.json_response(filter_result([], {}, {}, NOT_SYNCED))
         if refused("filter"):
             return web.json_response(filter_result([], {}, {}, NOT_LEADER))
-        outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()))
+        outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()), lowest)
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))

@@ -11,6 +11,7 @@ no set of lower-priority pods frees enough VRAM is dropped: evicting there would
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,10 @@ EVICTION_CHECKS_PER_FILTER = 256
 """Nodes per filter request on which a pod of higher priority gets the full eviction check (about
 0.3 ms each). Past that, failures stay resolvable: ``preempt`` still drops nodes where eviction
 does not help, so the cap costs a preemption attempt, never a wrong eviction."""
+
+
+KEPT_NODES = 1 << 16
+"""The most nodes :class:`LowestPriorities` keeps (more than any cluster has at once)."""
 
 
 def _holders(state: ClusterState, node: str, priority: int) -> list[Holder]:
@@ -61,9 +66,39 @@ def _any_evictable(state: ClusterState, node: str, priority: int) -> bool:
     return False
 
 
-def mark_unhelpable(state: ClusterState, pod: Mapping[str, Any], outcome: FilterOutcome) -> FilterOutcome:
+class LowestPriorities:
+    """Per node, the lowest priority among the pods holding GPUs there, kept while the node's
+    generation holds (a filter failing thousands of nodes asks each whether anyone there is of
+    lower priority than the pod: a comparison instead of a walk over the node's pods).
+
+    A holder whose pod the watch has not shown yet counts as the lowest possible: its priority may
+    arrive without a change to the node's holdings, and the exact check then decides."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[int | None, float]] = {}
+
+    def lowest(self, state: ClusterState, node: str) -> float:
+        """The lowest priority of the pods holding GPUs on ``node`` (infinite: none hold any)."""
+        generation = state.ledger.generation(node)
+        kept = self._kept.get(node)
+        if kept is None or kept[0] != generation:
+            if len(self._kept) >= KEPT_NODES:
+                self._kept.clear()  # nodes come and go (autoscaling): what left must not pile up
+            records = state.records
+            priorities = (
+                record.priority if (record := records.get(uid)) is not None else -math.inf
+                for uid in state.ledger.holds_on(node)
+            )
+            kept = self._kept[node] = (generation, min(priorities, default=math.inf))
+        return kept[1]
+
+
+def mark_unhelpable(
+    state: ClusterState, pod: Mapping[str, Any], outcome: FilterOutcome, lowest: LowestPriorities | None = None
+) -> FilterOutcome:
     """Move the VRAM failures no eviction can cure to the unresolvable nodes, so that kube-scheduler
-    does not preempt there for nothing (its own plugins would pick victims blind to VRAM)."""
+    does not preempt there for nothing (its own plugins would pick victims blind to VRAM).
+    ``lowest``: the priorities kept per node (the app's), else each node's pods are walked."""
     if not outcome.failed:
         return outcome
     choice = state.choose_class(pod)
@@ -81,7 +116,7 @@ def mark_unhelpable(state: ClusterState, pod: Mapping[str, Any], outcome: Filter
         if inventory is None:
             continue  # not known yet: may become known
         # Cheap first: with nobody of lower priority there (a wave of equal pods), nothing helps.
-        if _any_evictable(state, node, priority):
+        if (lowest is None or lowest.lowest(state, node) < priority) and _any_evictable(state, node, priority):
             if checks <= 0:
                 continue
             checks -= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from fractions import Fraction
 from typing import Any
@@ -12,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
-from extender.preemption import mark_unhelpable, preempt
+from extender.preemption import LowestPriorities, mark_unhelpable, preempt
 from extender.verbs import Verbs
 from tests.builders import gpu_node, vllm_pod
 from tests.test_extender import make
@@ -191,3 +192,31 @@ async def test_nodes_failing_alike_share_one_unhelpable_reason() -> None:
     marked = mark_unhelpable(state, pod, await verbs.filter(pod, ["a", "b", "c"]))
     assert sorted(marked.unresolvable) == ["a", "b", "c"]
     assert len({id(text) for text in marked.unresolvable.values()}) == 1
+
+
+async def test_lowest_priorities_kept_per_node_follow_its_holdings() -> None:
+    """The lowest priority kept per node answers as the walk over its pods does, also after the
+    pod there is replaced by one of lower priority (a new generation: eviction now helps), and for
+    a holder the watch has not shown (in flight: its priority may come later, so the exact check
+    decides)."""
+    high = prioritized("high", "0.45", 50)
+    state, verbs, _ = make([gpu_node("ts")], [high])
+    lowest = LowestPriorities()
+    pod = prioritized("new", "0.5", 10, node=None)
+
+    async def marked(kept: LowestPriorities | None) -> tuple[list[str], list[str]]:
+        outcome = mark_unhelpable(state, pod, await verbs.filter(pod, ["ts"]), kept)
+        return list(outcome.failed), list(outcome.unresolvable)
+
+    assert await marked(lowest) == await marked(None) == ([], ["ts"])  # only a pod of higher priority
+    assert lowest.lowest(state, "ts") == 50
+    state.pods.delete(slim_pod(high))
+    state.pods.upsert(slim_pod(prioritized("low", "0.45", 1)))
+    assert await marked(lowest) == await marked(None) == (["ts"], [])  # evicting it makes room
+    state.ledger.reserve("ts", PodRef("uid-flying", "default", "flying"), claims_of("0.05", "uid-flying").claims)
+    assert lowest.lowest(state, "ts") == -math.inf
+
+
+def test_lowest_priority_of_a_node_without_gpu_pods_is_infinite() -> None:
+    state, _, _ = make([gpu_node("ts")])
+    assert LowestPriorities().lowest(state, "ts") == math.inf
