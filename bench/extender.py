@@ -265,6 +265,36 @@ DEFAULT_SCORED_NODES = 500
 adapts to 10% there)."""
 
 
+class CollectorPauses:
+    """The garbage collector's pauses while a measurement runs, per generation (a source of p99s)."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._started)
+
+    def summary(self) -> dict[str, JSON]:
+        """Per generation: how many collections, the longest and the total, in milliseconds."""
+        return {f"gen{g}": {"n": len(p), "max_ms": round(max(p, default=0) * 1000, 1),
+                            "total_ms": round(sum(p) * 1000, 1)} for g, p in self.pauses.items()}
+
+
+@contextlib.contextmanager
+def collector_pauses() -> Iterator[CollectorPauses]:
+    """Record the collector's pauses during the ``with`` body."""
+    pauses = CollectorPauses()
+    gc.callbacks.append(pauses)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(pauses)
+
+
 def _load() -> list[float]:
     return [round(v, 1) for v in os.getloadavg()]
 
@@ -389,19 +419,21 @@ async def bench_latency(model: ClusterModel, requests: int, cold_requests: int =
                 cold: dict[str, list[float]] = {"indexed": [], "one-by-one": []}
                 sizes: list[int] = []
                 pods = cold_pods(2 * cold_requests, 600_000 + 10_000 * offset, offset / 2)
-                for i, pod in enumerate(pods):
-                    asked = names if count == len(names) else rng.sample(names, count)
-                    mode = "indexed" if i % 2 == 0 else "one-by-one"
-                    with contextlib.nullcontext() if mode == "indexed" else one_by_one(verbs):
-                        started = time.perf_counter()
-                        body = await call("filter", pod, asked)
-                        cold[mode].append(time.perf_counter() - started)
-                    if mode == "indexed":
-                        sizes.append(len(json.dumps(body)))
+                with collector_pauses() as pauses:
+                    for i, pod in enumerate(pods):
+                        asked = names if count == len(names) else rng.sample(names, count)
+                        mode = "indexed" if i % 2 == 0 else "one-by-one"
+                        with contextlib.nullcontext() if mode == "indexed" else one_by_one(verbs):
+                            started = time.perf_counter()
+                            body = await call("filter", pod, asked)
+                            cold[mode].append(time.perf_counter() - started)
+                        if mode == "indexed":
+                            sizes.append(len(json.dumps(body)))
                 records.append({"bench": "latency", "mode": "https", "phase": "cold-shapes", "names": label,
                                 "nodes": count, "filter": latency_stats(cold["indexed"]),
                                 "baseline": latency_stats(cold["one-by-one"]),
-                                "answer_bytes_median": statistics.median(sizes), "load_average": _load()})
+                                "answer_bytes_median": statistics.median(sizes), "gc": pauses.summary(),
+                                "load_average": _load()})
     problems = state.ledger.check_invariants()
     records.append({"bench": "latency", "phase": "invariants", "violations": len(problems),
                     "pods": state.ledger.pod_count()})
@@ -934,7 +966,8 @@ def summary_table(records: list[JSON]) -> str:
             lines.append(f"| https filter, first pod of a new shape, {r['nodes']:,} names: p50 / p99 | "
                          f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}); every node judged one by one, "
                          f"interleaved: {b['p50_ms']} / {b['p99_ms']} ms (n={b['n']}); answer "
-                         f"{r['answer_bytes_median'] / 1024:.0f} KiB; load {r['load_average']} |")
+                         f"{r['answer_bytes_median'] / 1024:.0f} KiB; collector gen2 {r['gc']['gen2']}; "
+                         f"load {r['load_average']} |")
         elif r.get("bench") == "latency" and r.get("phase") == "first-after-sync":
             lines.append(f"| first filter after a full sync ({r['nodes']:,} nodes), {r['mode']} | {r['filter_ms']} ms "
                          f"(index built at sync: {r.get('warm_ms', '-')} ms; load {r['load_average']}) |")
