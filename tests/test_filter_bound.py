@@ -186,6 +186,9 @@ def test_the_bound_index_decides_as_the_full_check(
             ledger.reserve(node, PodRef(f"q{round_}"), [extra], force=True)
 
 
+_PASS_VERDICT = NodeVerdict(Verdict.PASS)
+
+
 def _ledger(*devices: Gpu, placements: dict[str, dict[str, tuple[str, ...]]] | None = None) -> Ledger:
     ledger = Ledger(TENTH)
     ledger.upsert_node(NodeInventory("n", devices, placements=placements or {}))
@@ -268,3 +271,19 @@ def test_nodes_with_agent_reports_are_judged_one_by_one() -> None:
     ledger.reserve("n", PodRef("p"), [_claim(700)])
     decided, rest = filter_sorted(ledger, ["n"], PodClaims("x", (_claim(300),)), CHOICES[0], FilterMemo())
     assert (decided, rest) == ({}, ["n"])
+
+
+@pytest.mark.parametrize("changed", [1, 80], ids=["one-node-re-sorted", "many-nodes-sorted-again"])
+def test_the_bound_index_follows_changes_to_many_nodes(changed: int) -> None:
+    """After changes to a few nodes the index re-sorts them; after many (a re-list), all of them."""
+    ledger = Ledger(TENTH)
+    names = [f"n{i:03}" for i in range(120)]
+    for name in names:
+        ledger.upsert_node(NodeInventory(name, _gpus(1)))
+    pod = PodClaims("x", (_claim(300),))
+    assert sorted_then_one_by_one(ledger, names, pod, CHOICES[0], FilterMemo()) == [_PASS_VERDICT] * 120
+    for i, name in enumerate(names[:changed]):
+        ledger.reserve(name, PodRef(f"p{i}"), [_claim(700)])
+    verdicts = sorted_then_one_by_one(ledger, names, pod, CHOICES[0], FilterMemo())
+    assert [v.verdict for v in verdicts] == [Verdict.FAIL] * changed + [Verdict.PASS] * (120 - changed)
+    assert [v.verdict for v in verdicts] == [v.verdict for v in filter_nodes(ledger, names, pod, CHOICES[0])]

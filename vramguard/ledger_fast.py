@@ -448,6 +448,8 @@ def check_summary(group: _Group, summary: Summary, ours: list[int], count: int, 
     return tuple(problems), tuple(shortfalls)
 
 
+REBUILD_CHANGES = 64
+"""Changed nodes past which :class:`BoundIndex` sorts every node again (and past an eighth of them)."""
 Entry = tuple[int, str]
 """A node in a :class:`BoundIndex` bucket: (its room for one more claim, its name)."""
 
@@ -491,7 +493,8 @@ class BoundIndex:
         if self.clock == fast.clock:
             return
         changed = fast.changed_since(self.clock) if self.clock >= 0 else None
-        if changed is None:
+        # Many changes (a re-list): sorting all at once beats inserting one by one.
+        if changed is None or len(changed) > max(REBUILD_CHANGES, len(nodes) // 8):
             self.buckets.clear()
             self._keys.clear()
             for node in nodes.values():
