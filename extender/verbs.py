@@ -117,14 +117,18 @@ class FilterOutcome:
 
 @dataclass(slots=True)
 class _Snapshot:
-    """One pod shape's last filter outcome, valid for every node unchanged since ``clock``."""
+    """One pod shape's last filter outcome, valid for every node unchanged since ``clock``.
+
+    Kept in containers of strings only (a tuple, dicts), which the garbage collector stops tracking:
+    hundreds of shapes' 5,000-node lists and sets would otherwise be walked by every full
+    collection, a pause of hundreds of milliseconds for the request it lands in."""
 
     clock: int
-    nodes: list[str]
+    nodes: tuple[str, ...]
     passing: dict[str, None]
     failed: dict[str, str]
     unresolvable: dict[str, str]
-    members: set[str] | None = None
+    members: dict[str, None] | None = None
 
     async def update(
         self,
@@ -136,13 +140,14 @@ class _Snapshot:
         """The outcome for ``nodes``: this one, with the changed, added and removed nodes redone.
 
         The caller owns the snapshot while this runs (it awaits between slices of work)."""
-        members = self.members if self.members is not None else set(self.nodes)
-        if nodes == self.nodes:
+        members = self.members if self.members is not None else dict.fromkeys(self.nodes)
+        asked = tuple(nodes)
+        if asked == self.nodes:
             requested, added, removed = members, set(), set()
         else:
-            requested = set(nodes)
-            added, removed = requested - members, members - requested
-        redo = sorted((changed & requested) | added)
+            requested = dict.fromkeys(asked)
+            added, removed = requested.keys() - members.keys(), members.keys() - requested.keys()
+        redo = sorted({node for node in changed if node in requested} | added)
         fresh = await verdicts(redo)
         for node in removed:
             self.passing.pop(node, None)
@@ -161,7 +166,7 @@ class _Snapshot:
                 )
                 other.pop(node, None)
                 target[node] = verdict.message
-        self.clock, self.nodes, self.members = clock, list(nodes), requested
+        self.clock, self.nodes, self.members = clock, asked, requested
         return FilterOutcome(list(self.passing), dict(self.failed), dict(self.unresolvable))
 
 
@@ -281,7 +286,7 @@ class Verbs:
         if own is None:
             # The clock read before the first slice: nodes changed while this ran are redone next time.
             self._keep_snapshot(shape, _Snapshot(
-                clock, list(nodes), dict.fromkeys(passing), dict(failed), dict(unresolvable)
+                clock, tuple(nodes), dict.fromkeys(passing), dict(failed), dict(unresolvable)
             ))
         return FilterOutcome(passing, failed, unresolvable)
 
