@@ -10,7 +10,10 @@ Prints one JSON line per measurement, then a summary table.
   watch event of the binding, and a running pod deleted elsewhere, so that every request sees a
   few nodes changed since the last. ``cold`` is the first request of a shape (no cached verdict),
   ``steady`` the rest. Measured in-process (the verbs alone) and over HTTPS on loopback (the
-  extender's aiohttp app behind ``vramguard.io.server.serve``, a client that keeps its connection).
+  extender's aiohttp app behind ``vramguard.io.server.serve``, a client that keeps its connection),
+  with the collector frozen after the sync as the extender freezes it. Then 2 x 120 pods of new
+  shapes with all 5,000 names and with 500: the served filter and, alternating request by request,
+  the baseline of every node judged one by one; with the answer's size and the collector's pauses.
 - **lag**: the event loop's lag (a task sleeping 1 ms in a loop records how late it wakes, p50 /
   p99 / max) while filters and prioritizes of pods of new shapes run over the 5,000 nodes, with the
   work sliced as served and unsliced as the baseline, interleaved round by round. Then the filter
