@@ -18,6 +18,8 @@ from vramguard.engines.base import Findings, Options, parallel_layout
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 
 NAME = "vllm"
+PROGRAM = "vllm"
+"""The console script: ``vllm serve``."""
 MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"})
 DEFAULT_SINCE_0_21 = Fraction(92, 100)
 DEFAULT_BEFORE_0_21 = Fraction(9, 10)
@@ -37,7 +39,7 @@ EXECUTOR = ("--distributed-executor-backend",)
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
     """The server's arguments if ``argv`` starts vLLM's OpenAI server, else ``None``."""
-    if program(argv) == "vllm" and len(argv) > 1 and argv[1] == "serve":
+    if program(argv) == PROGRAM and len(argv) > 1 and argv[1] == "serve":
         return list(argv[2:])
     module = python_module(argv)
     if module is None:
