@@ -19,7 +19,13 @@ from typing import Any
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "busybox"})
 PREFIX_COMMANDS = frozenset({"exec", "nohup", "time", "command", "builtin"})
 _SHELL_VAR = re.compile(r"\$\{(\w+)(?::?[-=]([^}]*))?\}|\$(\w+)", re.ASCII)
-_PUNCTUATION = frozenset("();<>|&\n")
+_OPERATORS = "();<>|&\n"
+_PUNCTUATION = frozenset(_OPERATORS)
+_WHITESPACE = " \t\r"
+_SHLEX_SPECIAL = frozenset("'\"\\#")
+"""Characters that make :mod:`shlex` do more than split: quotes, the escape, the comment sign."""
+_PLAIN_TOKEN = re.compile(r"[();<>|&\n]+|[^ \t\r();<>|&\n]+")
+"""A run of operator characters, or of anything but operators and whitespace (shlex's two token kinds)."""
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=", re.ASCII)
 MAX_SHELL_DEPTH = 4
 
@@ -214,31 +220,54 @@ def _shell_script(argv: Sequence[str]) -> str | None:
 
 def split_script(script: str) -> list[list[str]]:
     """Split a shell script into the words of each simple command (``&&``, ``;``, ``|``, newlines)."""
-    lexer = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars="();<>|&\n")
-    lexer.whitespace = " \t\r"
-    lexer.whitespace_split = True
     commands: list[list[str]] = []
     current: list[str] = []
     skip_target = False
-    try:
-        for token in lexer:
-            if token and set(token) <= _PUNCTUATION:
-                if "<" in token or ">" in token:
-                    skip_target = True  # a redirection: its target is a file name, not an argument
-                    continue
-                if current:
-                    commands.append(current)
-                current = []
-            elif skip_target:
-                skip_target = False
-            elif token not in ("{", "}", "!"):
-                current.append(token)
-    except ValueError:
-        # Unbalanced quotes: the shell would refuse the script too; keep the words read so far.
-        pass
+    for token in shell_tokens(script):
+        if token and set(token) <= _PUNCTUATION:
+            if "<" in token or ">" in token:
+                skip_target = True  # a redirection: its target is a file name, not an argument
+                continue
+            if current:
+                commands.append(current)
+            current = []
+        elif skip_target:
+            skip_target = False
+        elif token not in ("{", "}", "!"):
+            current.append(token)
     if current:
         commands.append(current)
     return commands
+
+
+def shell_tokens(script: str) -> list[str]:
+    """The words and operators of a script, as :func:`shlex_tokens` reads them.
+
+    A script without quotes, backslashes or comments (most ``sh -c`` lines) is split by one regular
+    expression, which gives the same tokens as :mod:`shlex` at a tenth of the cost.
+    """
+    joined = script.replace("\\\n", " ")
+    if _SHLEX_SPECIAL.isdisjoint(joined):
+        return _PLAIN_TOKEN.findall(joined)
+    return shlex_tokens(script)
+
+
+def shlex_tokens(script: str) -> list[str]:
+    """The tokens :mod:`shlex` reads in POSIX mode with the shell's operators as punctuation (a
+    backslash-newline joins lines first).
+
+    Unbalanced quotes end the script: the shell would refuse it too; the tokens read so far are kept.
+    """
+    lexer = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars=_OPERATORS)
+    lexer.whitespace = _WHITESPACE
+    lexer.whitespace_split = True
+    tokens: list[str] = []
+    try:
+        for token in lexer:
+            tokens.append(token)
+    except ValueError:
+        pass
+    return tokens
 
 
 def _leading_assignments(words: list[str]) -> tuple[dict[str, str], list[str]]:
