@@ -155,8 +155,9 @@ class Invocation:
 
 def container_argvs(container: Mapping[str, Any], env: ContainerEnv) -> tuple[list[str], list[str]]:
     """``command`` and ``args`` after Kubernetes' ``$(VAR)`` expansion (non-strings are dropped)."""
-    command = [expand_kubernetes(a, env) for a in _strings(container.get("command"))]
-    args = [expand_kubernetes(a, env) for a in _strings(container.get("args"))]
+    # Most arguments hold no reference: only those with a ``$`` are expanded.
+    command = [expand_kubernetes(a, env) if "$" in a else a for a in _strings(container.get("command"))]
+    args = [expand_kubernetes(a, env) if "$" in a else a for a in _strings(container.get("args"))]
     return command, args
 
 

@@ -279,7 +279,7 @@ def _starts_ray(argv: Sequence[str]) -> bool:
     """Whether a process joins or starts a Ray cluster (``ray start``, vLLM's multi-node script)."""
     if program(argv) == "ray" and list(argv[1:2]) == ["start"]:
         return True
-    return any(word.endswith(RAY_SCRIPTS) for word in argv[:2])
+    return bool(argv) and (argv[0].endswith(RAY_SCRIPTS) or (len(argv) > 1 and argv[1].endswith(RAY_SCRIPTS)))
 
 
 def _claim_size(claim: EngineClaim) -> Fraction:

@@ -68,8 +68,9 @@ class Options:
     def last(self, names: Iterable[str]) -> Flag | None:
         """The last occurrence of any of ``names`` (aliases such as ``-tp`` and ``--tensor-parallel-size``)."""
         best: tuple[int, str, str | None, str] | None = None
+        found = self._found
         for name in names:
-            hit = self._found.get(name)
+            hit = found.get(name)
             if hit is not None and (best is None or hit[0] > best[0]):
                 best = hit
         return Flag(best[1], best[2], best[3]) if best is not None else None

@@ -32,6 +32,9 @@ PARALLEL_SIZES = (
 )
 DATA_PARALLEL = ("--data-parallel-size", "-dp")
 DATA_PARALLEL_LOCAL = ("--data-parallel-size-local", "-dpl")
+_SIZES = tuple(names for _, names in PARALLEL_SIZES)
+_SIZES_WITH_DATA = (*_SIZES, DATA_PARALLEL)
+_SIZES_WITH_LOCAL_DATA = (*_SIZES, DATA_PARALLEL_LOCAL)
 NODES = ("--nnodes",)
 """Multi-node serving without Ray: the parallel sizes are totals over ``--nnodes`` pods."""
 EXECUTOR = ("--distributed-executor-backend",)
@@ -90,10 +93,10 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
 
 
 def _parallel(options: Options, found: Findings) -> Parallel | None:
-    data = DATA_PARALLEL_LOCAL if options.has(DATA_PARALLEL_LOCAL) else DATA_PARALLEL
+    sizes = _SIZES_WITH_LOCAL_DATA if options.has(DATA_PARALLEL_LOCAL) else _SIZES_WITH_DATA
     executor = options.last(EXECUTOR)
     ray = executor is not None and executor.value == "ray"
-    return parallel_layout(options, [names for _, names in PARALLEL_SIZES] + [data], found, NODES, ray)
+    return parallel_layout(options, sizes, found, NODES, ray)
 
 
 def _implicit_default(image: str, found: Findings) -> Fraction:
