@@ -50,15 +50,16 @@ class Options:
             word = args[index]
             if word == "--":
                 break
-            if word[:1] == "-" and not _is_negative_number(word):
+            # Inline checks (this loop runs for every argument of every engine command).
+            if word[:1] == "-" and not (word[1:2] in _NUMBER_STARTS and _NEGATIVE_NUMBER.match(word)):
                 written, sep, value = word.partition("=")
                 name = written  # the key is the canonical name; the flag keeps the user's spelling
                 if underscores and name[:2] == "--" and "_" in name:
                     name = name.replace("_", "-")
                 if sep:
                     found[name] = (index, written, value, "=")
-                elif index + 1 < count and _is_value(args[index + 1]):
-                    found[name] = (index, written, args[index + 1], " ")
+                elif index + 1 < count and _is_value(following := args[index + 1]):
+                    found[name] = (index, written, following, " ")
                     index += 1
                 else:
                     found[name] = (index, written, None, " ")
@@ -195,6 +196,9 @@ def env_flag(env: ContainerEnv, name: str, found: Findings) -> Flag | None:
     return Flag(f"env {name}", entry.value, "=")
 
 
+_ONE_GPU = {ray: Parallel(1, (), None, None, ray) for ray in (False, True)}
+
+
 def parallel_layout(
     options: Options,
     sizes: Sequence[Sequence[str]],
@@ -227,6 +231,8 @@ def parallel_layout(
         node_count = found.count(node_flag)
         if node_count is None:
             return None
+    elif not written:
+        return _ONE_GPU[ray]  # no flag at all, the common case: the same immutable value each time
     return Parallel(
         total, tuple(written), node_count, node_flag.evidence() if node_flag is not None else None, ray
     )
