@@ -60,6 +60,10 @@ class ContainerEnv:
         return ContainerEnv(values, list(self.opaque_sources))
 
 
+_FROM_REFERENCE = EnvValue(None, "valueFrom")
+"""Every variable set from a Secret, ConfigMap, field or resource reads the same (immutable, shared)."""
+
+
 def container_env(container: Mapping[str, Any]) -> ContainerEnv:
     """Read ``env`` and ``envFrom`` of a container, expanding ``$(VAR)`` in values as Kubernetes does."""
     env = ContainerEnv()
@@ -76,7 +80,7 @@ def container_env(container: Mapping[str, Any]) -> ContainerEnv:
             continue
         name = entry["name"]
         if "valueFrom" in entry and entry.get("valueFrom") is not None:
-            env.values[name] = EnvValue(None, "valueFrom")
+            env.values[name] = _FROM_REFERENCE
             continue
         raw = entry.get("value", "")
         value = raw if isinstance(raw, str) else str(raw)
