@@ -165,6 +165,7 @@ def _other_headlines() -> list[Headline]:
         Headline("lag.pathological_200x1000.filter_ms", "extender", {"bench": "lag", "pod": "200x1000"}, "filter_ms"),
         Headline("memory.rss_mib", "extender", {"bench": "memory"}, "rss_mib"),
         Headline("memory.peak_rss_mib", "extender", {"bench": "memory"}, "peak_rss_mib"),
+        Headline("memory.rss_growth_mib", "extender", {"bench": "memory"}, "rss_delta_mib"),
         Headline("memory.heap_mib", "extender", {"bench": "memory"}, "tracemalloc_held_mib"),
         Headline("memory.relist_pods_s", "extender", {"bench": "memory"}, "relist_pods_s"),
     ]
@@ -180,11 +181,19 @@ def _other_headlines() -> list[Headline]:
         for stat in ("p50_ms", "p99_ms"):
             rows.append(Headline(f"scrape.filter.{mode.replace('-', '_')}.{stat}", "extender",
                                  {"bench": "scrape", "mode": mode}, f"filter.{stat}"))
+    for mode in ("scrape-per-node", "scrape-per-gpu"):
+        short = mode.replace("-", "_")
+        rows.append(Headline(f"scrape.filter.{short}.p99_ratio_to_quiet", "extender", {"bench": "scrape", "mode": mode},
+                             "p99_ratio_to_quiet"))
+        rows.append(Headline(f"scrape.render_sliced.{short}.p50_ms", "extender", {"bench": "scrape", "mode": mode},
+                             "render_sliced.p50_ms"))
     return rows
 
 
 HEADLINES: tuple[Headline, ...] = (*_other_headlines()[:3], *_latency_headlines(), *_other_headlines()[3:])
-"""The README's ``make bench`` figures under names that stay when records gain fields."""
+"""The README's ``make bench`` figures under names that stay when records gain fields. The
+throughput part (``--extender ...,throughput``) and ``bench.restart`` run outside ``make bench``:
+their figures are under ``figures`` only."""
 
 
 def headlines(results: JSON) -> dict[str, float]:

@@ -81,8 +81,8 @@ def full_results(**overrides: dict[str, Any]) -> dict[str, Any]:
     extender: list[dict[str, Any]] = [
         {"bench": "latency", "mode": "in-process", "phase": "first-after-sync", "filter_ms": 7.0, "warm_ms": 20.0},
         {"bench": "lag", "phase": "pathological", "pod": "200x1000", "filter_ms": 9.9},
-        {"bench": "memory", "rss_mib": 150.0, "peak_rss_mib": 190.0, "tracemalloc_held_mib": 50.0,
-         "relist_pods_s": 4.0},
+        {"bench": "memory", "rss_mib": 150.0, "peak_rss_mib": 190.0, "rss_delta_mib": 100.0,
+         "tracemalloc_held_mib": 50.0, "relist_pods_s": 4.0},
     ]
     for mode in ("in-process", "https"):
         for phase in ("steady", "cold"):
@@ -95,8 +95,10 @@ def full_results(**overrides: dict[str, Any]) -> dict[str, Any]:
     for per_gpu in (False, True):
         extender.append({"bench": "scrape", "phase": "exposition", "per_gpu": per_gpu, "bytes": 10, "series": 2,
                          "render_cpu_ms": 5.0})
-    for mode in ("quiet", "scrape-per-node", "scrape-per-gpu"):
-        extender.append({"bench": "scrape", "mode": mode, "filter": stats})
+    extender.append({"bench": "scrape", "mode": "quiet", "filter": stats})
+    for mode in ("scrape-per-node", "scrape-per-gpu"):
+        extender.append({"bench": "scrape", "mode": mode, "filter": stats, "p99_ratio_to_quiet": 1.1,
+                         "render_sliced": stats})
     benchmarks = {
         "demand": [{"case": "typical vLLM pod", "pods_per_cpu_second": 30000},
                    {"case": "10-container pod", "pods_per_cpu_second": 3000}],
