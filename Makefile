@@ -43,7 +43,8 @@ e2e: $(INSTALLED) tools
 demo: $(INSTALLED)
 	$(BIN)/python -m e2e.demo $(if $(DRA),--dra)
 
-# All figures into one JSON file (BENCH_OUT); BENCH_COMPARE=older.json prints each figure's ratio.
+# All figures into one JSON file (BENCH_OUT); prints each figure's ratio to the previous BENCH_OUT,
+# or to BENCH_COMPARE=older.json.
 BENCH_OUT ?= bench-results.json
 bench: $(INSTALLED)
 	$(BIN)/python -m bench.run --out $(BENCH_OUT) $(if $(BENCH_COMPARE),--compare $(BENCH_COMPARE))

@@ -1,8 +1,12 @@
 """Micro-benchmark: demand derivation, pods per second on one core.
 
-    python -m bench.demand [--seconds 3]
+    python -m bench.demand [--seconds 3] [--against OTHER_CHECKOUT [--rounds 5]]
 
 The extender derives demand on every pod event; at 50,000 pods a re-list must not stall it.
+Figures are pods per second of this process's CPU time, so that other work on the machine does not
+count against them. ``--against`` runs this checkout's benchmark and another's (an older commit,
+a worktree of ``main``) in fresh interpreters, alternated round by round, which goes first
+alternating, and prints each case's median per side and their ratio.
 """
 
 from __future__ import annotations
@@ -10,10 +14,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from bench.report import refuse_if_traced, untraced_environment
 from vramguard.demand import derive_pod_demand
 
 TYPICAL_VLLM_POD: dict[str, Any] = {
@@ -70,6 +79,7 @@ def measure(name: str, make: Callable[[], dict[str, Any]], seconds: float) -> di
     text = json.dumps(make())
     pods = [json.loads(text) for _ in range(2000)]
     count = 0
+    refuse_if_traced()  # a profiler or tracemalloc would make the figure meaningless
     # CPU time of this process: "per second on one core" even when other work shares the machine.
     start = time.process_time()
     deadline = start + seconds
@@ -86,12 +96,46 @@ def measure(name: str, make: Callable[[], dict[str, Any]], seconds: float) -> di
     }
 
 
+CASES: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
+    ("typical vLLM pod", lambda: TYPICAL_VLLM_POD),
+    ("10-container pod", ten_container_pod),
+)
+HERE = Path(__file__).resolve().parent.parent
+
+
+def against(other: Path, rounds: int, seconds: float) -> list[dict[str, Any]]:
+    """This checkout's figures and ``other``'s, alternated in fresh interpreters; medians and ratios."""
+    sides = {"this": HERE, "baseline": other.resolve()}
+    found: dict[tuple[str, str], list[int]] = {}
+    for round_index in range(rounds):
+        order = list(sides.items()) if round_index % 2 == 0 else list(sides.items())[::-1]
+        for side, root in order:
+            # Run from the checkout's root: ``-m`` puts it first on sys.path, so its vramguard is imported.
+            done = subprocess.run([sys.executable, "-m", "bench.demand", "--seconds", str(seconds)], cwd=root,
+                                  capture_output=True, text=True, check=True, env=untraced_environment())
+            for line in done.stdout.splitlines():
+                record = json.loads(line)
+                found.setdefault((side, record["case"]), []).append(record["pods_per_cpu_second"])
+    records = []
+    for case, _ in CASES:
+        this, baseline = statistics.median(found[("this", case)]), statistics.median(found[("baseline", case)])
+        records.append({"case": case, "pods_per_cpu_second": round(this), "baseline_pods_per_cpu_second":
+                        round(baseline), "ratio": round(this / baseline, 2), "rounds": rounds})
+    return records
+
+
 def main() -> None:
     """Run both cases and print one JSON line each."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="CPU seconds per case (default 3)")
+    parser.add_argument("--against", type=Path, help="another checkout: alternate with it, print ratios")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per side with --against (default 5)")
     args = parser.parse_args()
-    for name, make in (("typical vLLM pod", lambda: TYPICAL_VLLM_POD), ("10-container pod", ten_container_pod)):
+    if args.against is not None:
+        for record in against(args.against, args.rounds, args.seconds):
+            print(json.dumps(record))
+        return
+    for name, make in CASES:
         print(json.dumps(measure(name, make, args.seconds)))
 
 

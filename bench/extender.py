@@ -68,6 +68,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
+from bench.report import refuse_if_traced
 from extender.app import LEDGER_EXPOSITION_KEY, build_app
 from extender.metrics import render_ledger_now
 from extender.verbs import SLICE_NODES, SLICE_SECONDS, Slicer, Verbs
@@ -108,7 +109,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def latency_stats(values_s: list[float]) -> dict[str, float | int]:
-    """Count, p50, p99 and max in milliseconds."""
+    """Count, p50, p99 and max in milliseconds; refused when taken under a profiler or tracemalloc."""
+    refuse_if_traced()
     if not values_s:
         return {"n": 0}
     ms = [v * 1000 for v in values_s]

@@ -16,6 +16,8 @@ from vramguard.engines.base import Findings
 
 def declared_vram(annotations: Mapping[str, str], container: str, found: Findings) -> Vram | None:
     """The declaration that applies to ``container``, recording evidence or an error."""
+    if not annotations:
+        return None
     for key in (vram_annotation(container), vram_annotation()):
         value = annotations.get(key)
         if value is None:

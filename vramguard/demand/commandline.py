@@ -19,7 +19,13 @@ from typing import Any
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "busybox"})
 PREFIX_COMMANDS = frozenset({"exec", "nohup", "time", "command", "builtin"})
 _SHELL_VAR = re.compile(r"\$\{(\w+)(?::?[-=]([^}]*))?\}|\$(\w+)", re.ASCII)
-_PUNCTUATION = frozenset("();<>|&\n")
+_OPERATORS = "();<>|&\n"
+_PUNCTUATION = frozenset(_OPERATORS)
+_WHITESPACE = " \t\r"
+_SHLEX_SPECIAL = frozenset("'\"\\#")
+"""Characters that make :mod:`shlex` do more than split: quotes, the escape, the comment sign."""
+_PLAIN_TOKEN = re.compile(r"[();<>|&\n]+|[^ \t\r();<>|&\n]+")
+"""A run of operator characters, or of anything but operators and whitespace (shlex's two token kinds)."""
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=", re.ASCII)
 MAX_SHELL_DEPTH = 4
 
@@ -54,6 +60,10 @@ class ContainerEnv:
         return ContainerEnv(values, list(self.opaque_sources))
 
 
+_FROM_REFERENCE = EnvValue(None, "valueFrom")
+"""Every variable set from a Secret, ConfigMap, field or resource reads the same (immutable, shared)."""
+
+
 def container_env(container: Mapping[str, Any]) -> ContainerEnv:
     """Read ``env`` and ``envFrom`` of a container, expanding ``$(VAR)`` in values as Kubernetes does."""
     env = ContainerEnv()
@@ -70,7 +80,7 @@ def container_env(container: Mapping[str, Any]) -> ContainerEnv:
             continue
         name = entry["name"]
         if "valueFrom" in entry and entry.get("valueFrom") is not None:
-            env.values[name] = EnvValue(None, "valueFrom")
+            env.values[name] = _FROM_REFERENCE
             continue
         raw = entry.get("value", "")
         value = raw if isinstance(raw, str) else str(raw)
@@ -149,8 +159,9 @@ class Invocation:
 
 def container_argvs(container: Mapping[str, Any], env: ContainerEnv) -> tuple[list[str], list[str]]:
     """``command`` and ``args`` after Kubernetes' ``$(VAR)`` expansion (non-strings are dropped)."""
-    command = [expand_kubernetes(a, env) for a in _strings(container.get("command"))]
-    args = [expand_kubernetes(a, env) for a in _strings(container.get("args"))]
+    # Most arguments hold no reference: only those with a ``$`` are expanded.
+    command = [expand_kubernetes(a, env) if "$" in a else a for a in _strings(container.get("command"))]
+    args = [expand_kubernetes(a, env) if "$" in a else a for a in _strings(container.get("args"))]
     return command, args
 
 
@@ -214,31 +225,54 @@ def _shell_script(argv: Sequence[str]) -> str | None:
 
 def split_script(script: str) -> list[list[str]]:
     """Split a shell script into the words of each simple command (``&&``, ``;``, ``|``, newlines)."""
-    lexer = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars="();<>|&\n")
-    lexer.whitespace = " \t\r"
-    lexer.whitespace_split = True
     commands: list[list[str]] = []
     current: list[str] = []
     skip_target = False
-    try:
-        for token in lexer:
-            if token and set(token) <= _PUNCTUATION:
-                if "<" in token or ">" in token:
-                    skip_target = True  # a redirection: its target is a file name, not an argument
-                    continue
-                if current:
-                    commands.append(current)
-                current = []
-            elif skip_target:
-                skip_target = False
-            elif token not in ("{", "}", "!"):
-                current.append(token)
-    except ValueError:
-        # Unbalanced quotes: the shell would refuse the script too; keep the words read so far.
-        pass
+    for token in shell_tokens(script):
+        if token and set(token) <= _PUNCTUATION:
+            if "<" in token or ">" in token:
+                skip_target = True  # a redirection: its target is a file name, not an argument
+                continue
+            if current:
+                commands.append(current)
+            current = []
+        elif skip_target:
+            skip_target = False
+        elif token not in ("{", "}", "!"):
+            current.append(token)
     if current:
         commands.append(current)
     return commands
+
+
+def shell_tokens(script: str) -> list[str]:
+    """The words and operators of a script, as :func:`shlex_tokens` reads them.
+
+    A script without quotes, backslashes or comments (most ``sh -c`` lines) is split by one regular
+    expression, which gives the same tokens as :mod:`shlex` at a tenth of the cost.
+    """
+    joined = script.replace("\\\n", " ")
+    if _SHLEX_SPECIAL.isdisjoint(joined):
+        return _PLAIN_TOKEN.findall(joined)
+    return shlex_tokens(script)
+
+
+def shlex_tokens(script: str) -> list[str]:
+    """The tokens :mod:`shlex` reads in POSIX mode with the shell's operators as punctuation (a
+    backslash-newline joins lines first).
+
+    Unbalanced quotes end the script: the shell would refuse it too; the tokens read so far are kept.
+    """
+    lexer = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars=_OPERATORS)
+    lexer.whitespace = _WHITESPACE
+    lexer.whitespace_split = True
+    tokens: list[str] = []
+    try:
+        for token in lexer:
+            tokens.append(token)
+    except ValueError:
+        pass
+    return tokens
 
 
 def _leading_assignments(words: list[str]) -> tuple[dict[str, str], list[str]]:

@@ -11,7 +11,7 @@ from vramguard import engines
 from vramguard.codecs import VRAM_ANNOTATION, is_vramguard_key, vram_annotation
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
-from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand
+from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand, claim_conflicts
 from vramguard.demand.mps import read_mps
 from vramguard.engines import jax
 from vramguard.engines.base import Findings, parse_positive_int
@@ -95,16 +95,16 @@ def derive_container_demand(
     group_size: int | None = None,
 ) -> ContainerDemand | None:
     """The demand of one container, or ``None`` when it asks for no GPU resource."""
-    name = container.get("name") if isinstance(container.get("name"), str) else "<unnamed>"
-    assert isinstance(name, str)
+    raw_name = container.get("name")
+    name = raw_name if isinstance(raw_name, str) else "<unnamed>"
     found = Findings.for_container(name)
     requested = _gpu_request(container, options, found)
     if requested is None:
         return None
     resource, gpus = requested
     env = container_env(container)
-    image = container.get("image") if isinstance(container.get("image"), str) else ""
-    assert isinstance(image, str)
+    raw_image = container.get("image")
+    image = raw_image if isinstance(raw_image, str) else ""
 
     claim = _engine_claim(container, env, image, name, found)
     if claim is not None:
@@ -119,28 +119,29 @@ def derive_container_demand(
         found.warn(
             f"envFrom ({', '.join(env.opaque_sources)}) may set engine variables vramguard cannot see"
         )
-    demand = ContainerDemand(
+    engine = claim.engine if claim is not None else None
+    vram = claim.vram if claim is not None else None
+    # No reservation: no declaration, no MPS limit and no claim (see ContainerDemand.reservation).
+    if declared is None and mps.limit_bytes is None and claim is None and not found.errors:
+        found.warn(
+            f"no known engine and no {VRAM_ANNOTATION} annotation, so its VRAM is unknown; "
+            f"declare it, e.g. {vram_annotation(name)}: 16Gi"
+        )
+    found.errors.extend(claim_conflicts(name, engine, vram, declared, mps.limit_bytes, None))
+    # Built once, with its findings: a frozen dataclass of 15 fields is not cheap to copy.
+    return ContainerDemand(
         name=name,
         resource=resource,
         gpus=gpus,
         init=init,
-        engine=claim.engine if claim is not None else None,
-        claim=claim.vram if claim is not None else None,
+        engine=engine,
+        claim=vram,
         declared=declared,
         mps_limit=mps.limit_bytes,
         sm_percent=mps.sm_percent,
         implicit_default=claim.implicit_default if claim is not None else False,
         default_warning=claim.default_warning if claim is not None else None,
         env_only=claim.env_only if claim is not None else False,
-    )
-    if demand.reservation is None and claim is None and not found.errors:
-        found.warn(
-            f"no known engine and no {VRAM_ANNOTATION} annotation, so its VRAM is unknown; "
-            f"declare it, e.g. {vram_annotation(name)}: 16Gi"
-        )
-    found.errors.extend(demand.conflicts(None))
-    return replace(
-        demand,
         evidence=tuple(found.evidence),
         warnings=tuple(dict.fromkeys(found.warnings)),
         errors=tuple(dict.fromkeys(found.errors)),
@@ -204,12 +205,14 @@ def _gpu_request(
     for section in ("requests", "limits"):  # limits last: they are what the device plugin honours
         values = resources.get(section)
         if isinstance(values, dict):
-            asked.update({k: v for k, v in values.items() if isinstance(k, str) and options.is_gpu(k)})
+            for key, value in values.items():
+                if isinstance(key, str) and options.is_gpu(key):
+                    asked[key] = value
     if not asked:
         return None
     if len(asked) > 1:
         found.error(f"asks for several GPU resources ({', '.join(sorted(asked))}); use one")
-    resource, raw = sorted(asked.items())[0]
+    resource, raw = next(iter(asked.items())) if len(asked) == 1 else sorted(asked.items())[0]
     count = _device_count(raw)
     if count is None:
         found.error(f"{resource}: {raw!r} is not a whole number of devices")
@@ -251,15 +254,16 @@ def _engine_claim(
             candidates.append([*entrypoint, *args])
         elif args:
             candidates.append(args)  # an image without ENTRYPOINT runs its args as the command
+    # Every process the candidates start, read once (a shell script is tokenised once).
+    processes = [invocation for argv in candidates for invocation in invocations(argv, env)]
     claims: list[EngineClaim] = []
-    for argv in candidates:
-        for invocation in invocations(argv, env):
-            claim = engines.recognise(invocation.argv, invocation.env, image, name)
-            if claim is not None:
-                claims.append(claim)
+    for invocation in processes:
+        claim = engines.recognise(invocation.argv, invocation.env, image, name)
+        if claim is not None:
+            claims.append(claim)
     if not claims:
         return jax.claim(env, name) if jax.applies(env) else None
-    if any(_starts_ray(invocation.argv) for argv in candidates for invocation in invocations(argv, env)):
+    if any(_starts_ray(invocation.argv) for invocation in processes):
         claims = [
             replace(c, parallel=replace(c.parallel, ray=True)) if c.parallel is not None else c for c in claims
         ]
@@ -268,14 +272,14 @@ def _engine_claim(
             f"starts {len(claims)} engine processes; vramguard counts the largest claim, declare "
             f"{VRAM_ANNOTATION} if they run at the same time"
         )
-    return max(claims, key=_claim_size)
+    return claims[0] if len(claims) == 1 else max(claims, key=_claim_size)
 
 
 def _starts_ray(argv: Sequence[str]) -> bool:
     """Whether a process joins or starts a Ray cluster (``ray start``, vLLM's multi-node script)."""
     if program(argv) == "ray" and list(argv[1:2]) == ["start"]:
         return True
-    return any(word.endswith(RAY_SCRIPTS) for word in argv[:2])
+    return bool(argv) and (argv[0].endswith(RAY_SCRIPTS) or (len(argv) > 1 and argv[1].endswith(RAY_SCRIPTS)))
 
 
 def _claim_size(claim: EngineClaim) -> Fraction:

@@ -169,29 +169,39 @@ class ContainerDemand:
 
     def conflicts(self, device_bytes: int | None) -> list[str]:
         """Errors that show only once the device size is known (``None``: check what can be checked)."""
-        problems: list[str] = []
-        if self.claim is None:
-            return problems
-        for bound, label in (
-            (self.declared, f"its {VRAM_ANNOTATION} declaration"),
-            (Vram(bytes=self.mps_limit) if self.mps_limit is not None else None,
-             "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
-        ):
-            if bound is None:
-                continue
-            if self.claim.exceeds(bound, device_bytes):
-                size = f" on a {format_bytes(device_bytes)} GPU" if device_bytes else ""
-                problems.append(
-                    f"container {self.name}: {self.engine} claims {self._claim_text(device_bytes)}"
-                    f"{size}, more than {label} ({bound.describe()})"
-                )
-        return problems
+        return claim_conflicts(self.name, self.engine, self.claim, self.declared, self.mps_limit, device_bytes)
 
-    def _claim_text(self, device_bytes: int | None) -> str:
-        assert self.claim is not None
-        if device_bytes is not None and self.claim.fraction is not None:
-            return f"{self.claim.describe()} = {format_bytes(self.claim.on_device(device_bytes))}"
-        return self.claim.describe()
+
+def claim_conflicts(
+    name: str, engine: str | None, claim: Vram | None, declared: Vram | None, mps_limit: int | None,
+    device_bytes: int | None,
+) -> list[str]:
+    """A container's engine claim against its declaration and its MPS limit (see :meth:`ContainerDemand.conflicts`).
+
+    A function of the fields, so that a demand can be checked before it is built.
+    """
+    problems: list[str] = []
+    if claim is None or (declared is None and mps_limit is None):
+        return problems
+    for bound, label in (
+        (declared, f"its {VRAM_ANNOTATION} declaration"),
+        (Vram(bytes=mps_limit) if mps_limit is not None else None, "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+    ):
+        if bound is None:
+            continue
+        if claim.exceeds(bound, device_bytes):
+            size = f" on a {format_bytes(device_bytes)} GPU" if device_bytes else ""
+            problems.append(
+                f"container {name}: {engine} claims {_claim_text(claim, device_bytes)}"
+                f"{size}, more than {label} ({bound.describe()})"
+            )
+    return problems
+
+
+def _claim_text(claim: Vram, device_bytes: int | None) -> str:
+    if device_bytes is not None and claim.fraction is not None:
+        return f"{claim.describe()} = {format_bytes(claim.on_device(device_bytes))}"
+    return claim.describe()
 
 
 @dataclass(frozen=True, slots=True)

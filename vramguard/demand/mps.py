@@ -29,8 +29,13 @@ class MpsSettings:
     sm_percent: int | None = None
 
 
+NO_MPS = MpsSettings()
+
+
 def read_mps(env: ContainerEnv, gpus: int, found: Findings) -> MpsSettings:
     """Read both MPS variables from the container's environment, recording evidence and errors."""
+    if MEM_LIMIT not in env.values and THREAD_PERCENTAGE not in env.values:
+        return NO_MPS  # the common case: neither is set
     return MpsSettings(_memory_limit(env, gpus, found), _thread_percentage(env, found))
 
 

@@ -18,7 +18,7 @@ from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim
 from vramguard.engines import sglang, tgi, vllm
 from vramguard.engines.base import Options
-from vramguard.engines.launchers import image_repository, python_module
+from vramguard.engines.launchers import image_repository, is_python, program, python_module
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class CommandEngine:
     name: str
     arguments: Callable[[Sequence[str]], list[str] | None]
     claim: Callable[[Sequence[str], ContainerEnv, str, str], EngineClaim]
+    programs: frozenset[str] = frozenset()
+    """The executables (base names) that start the engine, besides ``python -m``: ``arguments`` is
+    ``None`` for any other program, which lets :func:`recognise` skip every engine at once."""
 
 
 def _module_arguments(modules: frozenset[str]) -> Callable[[Sequence[str]], list[str] | None]:
@@ -63,14 +66,16 @@ def _wrapped(
 
 
 COMMAND_ENGINES: tuple[CommandEngine, ...] = (
-    CommandEngine(vllm.NAME, vllm.arguments, vllm.claim),
-    CommandEngine(sglang.NAME, sglang.arguments, sglang.claim),
-    CommandEngine(tgi.NAME, tgi.arguments, tgi.claim),
+    CommandEngine(vllm.NAME, vllm.arguments, vllm.claim, frozenset({vllm.PROGRAM})),
+    CommandEngine(sglang.NAME, sglang.arguments, sglang.claim, frozenset({sglang.PROGRAM})),
+    CommandEngine(tgi.NAME, tgi.arguments, tgi.claim, frozenset({tgi.LAUNCHER, *tgi.ENTRYPOINT_SCRIPTS})),
     # NVIDIA Dynamo's workers take the flags of the engine they wrap.
     CommandEngine(vllm.NAME, _module_arguments(frozenset({"dynamo.vllm"})), _wrapped(vllm.claim)),
     CommandEngine(sglang.NAME, _module_arguments(frozenset({"dynamo.sglang"})), _wrapped(sglang.claim)),
     CommandEngine(vllm.NAME, _huggingface_server, _wrapped(vllm.claim)),
 )
+
+ENGINE_PROGRAMS = frozenset().union(*(engine.programs for engine in COMMAND_ENGINES))
 
 # Images whose ENTRYPOINT starts an engine, so that a container gives it only ``args``.
 IMAGE_ENTRYPOINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -101,6 +106,14 @@ def image_entrypoint(image: str) -> tuple[str, ...] | None:
 
 def recognise(argv: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim | None:
     """The claim of the engine that ``argv`` launches, or ``None`` when it launches none we know."""
+    executable = program(argv)
+    if executable not in ENGINE_PROGRAMS and not is_python(executable):
+        return None  # most processes of a script (pip, mkdir, ray) start no engine: skip asking each
+    return recognise_each(argv, env, image, container)
+
+
+def recognise_each(argv: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim | None:
+    """:func:`recognise` without its shortcut: every engine is asked in turn."""
     for engine in COMMAND_ENGINES:
         args = engine.arguments(argv)
         if args is not None:

@@ -14,6 +14,8 @@ from vramguard.demand.model import Parallel
 
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$", re.ASCII)
+_NUMBER_STARTS = frozenset("0123456789.")
+_REFERENCE = re.compile(r"\$\((\w+)\)|\$\{(\w+)[^}]*\}|\$(\w+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,43 +42,52 @@ class Options:
     __slots__ = ("_found",)
 
     def __init__(self, args: Sequence[str], underscores: bool = False) -> None:
-        self._found: dict[str, tuple[int, Flag]] = {}
+        # name -> (index, as written, value, separator); a Flag is built only for the names asked for.
+        found: dict[str, tuple[int, str, str | None, str]] = {}
         count = len(args)
         index = 0
         while index < count:
             word = args[index]
             if word == "--":
                 break
-            if word.startswith("-") and not _NEGATIVE_NUMBER.match(word):
+            # Inline checks (this loop runs for every argument of every engine command).
+            if word[:1] == "-" and not (word[1:2] in _NUMBER_STARTS and _NEGATIVE_NUMBER.match(word)):
                 written, sep, value = word.partition("=")
                 name = written  # the key is the canonical name; the flag keeps the user's spelling
-                if underscores and name.startswith("--"):
+                if underscores and name[:2] == "--" and "_" in name:
                     name = name.replace("_", "-")
                 if sep:
-                    self._found[name] = (index, Flag(written, value, "="))
-                elif index + 1 < count and _is_value(args[index + 1]):
-                    self._found[name] = (index, Flag(written, args[index + 1]))
+                    found[name] = (index, written, value, "=")
+                elif index + 1 < count and _is_value(following := args[index + 1]):
+                    found[name] = (index, written, following, " ")
                     index += 1
                 else:
-                    self._found[name] = (index, Flag(written, None))
+                    found[name] = (index, written, None, " ")
             index += 1
+        self._found = found
 
     def last(self, names: Iterable[str]) -> Flag | None:
         """The last occurrence of any of ``names`` (aliases such as ``-tp`` and ``--tensor-parallel-size``)."""
-        best: tuple[int, Flag] | None = None
+        best: tuple[int, str, str | None, str] | None = None
+        found = self._found
         for name in names:
-            hit = self._found.get(name)
+            hit = found.get(name)
             if hit is not None and (best is None or hit[0] > best[0]):
                 best = hit
-        return best[1] if best is not None else None
+        return Flag(best[1], best[2], best[3]) if best is not None else None
 
     def has(self, names: Iterable[str]) -> bool:
         """Whether any of ``names`` is present, with or without a value."""
         return any(name in self._found for name in names)
 
 
+def _is_negative_number(word: str) -> bool:
+    # The regex can match only when a digit or a point follows the sign: most flags skip it.
+    return word[1:2] in _NUMBER_STARTS and bool(_NEGATIVE_NUMBER.match(word))
+
+
 def _is_value(word: str) -> bool:
-    return not word.startswith("-") or bool(_NEGATIVE_NUMBER.match(word))
+    return word[:1] != "-" or _is_negative_number(word)
 
 
 @lru_cache(maxsize=4096)
@@ -102,7 +113,9 @@ def parse_positive_int(text: str) -> int | None:
 
 def unresolved_reference(text: str) -> str | None:
     """The variable a value still refers to (``$(UTIL)``, ``$UTIL``), when it could not be expanded."""
-    match = re.search(r"\$\((\w+)\)|\$\{(\w+)[^}]*\}|\$(\w+)", text)
+    if "$" not in text:  # every form starts with one
+        return None
+    match = _REFERENCE.search(text)
     if match is None:
         return None
     return match.group(1) or match.group(2) or match.group(3)
@@ -183,6 +196,9 @@ def env_flag(env: ContainerEnv, name: str, found: Findings) -> Flag | None:
     return Flag(f"env {name}", entry.value, "=")
 
 
+_ONE_GPU = {ray: Parallel(1, (), None, None, ray) for ray in (False, True)}
+
+
 def parallel_layout(
     options: Options,
     sizes: Sequence[Sequence[str]],
@@ -215,6 +231,8 @@ def parallel_layout(
         node_count = found.count(node_flag)
         if node_count is None:
             return None
+    elif not written:
+        return _ONE_GPU[ray]  # no flag at all, the common case: the same immutable value each time
     return Parallel(
         total, tuple(written), node_count, node_flag.evidence() if node_flag is not None else None, ray
     )

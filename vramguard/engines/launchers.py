@@ -14,9 +14,14 @@ def program(argv: Sequence[str]) -> str:
     return argv[0].rsplit("/", 1)[-1] if argv else ""
 
 
+def is_python(executable: str) -> bool:
+    """Whether an executable's base name is a Python interpreter (``python``, ``python3.11``)."""
+    return bool(_PYTHON.match(executable))
+
+
 def python_module(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     """``(module, args)`` for ``python3 -u -m pkg.mod args...``; ``None`` for anything else."""
-    if not argv or not _PYTHON.match(program(argv)):
+    if not argv or not is_python(program(argv)):
         return None
     index = 1
     while index < len(argv):

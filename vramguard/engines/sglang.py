@@ -15,6 +15,8 @@ from vramguard.engines.base import Findings, Options, parallel_layout
 from vramguard.engines.launchers import program, python_module
 
 NAME = "sglang"
+PROGRAM = "sglang"
+"""The console script: ``sglang serve``."""
 MODULES = frozenset({"sglang.launch_server"})
 MEM_FRACTION = ("--mem-fraction-static",)
 TENSOR = ("--tp-size", "--tp", "--tensor-parallel-size")
@@ -27,7 +29,7 @@ NODES = ("--nnodes",)
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
     """The server's arguments if ``argv`` starts SGLang, else ``None``."""
-    if program(argv) == "sglang" and len(argv) > 1 and argv[1] == "serve":
+    if program(argv) == PROGRAM and len(argv) > 1 and argv[1] == "serve":
         return list(argv[2:])
     module = python_module(argv)
     if module is not None and module[0] in MODULES:

@@ -18,6 +18,8 @@ from vramguard.engines.base import Findings, Options, parallel_layout
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 
 NAME = "vllm"
+PROGRAM = "vllm"
+"""The console script: ``vllm serve``."""
 MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"})
 DEFAULT_SINCE_0_21 = Fraction(92, 100)
 DEFAULT_BEFORE_0_21 = Fraction(9, 10)
@@ -30,6 +32,9 @@ PARALLEL_SIZES = (
 )
 DATA_PARALLEL = ("--data-parallel-size", "-dp")
 DATA_PARALLEL_LOCAL = ("--data-parallel-size-local", "-dpl")
+_SIZES = tuple(names for _, names in PARALLEL_SIZES)
+_SIZES_WITH_DATA = (*_SIZES, DATA_PARALLEL)
+_SIZES_WITH_LOCAL_DATA = (*_SIZES, DATA_PARALLEL_LOCAL)
 NODES = ("--nnodes",)
 """Multi-node serving without Ray: the parallel sizes are totals over ``--nnodes`` pods."""
 EXECUTOR = ("--distributed-executor-backend",)
@@ -37,7 +42,7 @@ EXECUTOR = ("--distributed-executor-backend",)
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
     """The server's arguments if ``argv`` starts vLLM's OpenAI server, else ``None``."""
-    if program(argv) == "vllm" and len(argv) > 1 and argv[1] == "serve":
+    if program(argv) == PROGRAM and len(argv) > 1 and argv[1] == "serve":
         return list(argv[2:])
     module = python_module(argv)
     if module is None:
@@ -88,10 +93,10 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
 
 
 def _parallel(options: Options, found: Findings) -> Parallel | None:
-    data = DATA_PARALLEL_LOCAL if options.has(DATA_PARALLEL_LOCAL) else DATA_PARALLEL
+    sizes = _SIZES_WITH_LOCAL_DATA if options.has(DATA_PARALLEL_LOCAL) else _SIZES_WITH_DATA
     executor = options.last(EXECUTOR)
     ray = executor is not None and executor.value == "ray"
-    return parallel_layout(options, [names for _, names in PARALLEL_SIZES] + [data], found, NODES, ray)
+    return parallel_layout(options, sizes, found, NODES, ray)
 
 
 def _implicit_default(image: str, found: Findings) -> Fraction:
