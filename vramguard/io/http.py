@@ -33,6 +33,8 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from vramguard.io import jsoncodec
+
 __all__ = [
     "BODY_LIMIT_KEY",
     "CACHED_EXPOSITION_KEY",
@@ -235,7 +237,7 @@ def readiness_of(app: web.Application) -> Readiness:
 
 def error_response(status: int, message: str) -> web.Response:
     """Return a JSON error response ``{"error": message}`` with ``status``."""
-    return web.json_response({"error": message}, status=status)
+    return jsoncodec.json_response({"error": message}, status=status)
 
 
 async def read_body(request: web.Request, *, timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
@@ -272,18 +274,9 @@ async def read_json(request: web.Request, *, timeout: float = DEFAULT_BODY_TIMEO
     if not body.strip():
         raise RequestError(400, "request body is empty; expected a JSON object")
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(400, f"request body is not UTF-8 (invalid byte at offset {exc.start})") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise RequestError(400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except RecursionError:
-        raise RequestError(400, "invalid JSON: nested too deeply") from None
-    except ValueError as exc:
-        # Non-finite constants, integers longer than Python's digit limit.
-        raise RequestError(400, f"invalid JSON: {_one_line(str(exc))}") from None
+        value = jsoncodec.loads(body)
+    except jsoncodec.JSONDecodeError:
+        raise RequestError(400, _why_invalid(body)) from None
     if not isinstance(value, dict):
         raise RequestError(400, f"expected a JSON object, got {_json_type(value)}")
     return value
@@ -346,14 +339,14 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 async def _healthz(_: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return jsoncodec.json_response({"status": "ok"})
 
 
 async def _readyz(request: web.Request) -> web.Response:
     failing = await request.config_dict[READINESS_KEY].failing()
     if failing:
-        return web.json_response({"status": "not ready", "failing": failing}, status=503)
-    return web.json_response({"status": "ready"})
+        return jsoncodec.json_response({"status": "not ready", "failing": failing}, status=503)
+    return jsoncodec.json_response({"status": "ready"})
 
 
 METRICS_WRITE_BYTES = 64 * 1024
@@ -383,6 +376,27 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 def _route_label(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else _UNMATCHED_ROUTE
+
+
+def _why_invalid(body: bytes) -> str:
+    """Why ``body``, which the fast decoder refused, is not JSON, as the standard library words it
+    (only on this error path: its messages name the line and column, or the offending constant)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"request body is not UTF-8 (invalid byte at offset {exc.start})"
+    try:
+        json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return "invalid JSON: nested too deeply"
+    except ValueError as exc:
+        # Non-finite constants, integers longer than Python's digit limit.
+        return f"invalid JSON: {_one_line(str(exc))}"
+    # Valid to the standard library, not to RFC 8259 as the fast decoder reads it (an unpaired
+    # surrogate escape, a number beyond a double, nesting deeper than 1,024 levels).
+    return "invalid JSON: not strict RFC 8259 JSON (unpaired surrogate, out-of-range number or nesting too deep)"
 
 
 def _reject_constant(name: str) -> Any:
