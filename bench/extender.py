@@ -716,9 +716,9 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
             records.append({"bench": "throughput", "vramguard_services": services, **run})
         # The extender's own view of its verbs, over every wave it served, and the schedulers' view
         # of their cycles: where the extender's share of a scheduling cycle goes.
-        verbs = _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())
-        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods,
-                        "mean_ms": verbs})
+        figures = _verb_figures(cluster.ops_url("extender"), cluster.ssl_context())
+        verbs = figures["mean_ms"]
+        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods, **figures})
         state = cluster.state
         assert state is not None
         for process, label in (("kube-scheduler", "kube-scheduler"),
@@ -922,23 +922,33 @@ def cycle_figures(text: str) -> dict[str, float]:
     return {key: round(1000 * sums[key] / counts[key], 2) for key in sums if counts.get(key)}
 
 
-def _mean_latencies(url: str, context: ssl.SSLContext) -> dict[str, float]:
-    """Mean time the extender took to answer each verb, from its ``/metrics``."""
+def _verb_figures(url: str, context: ssl.SSLContext) -> JSON:
+    """From the extender's ``/metrics``: the mean time it took to answer each verb, how many
+    requests of each it answered, and how many TLS connections each opened (their first request's
+    route): every connection beyond the first few costs a handshake in both processes."""
     with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=10) as response:
         text = response.read().decode()
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
+    connections: dict[str, float] = {}
     for line in text.splitlines():
-        if "_http_request_duration_seconds_" not in line or line.startswith("#"):
+        if line.startswith("#") or 'route="' not in line:
             continue
         name, _, value = line.rpartition(" ")
-        route = name.split('route="', 1)[1].split('"', 1)[0] if 'route="' in name else ""
-        if "_sum{" in name:
+        route = name.split('route="', 1)[1].split('"', 1)[0]
+        if "_http_request_duration_seconds_sum{" in name:
             sums[route] = sums.get(route, 0.0) + float(value)
-        elif "_count{" in name:
+        elif "_http_request_duration_seconds_count{" in name:
             counts[route] = counts.get(route, 0.0) + float(value)
-    return {route.lstrip("/"): round(1000 * sums[route] / counts[route], 2)
-            for route in sums if counts.get(route) and route in ("/filter", "/prioritize", "/bind")}
+        elif "_http_connections_total{" in name:
+            connections[route] = connections.get(route, 0.0) + float(value)
+    verbs = ("/filter", "/prioritize", "/bind")
+    return {
+        "mean_ms": {route.lstrip("/"): round(1000 * sums[route] / counts[route], 2)
+                    for route in sums if counts.get(route) and route in verbs},
+        "requests": {route.lstrip("/"): int(counts[route]) for route in verbs if route in counts},
+        "tls_connections": {route.lstrip("/"): int(connections[route]) for route in verbs if route in connections},
+    }
 
 
 async def _invariants(client: Any, namespace: str) -> list[str]:
@@ -1023,7 +1033,8 @@ def summary_table(records: list[JSON]) -> str:
                 f"CPU ms per pod {r['cpu_ms_per_pod']}) |"
             )
         elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
-            lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms |")
+            lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms (requests {r.get('requests')}, "
+                         f"new TLS connections {r.get('tls_connections')}) |")
         elif r.get("bench") == "throughput" and "ratio" in r:
             lines.append(f"| throughput with / without the extender, median of {r['repeats']} | {r['ratio']} "
                          f"(per repeat {r['ratios_per_repeat']}) |")
