@@ -804,7 +804,7 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
                 order.reverse()
             for label, scheduler_name in order:
                 result = await _wave(client, names, namespace, pods, scheduler_name, timeout_s, cordon, bounded,
-                                     cpu)
+                                     cpu, prefix=f"chat-{repeat}{'se'[label != 'kube-scheduler']}")
                 runs.append({"scheduler": label, "repeat": repeat, **result})
                 print(f"throughput {label} repeat {repeat}: {result.get('pods_per_s')} pods/s "
                       f"({result['bound']}/{pods} bound)", file=sys.stderr, flush=True)
@@ -815,7 +815,7 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
 
 async def _wave(client: Any, names: list[str], namespace: str, pods: int, scheduler_name: str,
                 timeout_s: float, cordon: Callable[[bool], Any], bounded: Callable[[Any], Any],
-                cpu: Callable[[], dict[str, float]]) -> JSON:
+                cpu: Callable[[], dict[str, float]], prefix: str = "chat") -> JSON:
     """One wave: ``pods`` pending pods of ``scheduler_name``, the nodes uncordoned, pods/s from the
     first binding to the last; then the placement checked, the nodes cordoned and the pods deleted.
     ``cpu_ms_per_pod``: each component's CPU time from the uncordon to the last binding, per pod."""
@@ -828,7 +828,7 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
 
     async def create_pod(i: int) -> None:
         body = json.loads(text)
-        body["metadata"]["name"] = f"chat-{i:05d}"
+        body["metadata"]["name"] = f"{prefix}-{i:05d}"
         await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
 
     created = time.monotonic()
@@ -843,8 +843,10 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
     async def watch() -> None:
         while not done.is_set():
             async for _, pod in client.watch(f"/api/v1/namespaces/{namespace}/pods", version):
-                if (pod.get("spec") or {}).get("nodeName"):
-                    bound_at.setdefault(pod["metadata"]["name"], time.monotonic())
+                # Named per wave: a pod of an earlier wave still being deleted is not counted.
+                name = pod["metadata"]["name"]
+                if name.startswith(prefix + "-") and (pod.get("spec") or {}).get("nodeName"):
+                    bound_at.setdefault(name, time.monotonic())
                 if len(bound_at) >= pods:
                     done.set()
                     return
@@ -870,7 +872,7 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
     with contextlib.suppress(TimeoutError):
         # Thousands of pods outlast the client's request timeout; the API server deletes on regardless.
         await client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
-    for _ in range(3000):  # gone from the API (and so, soon, from the extender's ledger)
+    for _ in range(9000):  # gone from the API (and so, soon, from the extender's ledger); thousands take minutes
         if not (await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})).get("items"):
             break
         await asyncio.sleep(0.1)
