@@ -80,5 +80,6 @@ async def test_prioritize_rescores_only_the_nodes_changed_since_its_last_call(
     scored.clear()
     after = await verbs.prioritize(vllm_pod("r3", "0.20"), nodes)
     assert scored == ["a"]  # the bound pod changed node a alone
-    assert after == await Verbs(state, fake).prioritize(vllm_pod("r4", "0.20"), nodes)  # as if computed afresh
+    fresh = Verbs(state, fake)  # type: ignore[arg-type]
+    assert after == await fresh.prioritize(vllm_pod("r4", "0.20"), nodes)  # as if computed afresh
     assert after["a"] != first["a"]
