@@ -75,6 +75,7 @@ from extender.verbs import SLICE_NODES, SLICE_SECONDS, Slicer, Verbs
 from vramguard.cluster import ClusterState
 from vramguard.io.certs import create_ca, issue_serving_certificate, write_serving_files
 from vramguard.io.http import Readiness
+from vramguard.io.kube import ApiError
 from vramguard.io.server import serve
 from vramguard.io.tls import load_server_tls
 from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, filter_nodes
@@ -840,16 +841,33 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
     bound_at: dict[str, float] = {}
     done = asyncio.Event()
 
+    path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def seen(pod: JSON) -> None:
+        # Named per wave: a pod of an earlier wave still being deleted is not counted.
+        name = pod["metadata"]["name"]
+        if name.startswith(prefix + "-") and (pod.get("spec") or {}).get("nodeName"):
+            bound_at.setdefault(name, time.monotonic())
+        if len(bound_at) >= pods:
+            done.set()
+
     async def watch() -> None:
+        since = version
         while not done.is_set():
-            async for _, pod in client.watch(f"/api/v1/namespaces/{namespace}/pods", version):
-                # Named per wave: a pod of an earlier wave still being deleted is not counted.
-                name = pod["metadata"]["name"]
-                if name.startswith(prefix + "-") and (pod.get("spec") or {}).get("nodeName"):
-                    bound_at.setdefault(name, time.monotonic())
-                if len(bound_at) >= pods:
-                    done.set()
-                    return
+            with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError):
+                async for kind, pod in client.watch(path, since):
+                    if kind == "ERROR":  # expired: list again
+                        break
+                    since = str((pod.get("metadata") or {}).get("resourceVersion") or since)
+                    if kind != "BOOKMARK":
+                        seen(pod)
+                    if done.is_set():
+                        return
+            # The watch ended: closed by the API server (a client that falls behind thousands of
+            # events is cut off), expired, or timed out. Catch up with a list and watch from there.
+            items, since = await client.list_all(path)
+            for pod in items:
+                seen(pod)
 
     watcher = asyncio.create_task(watch())
     uncordoned = time.monotonic()
