@@ -448,3 +448,24 @@ def test_dashboard_queries_known_metrics() -> None:
     ):
         assert metric in exprs, metric
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        MANIFESTS / "scheduler" / "second-scheduler.yaml",
+        MANIFESTS / "scheduler" / "extender-default.yaml",
+        MANIFESTS / "base" / "scheduler-config.yaml",
+        CHART / "files" / "scheduler-config.yaml",
+    ],
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
+def test_every_shipped_scheduler_configuration_sets_its_api_rate_limit(path: Path) -> None:
+    # kube-scheduler's defaults (qps 50, burst 100) throttle a wave of GPU pods on the client side,
+    # and a stock scheduler compared with vramguard must get the same settings (README, Wiring).
+    configs = [d for d in yaml.safe_load_all(path.read_text()) if (d or {}).get("kind") == "KubeSchedulerConfiguration"]
+    assert configs, f"no KubeSchedulerConfiguration in {path}"
+    for config in configs:
+        connection = config.get("clientConnection") or {}
+        assert connection.get("qps", 0) >= 500
+        assert connection.get("burst", 0) >= connection.get("qps", 0)

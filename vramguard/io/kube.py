@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
-import json
 import logging
 import math
 import random
@@ -28,6 +27,8 @@ from kubernetes.client import Configuration
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from vramguard.io import jsoncodec
 
 # The official client is used only for its loaders (kubeconfig files, exec plugins, in-cluster
 # tokens that rotate); it ships no type information.
@@ -180,7 +181,7 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> JSON:
         """One API call; returns the decoded body or raises :class:`ApiError`."""
-        data = json.dumps(body) if body is not None else None
+        data = jsoncodec.dumps(body) if body is not None else None
         async with self._http().request(
             method,
             self._connection.server + path,
@@ -192,7 +193,7 @@ class KubeClient:
             payload = await response.read()
             if response.status >= 400:
                 raise _api_error(response.status, payload)
-            decoded: JSON = json.loads(payload) if payload else {}
+            decoded: JSON = jsoncodec.loads(payload) if payload else {}
             return decoded
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
@@ -282,7 +283,7 @@ class KubeClient:
             async for line in event_lines(response.content, self.max_event_bytes):
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = jsoncodec.loads(line)
                 if not isinstance(event, dict):
                     raise ValueError(f"watch event is not a JSON object: {line[:80]!r}")
                 obj = event.get("object")
@@ -395,7 +396,7 @@ async def _drain_line(
 
 def _api_error(status: int, payload: bytes) -> ApiError:
     try:
-        body = json.loads(payload)
+        body = jsoncodec.loads(payload)
         return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")))
     except (ValueError, AttributeError):
         return ApiError(status, "", payload[:200].decode("utf-8", "replace"))
