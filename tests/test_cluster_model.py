@@ -4,6 +4,7 @@ pods (either feed: every live pod, or the bound ones), pending admissions, share
 from __future__ import annotations
 
 import gc
+import json
 from typing import Any
 
 import pytest
@@ -287,3 +288,18 @@ def test_a_relist_keeps_the_records_of_unchanged_pods() -> None:
     assert model.records["same"] is same
     assert model.ledger.holding("same")[0] is ref  # type: ignore[index]
     assert model.records["moved"] is not moved and model.records["moved"].node == "big"
+
+
+def test_pods_share_one_copy_of_their_node_and_namespace_names() -> None:
+    # Each decoded object brings its own copies of the names; tens of thousands of records keep one.
+    model, pods = stores()
+    page = json.loads(json.dumps([gpu_pod("a", node_name="small"), gpu_pod("b", node_name="small")]))
+    assert page[0]["spec"]["nodeName"] is not page[1]["spec"]["nodeName"]
+    relist = model.pods.begin_replace()
+    relist.add(page)
+    relist.commit()
+    a, b = model.records["a"], model.records["b"]
+    assert a.node is b.node and a.namespace is b.namespace
+    pods.upsert(json.loads(json.dumps(gpu_pod("c", node_name="small"))))
+    assert model.records["c"].node is a.node
+    assert model.ledger.holding("c")[0].namespace is a.namespace  # type: ignore[index]

@@ -24,6 +24,7 @@ admission). Touched only from one event loop, so no locks.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -75,9 +76,11 @@ PodKey = PodRef
 
 
 def pod_key(pod: Mapping[str, Any]) -> PodKey:
-    """UID, namespace and name of a pod object."""
+    """UID, namespace and name of a pod object. The namespace is interned: tens of thousands of
+    pods share a few namespaces, and each decoded object brings its own copy of the name."""
     metadata = pod.get("metadata") or {}
-    return PodKey(str(metadata.get("uid", "")), str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+    namespace = sys.intern(str(metadata.get("namespace", "")))
+    return PodKey(str(metadata.get("uid", "")), namespace, str(metadata.get("name", "")))
 
 
 _CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "envFrom", "resources", "restartPolicy")
@@ -548,7 +551,8 @@ class ClusterState:
             return None
         spec = pod.get("spec")
         node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        node = node if node and isinstance(node, str) else ""
+        # Interned: a node's pods share one copy of its name (each decoded object brings its own).
+        node = sys.intern(str(node)) if node and isinstance(node, str) else ""
         choice = self.choose_class(pod)
         template = self._template(pod)
         record = PodRecord(
