@@ -17,7 +17,7 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, runtime_checkable
 from urllib.parse import quote
@@ -36,7 +36,8 @@ kube_config: Any = _kube_config
 logger = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-LIST_PAGE_SIZE = 500
+LIST_PAGE_SIZE = 200
+"""Items a list page holds: a page is decoded whole, so its size bounds what a list holds at once."""
 WATCH_TIMEOUT_SECONDS = 290
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=5)
 # A watch streams for minutes; only the gap between two events is bounded (bookmarks keep it alive).
@@ -222,31 +223,46 @@ class KubeClient:
 
     async def list_pages(
         self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
-    ) -> AsyncIterator[ListPage]:
+    ) -> AsyncGenerator[ListPage, None]:
         """A collection, page by page (``limit``/``continue``, :data:`LIST_PAGE_SIZE` items a page).
 
-        ``slim`` is applied to each item as its page arrives, and a page is handed out before the
-        next is requested: a caller that keeps only what it needs of each page never holds the whole
-        list of full (or slimmed) objects. A ``410 Gone`` on a continued page (the API server
-        compacted the snapshot the list reads) raises :class:`ContinueExpired`: start again.
+        ``slim`` is applied to each item as its page arrives, and a page is handed out as soon as it
+        is read: a caller that keeps only what it needs of each page never holds the whole list of
+        full (or slimmed) objects. The next page is requested before this one is slimmed, so the API
+        server prepares it while the caller reads this one (at most two pages are held at once). A
+        ``410 Gone`` on a continued page (the API server compacted the snapshot the list reads)
+        raises :class:`ContinueExpired`: start again.
         """
         query = {"limit": str(LIST_PAGE_SIZE), **(params or {})}
-        while True:
-            try:
-                page = await self.get(path, query)
-            except ApiError as exc:
-                if exc.status == 410 and "continue" in query:
-                    raise ContinueExpired(exc.status, exc.reason, exc.message) from exc
-                raise
-            page_items = page.get("items") or []
-            metadata = page.get("metadata") or {}
-            token = metadata.get("continue")
-            items = list(map(slim, page_items) if slim is not None else page_items)
-            del page, page_items  # the full objects go before the caller keeps its part of the page
-            yield ListPage(items, str(metadata.get("resourceVersion", "")), last=not token)
-            if not token:
-                return
-            query["continue"] = str(token)
+        pending = asyncio.ensure_future(self._list_page(path, dict(query)))
+        try:
+            while True:
+                page = await pending
+                page_items = page.get("items") or []
+                metadata = page.get("metadata") or {}
+                token = metadata.get("continue")
+                if token:
+                    query["continue"] = str(token)
+                    pending = asyncio.ensure_future(self._list_page(path, dict(query)))
+                    await asyncio.sleep(0)  # sends the request, then reads this page meanwhile
+                items = list(map(slim, page_items) if slim is not None else page_items)
+                del page, page_items  # the full objects go before the caller keeps its part of the page
+                yield ListPage(items, str(metadata.get("resourceVersion", "")), last=not token)
+                if not token:
+                    return
+        finally:
+            if not pending.done():
+                pending.cancel()
+            elif not pending.cancelled():
+                pending.exception()  # a page never read (the caller stopped): its failure is not news
+
+    async def _list_page(self, path: str, query: Mapping[str, str]) -> JSON:
+        try:
+            return await self.get(path, query)
+        except ApiError as exc:
+            if exc.status == 410 and "continue" in query:
+                raise ContinueExpired(exc.status, exc.reason, exc.message) from exc
+            raise
 
     async def list_all(
         self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
@@ -474,8 +490,9 @@ class SuspectingStore(Protocol):
 
 
 class WatchMetrics:
-    """``vramguard_watch_healthy{resource}``, ``vramguard_watch_restarts_total{resource,reason}`` and
-    ``vramguard_watch_oversized_events_total{resource}`` for the informers given to it."""
+    """``vramguard_watch_healthy{resource}``, ``vramguard_watch_restarts_total{resource,reason}``,
+    ``vramguard_watch_lists_total{resource}`` and ``vramguard_watch_oversized_events_total{resource}``
+    for the informers given to it."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.restarts = Counter(
@@ -483,6 +500,12 @@ class WatchMetrics:
             "Watches restarted, by resource and reason (expired, oversized, api, connection, decode, store, "
             "unexpected).",
             labelnames=("resource", "reason"),
+            registry=registry,
+        )
+        self.lists = Counter(
+            "vramguard_watch_lists",
+            "Complete lists read, by resource (the first, and each re-list after a restart).",
+            labelnames=("resource",),
             registry=registry,
         )
         self.oversized = Counter(
@@ -525,6 +548,33 @@ def return_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+class _GcPause:
+    """The cyclic garbage collector switched off while any list is read, and run once after the
+    last: a list allocates tens of thousands of long-lived objects, and each few hundred of them
+    would start a collection that walks every object the process holds (about half a list's CPU
+    time). A page's objects hold no cycles: they are freed as each page is done with."""
+
+    def __init__(self) -> None:
+        self._lists = 0
+        self._disabled = False
+
+    def __enter__(self) -> None:
+        if self._lists == 0 and gc.isenabled():
+            gc.disable()
+            self._disabled = True
+        self._lists += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lists -= 1
+        if self._lists == 0 and self._disabled:
+            self._disabled = False
+            gc.enable()
+
+
+gc_paused_for_lists = _GcPause()
+"""One for the process: the informers list concurrently at start."""
 
 
 class _StoreError(Exception):
@@ -664,6 +714,17 @@ class Informer:
     async def _list(self) -> None:
         """List page by page into a new state, swapped in only when the list is complete: until then
         (and for good, if a page fails) the old state keeps serving, so the ledger is never half-listed."""
+        with gc_paused_for_lists:
+            version = await self._read_list()
+        return_freed_memory()
+        self.resource_version = version
+        self.synced.set()
+        self._progress()
+        if self._metrics is not None:
+            self._metrics.lists.labels(self.resource).inc()
+
+    async def _read_list(self) -> str:
+        """Read and commit a list; returns its resourceVersion."""
         replacement = self.store.begin_replace() if isinstance(self.store, PagedStore) else _Collected(self.store)
         version = ""
         async for page in self.client.list_pages(self.path, self.params, self.slim):
@@ -680,11 +741,7 @@ class Informer:
             replacement.commit()
         except Exception as exc:
             raise _StoreError(f"replace of {self.path}") from exc
-        del replacement
-        return_freed_memory()
-        self.resource_version = version
-        self.synced.set()
-        self._progress()
+        return version
 
     async def _watch(self) -> None:
         async for kind, raw in self.client.watch(self.path, self.resource_version, self.params):
