@@ -2,36 +2,35 @@
 
 Objects stay plain JSON dicts (no client model classes): the extender keeps tens of thousands of
 pods and needs only a few fields of each. Credentials come from a kubeconfig or the in-cluster
-service account, through the official client's loader (which also refreshes projected tokens).
+service account (see :func:`load_connection`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ctypes
 import gc
 import json
 import logging
 import math
+import os
 import random
 import re
 import ssl
+import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes import config as _kube_config
-from kubernetes.client import Configuration
+import yaml
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-# The official client is used only for its loaders (kubeconfig files, exec plugins, in-cluster
-# tokens that rotate); it ships no type information.
-kube_config: Any = _kube_config
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +89,142 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
 
     With neither ``kubeconfig`` nor ``context``: the in-cluster service account, else the default
     kubeconfig (``$KUBECONFIG``, ``~/.kube/config``). Otherwise that kubeconfig file (default: the
-    default one) and that context (default: its current one). The official client's loader reads
-    the file, so exec plugins and OIDC credentials of managed clusters keep working.
+    default one) and that context (default: its current one).
+
+    The service account, and kubeconfigs whose credentials are certificates or bearer tokens, are
+    read here; anything else (exec plugins, auth providers, merged ``$KUBECONFIG`` lists, proxies)
+    goes to the official client's loader, so the OIDC and exec credentials of managed clusters keep
+    working. That loader imports the whole generated client (about 16 MiB resident, for good):
+    services that need none of it do not pay for it.
     """
+    if kubeconfig is None and context is None:
+        connection = _service_account()
+        if connection is not None:
+            return connection
+    connection = _plain_kubeconfig(kubeconfig, context)
+    return connection if connection is not None else _official_connection(kubeconfig, context)
+
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where the kubelet mounts a pod's service account token and the cluster's CA."""
+
+
+def _service_account() -> Connection | None:
+    """The in-cluster connection, as the official loader makes it (None outside a pod). The token
+    is read again every :data:`TOKEN_REUSE_SECONDS`: the kubelet rotates it in place."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    token_file, ca_file = SERVICE_ACCOUNT / "token", SERVICE_ACCOUNT / "ca.crt"
+    if not host or not port or not token_file.is_file() or not ca_file.is_file():
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    return Connection(
+        f"https://{host}:{port}",
+        ssl.create_default_context(cafile=str(ca_file)),
+        reused_for(TOKEN_REUSE_SECONDS, lambda: _bearer(token_file.read_text())),
+    )
+
+
+_PLAIN_CLUSTER = frozenset(
+    {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify"}
+)
+_PLAIN_USER = frozenset(
+    {"client-certificate", "client-certificate-data", "client-key", "client-key-data", "token", "tokenFile"}
+)
+
+
+def _plain_kubeconfig(path: str | None, context: str | None) -> Connection | None:
+    """The connection of a kubeconfig file whose context's cluster and user use only the fields
+    of :data:`_PLAIN_CLUSTER` and :data:`_PLAIN_USER`; None for any other (the official loader's)."""
+    if path is None:
+        path = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+        if os.pathsep in path:
+            return None  # a list of files, merged
+    file = Path(path)
+    try:
+        document = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the official loader says what is wrong
+    if not isinstance(document, dict):
+        return None
+    name = context or document.get("current-context")
+    entry = _named(document, "contexts", name, "context")
+    if entry is None:
+        return None
+    cluster = _named(document, "clusters", entry.get("cluster"), "cluster")
+    user = _named(document, "users", entry.get("user"), "user") if entry.get("user") else {}
+    if cluster is None or user is None or not set(cluster) <= _PLAIN_CLUSTER or not set(user) <= _PLAIN_USER:
+        return None
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server:
+        return None
+    base = file.parent
+    ssl_context: ssl.SSLContext | bool = False
+    if not cluster.get("insecure-skip-tls-verify"):
+        if "certificate-authority-data" in cluster:
+            ssl_context = ssl.create_default_context(cadata=_decoded(cluster["certificate-authority-data"]).decode())
+        elif "certificate-authority" in cluster:
+            ssl_context = ssl.create_default_context(cafile=str(base / cluster["certificate-authority"]))
+        else:
+            ssl_context = ssl.create_default_context()
+        if "client-certificate" in user or "client-certificate-data" in user:
+            _load_client_certificate(ssl_context, user, base)
+    authorization: Callable[[], str | None] = lambda: None  # noqa: E731
+    if "token" in user:
+        token = _bearer(str(user["token"]))
+        authorization = lambda: token  # noqa: E731
+    elif "tokenFile" in user:
+        token_file = base / str(user["tokenFile"])
+        authorization = reused_for(TOKEN_REUSE_SECONDS, lambda: _bearer(token_file.read_text()))
+    return Connection(server.rstrip("/"), ssl_context, authorization)
+
+
+def _named(document: JSON, section: str, name: Any, field: str) -> JSON | None:
+    """The ``field`` of the entry called ``name`` in a kubeconfig's ``section``."""
+    for item in document.get(section) or ():
+        if isinstance(item, dict) and item.get("name") == name:
+            value = item.get(field)
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def _decoded(data: Any) -> bytes:
+    return base64.b64decode(str(data), validate=True)
+
+
+def _load_client_certificate(context: ssl.SSLContext, user: JSON, base: Path) -> None:
+    """The client certificate and key, from files or inline (base64: written to private temporary
+    files for as long as OpenSSL reads them)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = []
+        for name in ("client-certificate", "client-key"):
+            if f"{name}-data" in user:
+                path = Path(scratch) / name
+                path.touch(0o600)
+                path.write_bytes(_decoded(user[f"{name}-data"]))
+                paths.append(str(path))
+            else:
+                paths.append(str(base / str(user.get(name, ""))))
+        context.load_cert_chain(paths[0], paths[1])
+
+
+def _bearer(token: str) -> str | None:
+    token = token.strip()
+    return f"Bearer {token}" if token else None
+
+
+def _official_loader() -> Any:
+    """The official client's loaders (``kubernetes.config``, untyped), imported on first use."""
+    from kubernetes import config  # noqa: PLC0415
+
+    return config
+
+
+def _official_connection(kubeconfig: str | None, context: str | None) -> Connection:
+    """The connection the official client's loaders make (see :func:`load_connection`)."""
+    from kubernetes.client import Configuration  # noqa: PLC0415
+
+    kube_config = _official_loader()
     configuration = Configuration()
     if kubeconfig is None and context is None:
         try:
