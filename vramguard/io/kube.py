@@ -670,10 +670,16 @@ class _HealthCollector(Collector):
 
 
 def return_freed_memory() -> bool:
-    """Collect what a list left behind and hand the C heap's free pages back to the system
-    (glibc's ``malloc_trim``): the pages of a list are freed, but without this the process keeps
-    their memory resident. Returns whether the C library offered it (glibc does; musl does not)."""
+    """Collect what a list left behind and hand the C heap's free pages back to the system: the
+    pages of a list are freed, but without this the process keeps their memory resident. Returns
+    whether the C library offered it (see :func:`trim_c_heap`)."""
     gc.collect()
+    return trim_c_heap()
+
+
+def trim_c_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; a few
+    milliseconds). Returns whether the C library offers it (glibc does; musl does not)."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
