@@ -303,3 +303,24 @@ def test_pods_share_one_copy_of_their_node_and_namespace_names() -> None:
     pods.upsert(json.loads(json.dumps(gpu_pod("c", node_name="small"))))
     assert model.records["c"].node is a.node
     assert model.ledger.holding("c")[0].namespace is a.namespace  # type: ignore[index]
+
+
+def test_a_relist_rebuilds_nothing_for_the_pods_it_finds_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, pods = stores()
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="small"),
+                  gpu_pod("gone", node_name="big")])
+    held: list[str] = []
+    hold = model.ledger._hold
+
+    def spy(node: str, pod: PodRef, claims: Any) -> None:
+        held.append(pod.uid)
+        hold(node, pod, claims)
+
+    monkeypatch.setattr(model.ledger, "_hold", spy)
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="big"),
+                  gpu_pod("new", node_name="big")])
+    assert sorted(held) == ["moved", "new"], "the unchanged pod keeps its holding"
+    assert {uid: model.is_bound(uid) for uid in ("same", "moved", "gone", "new")} == {
+        "same": "small", "moved": "big", "gone": None, "new": "big"}
+    assert model.ledger.holding("gone") is None
+    assert pods.usage("team-a") == NamespaceUsage(20 * GiB + 40 * GiB + 40 * GiB, 3)

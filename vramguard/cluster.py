@@ -632,22 +632,31 @@ class ClusterState:
         replacement.add(pods)
         replacement.commit()
 
-    def _commit_pods(self, entries: list[_PodEntry], pending_seen: set[str]) -> None:
-        """Swap in a complete list of pods (read into ``entries``), in one step: the ledger holds
-        exactly what the list says, plus the binds still in flight."""
-        for uid, record in self.records.items():
+    def _commit_pods(self, entries: dict[str, _PodEntry], pending_seen: set[str]) -> None:
+        """Swap in a complete list of pods (read into ``entries``, by UID), in one step: the ledger
+        holds exactly what the list says, plus the binds still in flight. A pod the list shows
+        unchanged keeps its record and holding (most of a re-list): nothing is rebuilt for it."""
+        for uid, record in list(self.records.items()):
+            entry = entries.get(uid)
+            if entry is not None and entry.record is record and self._holds_as_listed(entry):
+                continue
             if record.node:
                 self.ledger.release(uid)
-        self.records.clear()
-        self._by_namespace.clear()
-        self._sums.clear()
+            self._drop_record(uid)
         for uid in pending_seen:
             self._pending.pop(uid, None)
-        for entry in entries:
+        for entry in entries.values():
             self._apply_pod(entry, was_bound=self.is_bound(entry.key.uid) is not None)
         for uid, (node, ref, claims) in self.in_flight.items():
             if self.is_bound(uid) is None:
                 self.ledger.hold(node, ref, claims.claims)
+
+    def _holds_as_listed(self, entry: _PodEntry) -> bool:
+        """Whether the ledger holds what a listed pod claims (nothing, when it is not bound)."""
+        if entry.claims is None:
+            return True
+        held = self.ledger.holding(entry.key.uid)
+        return held is not None and held[1] == entry.record.node and held[2] == entry.claims
 
     # -- nodes held back after an unreadable watch event ---------------------------------------
 
@@ -941,7 +950,7 @@ class _PodsReplacement:
     def __init__(self, state: ClusterState, *, clears_suspects: bool) -> None:
         self._state = state
         self._clears_suspects = clears_suspects
-        self._entries: list[_PodEntry] = []
+        self._entries: dict[str, _PodEntry] = {}
         self._pending_seen: set[str] = set()
 
     def add(self, pods: list[JSON]) -> None:
@@ -953,12 +962,12 @@ class _PodsReplacement:
                 self._pending_seen.add(key.uid)
             entry = state._pod_entry(pod, key)
             if entry is not None:
-                self._entries.append(entry)
+                self._entries[key.uid] = entry
 
     def commit(self) -> None:
         """The list is complete: it becomes the model's pods at once."""
         self._state._commit_pods(self._entries, self._pending_seen)
-        self._entries = []
+        self._entries = {}
         if self._clears_suspects:
             self._state.suspects.clear()
 
