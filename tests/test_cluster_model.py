@@ -324,3 +324,16 @@ def test_a_relist_rebuilds_nothing_for_the_pods_it_finds_unchanged(monkeypatch: 
         "same": "small", "moved": "big", "gone": None, "new": "big"}
     assert model.ledger.holding("gone") is None
     assert pods.usage("team-a") == NamespaceUsage(20 * GiB + 40 * GiB + 40 * GiB, 3)
+
+
+def test_nodes_share_one_copy_of_their_label_keys_and_values() -> None:
+    model = ClusterState(default_policy())
+    # Decoded apart, as two pages or two watch events are.
+    listed = [json.loads(json.dumps(node(name, 40 * 1024))) for name in ("a", "b")]
+    model.nodes.replace(listed)
+    a, b = model.node_selection("a"), model.node_selection("b")
+    assert a is not None and b is not None and a.labels == listed[0]["metadata"]["labels"]
+    key = "nvidia.com/gpu.memory"
+    (key_a, value_a), (key_b, value_b) = ((k, v) for s in (a, b) for k, v in s.labels.items() if k == key)
+    assert value_a == "40960"
+    assert key_a is key_b and value_a is value_b

@@ -486,7 +486,7 @@ class ClusterState:
         name = str(metadata.get("name", ""))
         previous = self._selection.get(name)
         selection = self._selection[name] = NodeSelection(
-            dict(labels) if isinstance(labels, dict) else {}, list(taints) if isinstance(taints, list) else []
+            _interned(labels) if isinstance(labels, dict) else {}, list(taints) if isinstance(taints, list) else []
         )
         return previous is None or previous.labels != selection.labels
 
@@ -897,6 +897,15 @@ class ClusterState:
         last :meth:`sync_dra`)."""
         part = self._dra_parts.get(node)
         return frozenset(gpu.resource for gpu in part.devices) if part is not None else frozenset()
+
+
+def _interned(labels: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A copy of ``labels`` whose text keys and values are interned: thousands of nodes carry the
+    same few dozen label keys and mostly the same values, and each decoded object brings its own
+    copies (about 8 MiB at 5,000 nodes)."""
+    return {
+        sys.intern(k) if type(k) is str else k: sys.intern(v) if type(v) is str else v for k, v in labels.items()
+    }
 
 
 def _positive_quantity(value: Any) -> bool:
