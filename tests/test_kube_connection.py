@@ -239,7 +239,7 @@ def test_other_credentials_go_to_the_official_loader(
 
 
 def test_the_services_do_not_import_the_official_client(tmp_path: Path) -> None:
-    # Its generated models cost about 16 MiB resident for the life of the process.
+    # Its generated models cost about 8 MiB resident for the life of the process.
     path = kubeconfig(tmp_path / "config", {"server": "https://10.0.0.1:443", "insecure-skip-tls-verify": True},
                       {"token": "t"})
     code = ("import sys, extender.main, webhook.main, agent.main\n"

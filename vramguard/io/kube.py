@@ -94,7 +94,7 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
     The service account, and kubeconfigs whose credentials are certificates or bearer tokens, are
     read here; anything else (exec plugins, auth providers, merged ``$KUBECONFIG`` lists, proxies)
     goes to the official client's loader, so the OIDC and exec credentials of managed clusters keep
-    working. That loader imports the whole generated client (about 16 MiB resident, for good):
+    working. That loader imports the whole generated client (about 8 MiB resident, for good):
     services that need none of it do not pay for it.
     """
     if kubeconfig is None and context is None:
