@@ -409,7 +409,8 @@ def test_the_control_plane_components_requests_get_the_schedulers_priority_level
     for workload in components:
         account = (workload["metadata"]["namespace"], workload["spec"]["template"]["spec"]["serviceAccountName"])
         assert account in accounts
-        lease = {"group": "coordination.k8s.io", "resource": "leases", "verb": "update", "namespace": "vramguard-system"}
+        lease = {"group": "coordination.k8s.io", "resource": "leases", "verb": "update",
+                 "namespace": "vramguard-system"}
         binding = {"group": "", "resource": "pods/binding", "verb": "create", "namespace": "team-a"}
         assert level(account, lease) == "leader-election", workload["metadata"]["name"]
         assert level(account, binding) == "workload-high", workload["metadata"]["name"]

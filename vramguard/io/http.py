@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -160,9 +160,10 @@ CONNECTIONS_KEY = web.AppKey("vramguard_connections_counter", Counter)
 # over mutual TLS; ``vramguard.io.server.serve`` sets it to record the expiry of the client's certificate.
 ClientCertificateObserver = Callable[[Mapping[str, Any]], None]
 CLIENT_CERTIFICATE_OBSERVER_KEY = web.AppKey[ClientCertificateObserver]("vramguard_client_certificate_observer")
-# Returns text in the exposition format that ``/metrics`` appends to the registry's: series too many
-# to render on the request path, rendered elsewhere and cached (the extender's ledger).
-CachedExposition = Callable[[], bytes]
+# Returns text in the exposition format that ``/metrics`` appends to the registry's, in pieces sent one
+# after the other: series too many to render on the request path, rendered elsewhere and cached (the
+# extender's ledger).
+CachedExposition = Callable[[], Sequence[bytes]]
 CACHED_EXPOSITION_KEY = web.AppKey[CachedExposition]("vramguard_cached_exposition")
 
 
@@ -371,18 +372,20 @@ megabytes does not hold the event loop in one go."""
 async def _metrics(request: web.Request) -> web.StreamResponse:
     payload = generate_latest(request.config_dict[REGISTRY_KEY])
     cached = request.config_dict.get(CACHED_EXPOSITION_KEY)
-    if cached is not None:
-        payload += cached()
+    # The cached pieces are sent as they are: joining them would copy megabytes per scrape.
+    pieces = [payload, *cached()] if cached is not None else [payload]
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants passed separately.
     headers = {"Content-Type": CONTENT_TYPE_LATEST}
-    if len(payload) <= METRICS_WRITE_BYTES:
-        return web.Response(body=payload, headers=headers)
+    length = sum(map(len, pieces))
+    if length <= METRICS_WRITE_BYTES:
+        return web.Response(body=b"".join(pieces), headers=headers)
     response = web.StreamResponse(headers=headers)
-    response.content_length = len(payload)
+    response.content_length = length
     await response.prepare(request)
-    view = memoryview(payload)
-    for start in range(0, len(payload), METRICS_WRITE_BYTES):
-        await response.write(view[start:start + METRICS_WRITE_BYTES])
+    for piece in pieces:
+        view = memoryview(piece)
+        for start in range(0, len(piece), METRICS_WRITE_BYTES):
+            await response.write(view[start:start + METRICS_WRITE_BYTES])
     await response.write_eof()
     return response
 
