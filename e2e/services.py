@@ -353,6 +353,7 @@ def object_path(obj: Mapping[str, Any]) -> str:
         "ValidatingWebhookConfiguration": f"{admission}/validatingwebhookconfigurations",
         "ValidatingAdmissionPolicy": f"{admission}/validatingadmissionpolicies",
         "ValidatingAdmissionPolicyBinding": f"{admission}/validatingadmissionpolicybindings",
+        "FlowSchema": "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas",
     }
     if kind not in paths:
         raise ValueError(f"the harness does not create {kind} objects")

@@ -190,6 +190,16 @@ def test_manifest_objects_are_used_when_present(tmp_path: Path) -> None:
         assert services.object_path(obj).startswith(("/api/", "/apis/"))
 
 
+def test_the_harness_creates_the_shipped_flow_schemas() -> None:
+    """The cluster the e2e tests and benchmarks run gets the API priority levels an install gets."""
+    identities = [services.service_identity("extender"), services.service_identity("webhook")]
+    objects = services.rbac_objects(identities)
+    schemas = {obj["metadata"]["name"] for obj in objects if obj["kind"] == "FlowSchema"}
+    assert {"vramguard-extender", "vramguard-extender-leader-election"} <= schemas
+    for obj in objects:
+        assert services.object_path(obj).startswith(("/api/", "/apis/"))
+
+
 def test_serving_certificate_has_ip_san_and_chains_to_the_ca(tmp_path: Path) -> None:
     ca = CertificateAuthority.create("test-ca")
     pair = ca.issue_localhost_server("vramguard-extender")
