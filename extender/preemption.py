@@ -108,9 +108,6 @@ def mark_unhelpable(
     failed = dict(outcome.failed)
     unresolvable = dict(outcome.unresolvable)
     checks = EVICTION_CHECKS_PER_FILTER
-    # One text per distinct reason: nodes failing alike keep sharing one string (and one line of
-    # the scheduler's event), and a 5,000-node answer builds a few texts, not 5,000.
-    marked: dict[str, str] = {}
     for node, message in outcome.failed.items():
         inventory = state.ledger.inventory(node)
         if inventory is None:
@@ -122,11 +119,10 @@ def mark_unhelpable(
             checks -= 1
             if choose_victims(inventory, headrooms, _holders(state, node, priority), claims) is not None:
                 continue
+        # The reason unchanged (nodes failing alike keep one line of the scheduler's event); the
+        # scheduler's own message says that preemption does not help on such nodes.
         del failed[node]
-        text = marked.get(message)
-        if text is None:
-            text = marked[message] = f"{message} (no pod of lower priority frees enough)"
-        unresolvable[node] = text
+        unresolvable[node] = message
     return FilterOutcome(outcome.passing, failed, unresolvable)
 
 

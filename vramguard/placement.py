@@ -242,12 +242,15 @@ class FilterMemo:
         self.fits: dict[int, tuple[Fit, str]] = {}
 
     def described(self, fit: Fit, claims: Sequence[Claim]) -> str:
-        """:func:`describe_fit`, once per verdict object: nodes of a kind the pod fails even empty
-        share one verdict (the ledger's), so they share one text too."""
+        """The filter's reason for a failed fit, once per verdict object (nodes of a kind the pod
+        fails even empty share one verdict, the ledger's): a fit short of VRAM only, in the words of
+        its kind (:func:`_kind_fit_text`, one string per text); otherwise :func:`describe_fit`."""
         kept = self.fits.get(id(fit))
         if kept is None:
+            words = _kind_fit_text(fit, claims) if not fit.unresolvable else None
+            text = self.texts.setdefault(words, words) if words is not None else describe_fit(fit, claims)
             # The verdict is kept with its text, so its id cannot be reused during the request.
-            kept = self.fits[id(fit)] = (fit, describe_fit(fit, claims))
+            kept = self.fits[id(fit)] = (fit, text)
         return kept[1]
 
     def message(self, refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
@@ -351,7 +354,7 @@ def filter_sorted(
             decided.update(dict.fromkeys(part.passing, passed))
         for names, counting in ((part.refused, False), (part.refused_counting, True)):
             if names:
-                text = _kind_refusal_text(part.device, part.budget, part.need, pod.claims, counting=counting)
+                text = _kind_refusal_text(part.device, part.need, pod.claims, counting=counting)
                 failed = NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings)
                 decided.update(dict.fromkeys(names, failed))
         for free, names in part.short.items():
@@ -369,16 +372,14 @@ def _unknown(node: str) -> NodeVerdict:
     return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN)
 
 
-def _kind_refusal_text(device: Gpu, budget: int, need: int, claims: Sequence[Claim], *, counting: bool) -> str:
-    """The bound index's reason, one line for every node of a kind refused the same way (the
-    scheduler's event counts equal reasons as one): the kind of device, not which one nor its exact
-    room, ``GPU (NVIDIA H100 80GB HBM3): less than 23.9 GiB of a 71.7 GiB VRAM budget free on a
-    device the pod may be given, pod needs 23.9 GiB per GPU``."""
+def _kind_refusal_text(device: Gpu, need: int, claims: Sequence[Claim], *, counting: bool) -> str:
+    """The filter's reason for a node refused on its bound: the kind of device and what the pod
+    needs, no node's own numbers, so every node refused the same way gives one line and the
+    scheduler's event counts them together (``GPU (NVIDIA H100 80GB HBM3): VRAM budget free below
+    the pod's 23.9 GiB per GPU``). Each device's room: ``kubectl vram nodes``; bind's refusal names
+    the device and its numbers."""
     kind = f"MIG {device.mig_profile}" if device.mig_profile is not None else "GPU"
-    text = (
-        f"{kind} ({device.product}): less than {format_bytes(need)} of a {format_bytes(budget)} VRAM budget "
-        f"free on a device the pod may be given, pod needs {format_bytes(need)} per GPU"
-    )
+    text = f"{kind} ({device.product}): VRAM budget free below the pod's {format_bytes(need)} per GPU"
     if any(None in c.vram for c in claims):
         text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
     if counting:
@@ -386,18 +387,23 @@ def _kind_refusal_text(device: Gpu, budget: int, need: int, claims: Sequence[Cla
     return text
 
 
+def _kind_fit_text(fit: Fit, claims: Sequence[Claim]) -> str | None:
+    """A failed fit short of VRAM alone (no other problem), in the words of the kind of its device
+    with most room, as :func:`_kind_refusal_text` (``...; 2 of its GPU replicas may be given the same
+    GPU`` when that is the worst case); ``None`` for any other failure."""
+    if fit.problems or not fit.shortfalls:
+        return None
+    first = min(fit.shortfalls, key=lambda s: (-s.free, s.device.index))
+    text = _kind_refusal_text(first.device, first.need, claims, counting=any(s.unknown_pods for s in fit.shortfalls))
+    if first.devices > 1:
+        text += f"; {first.devices} of its GPU replicas may be given the same GPU"
+    return text
+
+
 def _refusal_text(refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
-    """The device with least room (the device plugin may pick it) in the words of
-    :func:`describe_fit`, without the other devices' list: ``GPU 0 (NVIDIA H100 80GB HBM3): 12.0 GiB
-    of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU``."""
-    text = (
-        f"{refusal.device.label}: {_like(max(refusal.room, 0), refusal.budget)} of "
-        f"{format_bytes(refusal.budget)} VRAM budget free, pod needs {format_bytes(refusal.need)} per GPU"
-    )
-    if any(None in c.vram for c in claims):
-        text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
-    if refusal.unknown_pods:
-        text += f"; counting {_pods(refusal.unknown_pods)} whose GPU is not known yet"
+    """:func:`_kind_refusal_text` for a node refused on its bound outside the index, with why its
+    agent report was set aside, if it was."""
+    text = _kind_refusal_text(refusal.device, refusal.need, claims, counting=bool(refusal.unknown_pods))
     if refusal.distrust is not None:
         text += f"; {refusal.distrust}"
     return text
