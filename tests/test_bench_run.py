@@ -85,8 +85,9 @@ def full_results(**overrides: dict[str, Any]) -> dict[str, Any]:
          "tracemalloc_held_mib": 50.0, "relist_pods_s": 4.0},
     ]
     for mode in ("in-process", "https"):
-        for phase in ("steady", "cold"):
-            extender.append({"bench": "latency", "mode": mode, "phase": phase, "filter": stats, "prioritize": stats})
+        extender.append({"bench": "latency", "mode": mode, "phase": "steady", "filter": stats, "prioritize": stats})
+        extender.append({"bench": "latency", "mode": mode, "phase": "first-of-wave",
+                         "filter_ms": {"a": 1.0, "b": 2.0}, "prioritize_ms": {"a": 1.0, "b": 2.0}})
     for names in ("all", "default"):
         extender.append({"bench": "latency", "mode": "https", "phase": "cold-shapes", "names": names,
                          "filter": stats})
