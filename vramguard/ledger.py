@@ -485,8 +485,9 @@ class Ledger:
         ((resource, mine),) = query.by_resource.items()
         asked = set(nodes)
         record = self._records.get(uid) if uid is not None else None
-        if record is not None:
-            asked.discard(record.node)  # its own holding is left out there: judged one by one
+        own = record.node if record is not None and record.node in asked else None
+        if own is not None:
+            asked.discard(own)  # its own holding is left out there: judged one by one
         splits: list[BoundSplit] = []
         decided: set[str] = set()
         count = len(mine)
@@ -528,7 +529,10 @@ class Ledger:
                     split.passing.append(name)
                 else:
                     split.undecided.append(name)
-        return splits, [name for name in nodes if name not in decided]
+        left = asked.difference(decided)
+        if own is not None:
+            left.add(own)
+        return splits, [name for name in nodes if name in left] if left else []
 
     def reserve(self, node: str, pod: PodRef, claims: Iterable[Claim], *, force: bool = False) -> Fit:
         """Hold ``claims`` for ``pod`` on ``node`` if they fit; idempotent for the same pod.
