@@ -80,7 +80,7 @@ from vramguard.io.certs import create_ca, issue_serving_certificate, write_servi
 from vramguard.io.http import Readiness
 from vramguard.io.server import serve
 from vramguard.io.tls import load_server_tls
-from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, filter_nodes
+from vramguard.placement import FilterMemo, Groups, NodeVerdict, PodClaims, filter_nodes
 from vramguard.policy import ClassChoice, default_policy
 
 JSON = dict[str, Any]
@@ -332,7 +332,7 @@ def one_by_one(verbs: Verbs) -> Iterator[None]:
     same cluster state, process and server; the index's verdicts are the same, property-tested)."""
 
     async def judged(cache: dict[str, Any], nodes: list[str], claims: PodClaims, choice: ClassChoice,
-                     own: str | None, slicer: Slicer) -> list[NodeVerdict]:
+                     own: str | None, slicer: Slicer) -> tuple[Groups, dict[str, NodeVerdict]]:
         generation = verbs.state.ledger.generation
         fresh: dict[str, NodeVerdict] = {}
         memo = FilterMemo()
@@ -343,7 +343,7 @@ def one_by_one(verbs: Verbs) -> Iterator[None]:
                 fresh[node] = verdict
                 if node != own:
                     cache[node] = (generation(node), verdict.verdict.value, verdict.message)
-        return [fresh[node] for node in nodes]
+        return [], fresh
 
     verbs._verdicts_for = judged  # type: ignore[method-assign]
     try:

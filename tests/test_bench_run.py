@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import run as bench_run
+from bench.extender import Wave, summarize_waves
 from bench.report import MIN_PERCENTILE_SAMPLES, TRACING_VARIABLES, refuse_if_traced, undersampled, untraced_environment
 from bench.run import HEADLINES, compare, compare_headlines, figures, json_lines, summarise
 
@@ -188,3 +189,13 @@ def test_main_writes_one_file_and_compares_with_the_previous_run(
     assert "too few samples" in printed.err
     # --strict refuses a run with a thin percentile.
     assert bench_run.main(["--out", str(out), "--no-compare", "--strict"]) == 1
+
+
+def test_the_latency_part_reports_no_percentile_of_the_four_wave_shapes() -> None:
+    """Each wave's first request is one value per shape: reported as values, never as a percentile."""
+    waves = {f"shape-{i}": Wave([0.001 * (i + 1)] * 76, [0.002] * 76, [10] * 76, [0] * 76) for i in range(4)}
+    records = summarize_waves("https", waves, 5000)
+    assert [list(undersampled(r)) for r in records] == [[], [], []]
+    [first] = [r for r in records if r["phase"] == "first-of-wave"]
+    assert first["filter_ms"] == {"shape-0": 1.0, "shape-1": 2.0, "shape-2": 3.0, "shape-3": 4.0}
+    assert not any(r["phase"] == "cold" for r in records)

@@ -12,13 +12,27 @@ from hypothesis import strategies as st
 from vramguard.demand.model import Vram
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger import Claim, Fit, Ledger, PodRef
-from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, Verdict, filter_nodes, filter_sorted
+from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, Verdict, filter_grouped, filter_nodes
 from vramguard.policy import ClassChoice, QosClass
 
 TENTH: dict[Sharing, Fraction] = dict.fromkeys(("none", "time-slicing", "mps", "mig"), Fraction(1, 10))
 GPU = "nvidia.com/gpu"
 OTHER = "nvidia.com/gpu.shared"
 MIG = "nvidia.com/mig-1g.10gb"
+
+
+
+def filter_sorted(
+    ledger: Ledger, nodes: list[str], pod: PodClaims, choice: ClassChoice, memo: FilterMemo
+) -> tuple[dict[str, NodeVerdict], list[str]]:
+    """:func:`filter_grouped`'s verdicts per node."""
+    groups, rest = filter_grouped(ledger, nodes, pod, choice, memo)
+    decided: dict[str, NodeVerdict] = {}
+    for verdict, names in groups:
+        assert not decided.keys() & names, "a node in two groups"
+        decided.update(dict.fromkeys(names, verdict))
+    return decided, rest
+
 
 AMOUNTS = st.one_of(
     st.integers(0, 18).map(lambda n: Vram(bytes=n * 50)),
@@ -126,7 +140,7 @@ def test_a_bound_refusal_is_a_resolvable_failure_of_the_full_check(scenario: Sce
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(CHOICES))
 def test_a_filter_with_the_memo_decides_as_one_without(scenario: Scenario, choice: ClassChoice) -> None:
-    """Same verdict, rule and findings for every node; the same message unless the bound refused it."""
+    """Same verdict, rule and findings for every node; the same message unless the memo gave the kind's one."""
     ledger, names, asked = scenario
     for claims, uid in asked:
         pod = PodClaims(uid or "", claims)
@@ -284,3 +298,36 @@ def test_the_bound_index_follows_changes_to_many_nodes(changed: int) -> None:
     verdicts = sorted_then_one_by_one(ledger, names, pod, CHOICES[0], FilterMemo())
     assert [v.verdict for v in verdicts] == [Verdict.FAIL] * changed + [Verdict.PASS] * (120 - changed)
     assert [v.verdict for v in verdicts] == [v.verdict for v in filter_nodes(ledger, names, pod, CHOICES[0])]
+
+
+def test_nodes_refused_one_by_one_with_different_rooms_share_their_kinds_reason() -> None:
+    """Outside the index too, a node refused on its bound gets its kind's line, not its own room:
+    nodes failing the same way give the scheduler's event one line, and the answer stays short."""
+    ledger = Ledger(TENTH)
+    for i, held in enumerate((700, 650, 820)):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(2)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(held)])
+    verdicts = filter_nodes(ledger, ["n0", "n1", "n2"], PodClaims("x", (_claim(300),)), CHOICES[0], FilterMemo())
+    assert {v.verdict for v in verdicts} == {Verdict.FAIL}
+    # The pods held on these nodes have no known GPU (no agent report): counted where they hurt most.
+    assert {v.message for v in verdicts} == {
+        "GPU (Test GPU): VRAM budget free below the pod's 300 B per GPU; counting pods whose GPU is not known yet"
+    }
+    assert len({id(v.message) for v in verdicts}) == 1
+
+
+def test_a_fit_short_of_vram_names_the_kind_in_the_filter_and_the_device_at_bind() -> None:
+    """Two claims the device plugin may stack on one GPU: the filter's reason is the kind's (equal
+    for nodes of different rooms); without a request's memo (bind) the device and its numbers."""
+    ledger = Ledger(TENTH)
+    for i, held in enumerate((550, 500)):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(2)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(held)])
+    pod = PodClaims("x", (_claim(300), _claim(300)))
+    verdicts = filter_nodes(ledger, ["n0", "n1"], pod, CHOICES[0], FilterMemo())
+    assert {v.message for v in verdicts} == {
+        "GPU (Test GPU): VRAM budget free below the pod's 600 B on one GPU "
+        "(2 of its GPU replicas may be given the same GPU); counting pods whose GPU is not known yet"
+    }
+    [alone] = filter_nodes(ledger, ["n0"], pod, CHOICES[0])
+    assert alone.message.startswith("GPU 0 (Test GPU): 350 B of 900 B VRAM budget free, pod needs 600 B on it")
