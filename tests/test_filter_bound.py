@@ -326,8 +326,24 @@ def test_a_fit_short_of_vram_names_the_kind_in_the_filter_and_the_device_at_bind
     pod = PodClaims("x", (_claim(300), _claim(300)))
     verdicts = filter_nodes(ledger, ["n0", "n1"], pod, CHOICES[0], FilterMemo())
     assert {v.message for v in verdicts} == {
-        "GPU (Test GPU): VRAM budget free below the pod's 600 B on one GPU "
-        "(2 of its GPU replicas may be given the same GPU); counting pods whose GPU is not known yet"
+        "GPU (Test GPU): VRAM budget free below what the pod needs where the device plugin gives several of "
+        "its GPU replicas one GPU; counting pods whose GPU is not known yet"
     }
     [alone] = filter_nodes(ledger, ["n0"], pod, CHOICES[0])
     assert alone.message.startswith("GPU 0 (Test GPU): 350 B of 900 B VRAM budget free, pod needs 600 B on it")
+
+
+def test_the_bound_index_decides_claims_the_device_plugin_may_stack() -> None:
+    """Room for each claim but not for two on one GPU: the index fails the nodes itself (no check
+    of their own), with the line the one-by-one filter gives them."""
+    ledger = Ledger(TENTH)
+    for i, held in enumerate((550, 500, 0)):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(2)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(held)])
+    pod = PodClaims("x", (_claim(300), _claim(300)))
+    decided, rest = filter_sorted(ledger, ["n0", "n1", "n2"], pod, CHOICES[0], FilterMemo())
+    assert rest == []
+    assert decided["n2"].ok
+    one_by_one = filter_nodes(ledger, ["n0", "n1"], pod, CHOICES[0], FilterMemo())
+    assert [decided["n0"], decided["n1"]] == one_by_one
+    assert not one_by_one[0].ok

@@ -350,7 +350,7 @@ def filter_grouped(
         verdict, findings = static
         if verdict is not None:
             for names in (part.passing, part.refused, part.refused_counting, part.unresolvable, part.undecided,
-                          *part.short.values()):
+                          part.stacked, part.stacked_counting, *part.short.values()):
                 groups.append((verdict, names))
             continue
         rest.extend(part.undecided)
@@ -359,6 +359,11 @@ def filter_grouped(
         for names, counting in ((part.refused, False), (part.refused_counting, True)):
             if names:
                 text = _kind_refusal_text(part.device, part.need, pod.claims, counting=counting)
+                groups.append((NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings),
+                               names))
+        for names, counting in ((part.stacked, False), (part.stacked_counting, True)):
+            if names:
+                text = _kind_refusal_text(part.device, part.need, pod.claims, counting=counting, devices=2)
                 groups.append((NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings),
                                names))
         for free, names in part.short.items():
@@ -381,11 +386,13 @@ def _kind_refusal_text(
     """The filter's reason for a node short of VRAM: the kind of device and what the pod needs, no
     node's own numbers, so every node failing the same way gives one line and the scheduler's event
     counts them together (``GPU (NVIDIA H100 80GB HBM3): VRAM budget free below the pod's 23.9 GiB
-    per GPU``). ``devices``: how many of the pod's GPU replicas the worst case puts on one device.
+    per GPU``). ``devices``: how many of the pod's GPU replicas the worst case puts on one device
+    (more than one: how many, and so how much, differs from node to node; the line does not say).
     Each device's room: ``kubectl vram nodes``; bind's refusal names the device and its numbers."""
     kind = f"MIG {device.mig_profile}" if device.mig_profile is not None else "GPU"
-    text = f"{kind} ({device.product}): VRAM budget free below the pod's {format_bytes(need)} " + (
-        "per GPU" if devices <= 1 else f"on one GPU ({devices} of its GPU replicas may be given the same GPU)"
+    text = f"{kind} ({device.product}): VRAM budget free below " + (
+        f"the pod's {format_bytes(need)} per GPU" if devices <= 1
+        else "what the pod needs where the device plugin gives several of its GPU replicas one GPU"
     )
     if any(None in c.vram for c in claims):
         text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
