@@ -78,6 +78,7 @@ from extender.verbs import SLICE_NODES, SLICE_SECONDS, Slicer, Verbs
 from vramguard.cluster import ClusterState
 from vramguard.io.certs import create_ca, issue_serving_certificate, write_serving_files
 from vramguard.io.http import Readiness
+from vramguard.io.kube import ApiError
 from vramguard.io.server import serve
 from vramguard.io.tls import load_server_tls
 from vramguard.placement import FilterMemo, Groups, NodeVerdict, PodClaims, filter_nodes
@@ -725,9 +726,9 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
             records.append({"bench": "throughput", "vramguard_services": services, **run})
         # The extender's own view of its verbs, over every wave it served, and the schedulers' view
         # of their cycles: where the extender's share of a scheduling cycle goes.
-        verbs = _mean_latencies(cluster.ops_url("extender"), cluster.ssl_context())
-        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods,
-                        "mean_ms": verbs})
+        figures = _verb_figures(cluster.ops_url("extender"), cluster.ssl_context())
+        verbs = figures["mean_ms"]
+        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods, **figures})
         state = cluster.state
         assert state is not None
         for process, label in (("kube-scheduler", "kube-scheduler"),
@@ -813,7 +814,7 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
                 order.reverse()
             for label, scheduler_name in order:
                 result = await _wave(client, names, namespace, pods, scheduler_name, timeout_s, cordon, bounded,
-                                     cpu)
+                                     cpu, prefix=f"chat-{repeat}{'se'[label != 'kube-scheduler']}")
                 runs.append({"scheduler": label, "repeat": repeat, **result})
                 print(f"throughput {label} repeat {repeat}: {result.get('pods_per_s')} pods/s "
                       f"({result['bound']}/{pods} bound)", file=sys.stderr, flush=True)
@@ -824,7 +825,7 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
 
 async def _wave(client: Any, names: list[str], namespace: str, pods: int, scheduler_name: str,
                 timeout_s: float, cordon: Callable[[bool], Any], bounded: Callable[[Any], Any],
-                cpu: Callable[[], dict[str, float]]) -> JSON:
+                cpu: Callable[[], dict[str, float]], prefix: str = "chat") -> JSON:
     """One wave: ``pods`` pending pods of ``scheduler_name``, the nodes uncordoned, pods/s from the
     first binding to the last; then the placement checked, the nodes cordoned and the pods deleted.
     ``cpu_ms_per_pod``: each component's CPU time from the uncordon to the last binding, per pod."""
@@ -837,7 +838,7 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
 
     async def create_pod(i: int) -> None:
         body = json.loads(text)
-        body["metadata"]["name"] = f"chat-{i:05d}"
+        body["metadata"]["name"] = f"{prefix}-{i:05d}"
         await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
 
     created = time.monotonic()
@@ -849,14 +850,33 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
     bound_at: dict[str, float] = {}
     done = asyncio.Event()
 
+    path = f"/api/v1/namespaces/{namespace}/pods"
+
+    def seen(pod: JSON) -> None:
+        # Named per wave: a pod of an earlier wave still being deleted is not counted.
+        name = pod["metadata"]["name"]
+        if name.startswith(prefix + "-") and (pod.get("spec") or {}).get("nodeName"):
+            bound_at.setdefault(name, time.monotonic())
+        if len(bound_at) >= pods:
+            done.set()
+
     async def watch() -> None:
+        since = version
         while not done.is_set():
-            async for _, pod in client.watch(f"/api/v1/namespaces/{namespace}/pods", version):
-                if (pod.get("spec") or {}).get("nodeName"):
-                    bound_at.setdefault(pod["metadata"]["name"], time.monotonic())
-                if len(bound_at) >= pods:
-                    done.set()
-                    return
+            with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError):
+                async for kind, pod in client.watch(path, since):
+                    if kind == "ERROR":  # expired: list again
+                        break
+                    since = str((pod.get("metadata") or {}).get("resourceVersion") or since)
+                    if kind != "BOOKMARK":
+                        seen(pod)
+                    if done.is_set():
+                        return
+            # The watch ended: closed by the API server (a client that falls behind thousands of
+            # events is cut off), expired, or timed out. Catch up with a list and watch from there.
+            items, since = await client.list_all(path)
+            for pod in items:
+                seen(pod)
 
     watcher = asyncio.create_task(watch())
     uncordoned = time.monotonic()
@@ -876,13 +896,14 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
         result["uncordon_to_last_s"] = round(times[-1] - uncordoned, 2)
     result["violations"] = await _invariants(client, namespace)
     await cordon(True)
-    with contextlib.suppress(TimeoutError):
-        # Thousands of pods outlast the client's request timeout; the API server deletes on regardless.
-        await client.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
-    for _ in range(3000):  # gone from the API (and so, soon, from the extender's ledger)
-        if not (await client.get(f"/api/v1/namespaces/{namespace}/pods", {"limit": "1"})).get("items"):
+    # Thousands of pods outlast the client's request timeout, and the API server stops deleting
+    # when the client hangs up: the collection is deleted again until it is empty.
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    for _ in range(100):
+        if not (await client.get(path, {"limit": "1"})).get("items"):
             break
-        await asyncio.sleep(0.1)
+        with contextlib.suppress(TimeoutError):
+            await client.request("DELETE", path, {"gracePeriodSeconds": 0})
     await asyncio.sleep(2.0)  # the watches deliver the deletions; the machine settles
     return result
 
@@ -931,23 +952,33 @@ def cycle_figures(text: str) -> dict[str, float]:
     return {key: round(1000 * sums[key] / counts[key], 2) for key in sums if counts.get(key)}
 
 
-def _mean_latencies(url: str, context: ssl.SSLContext) -> dict[str, float]:
-    """Mean time the extender took to answer each verb, from its ``/metrics``."""
+def _verb_figures(url: str, context: ssl.SSLContext) -> JSON:
+    """From the extender's ``/metrics``: the mean time it took to answer each verb, how many
+    requests of each it answered, and how many TLS connections each opened (their first request's
+    route): every connection beyond the first few costs a handshake in both processes."""
     with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=10) as response:
         text = response.read().decode()
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
+    connections: dict[str, float] = {}
     for line in text.splitlines():
-        if "_http_request_duration_seconds_" not in line or line.startswith("#"):
+        if line.startswith("#") or 'route="' not in line:
             continue
         name, _, value = line.rpartition(" ")
-        route = name.split('route="', 1)[1].split('"', 1)[0] if 'route="' in name else ""
-        if "_sum{" in name:
+        route = name.split('route="', 1)[1].split('"', 1)[0]
+        if "_http_request_duration_seconds_sum{" in name:
             sums[route] = sums.get(route, 0.0) + float(value)
-        elif "_count{" in name:
+        elif "_http_request_duration_seconds_count{" in name:
             counts[route] = counts.get(route, 0.0) + float(value)
-    return {route.lstrip("/"): round(1000 * sums[route] / counts[route], 2)
-            for route in sums if counts.get(route) and route in ("/filter", "/prioritize", "/bind")}
+        elif "_http_connections_total{" in name:
+            connections[route] = connections.get(route, 0.0) + float(value)
+    verbs = ("/filter", "/prioritize", "/bind")
+    return {
+        "mean_ms": {route.lstrip("/"): round(1000 * sums[route] / counts[route], 2)
+                    for route in sums if counts.get(route) and route in verbs},
+        "requests": {route.lstrip("/"): int(counts[route]) for route in verbs if route in counts},
+        "tls_connections": {route.lstrip("/"): int(connections[route]) for route in verbs if route in connections},
+    }
 
 
 async def _invariants(client: Any, namespace: str) -> list[str]:
@@ -1031,7 +1062,8 @@ def summary_table(records: list[JSON]) -> str:
                 f"CPU ms per pod {r['cpu_ms_per_pod']}) |"
             )
         elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
-            lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms |")
+            lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms (requests {r.get('requests')}, "
+                         f"new TLS connections {r.get('tls_connections')}) |")
         elif r.get("bench") == "throughput" and "ratio" in r:
             lines.append(f"| throughput with / without the extender, median of {r['repeats']} | {r['ratio']} "
                          f"(per repeat {r['ratios_per_repeat']}) |")

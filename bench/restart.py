@@ -1,19 +1,21 @@
-"""The extender's process memory and time to ready on the real control plane, fed by its informers.
+"""The services' process memory and time to ready on the real control plane, fed by their informers.
 
     python -m bench.restart [--nodes 5000] [--pods 50000] [--work-dir DIR] [--python PY ...]
+                            [--service extender|webhook ...]
 
 Starts the e2e control plane (``e2e.cluster``, without vramguard's own services), creates the
 nodes and bound pods of ``bench.cluster_model`` (1,009 templates), then, for each interpreter in
-``--python`` (each with its own ``vramguard`` installed: compare two checkouts on one cluster), starts
-``vramguard extender`` and reads its resident memory (``VmRSS`` from ``/proc``, no profiler):
+``--python`` (each with its own ``vramguard`` installed: compare two checkouts on one cluster, the
+runs alternated), starts ``vramguard extender``, then ``vramguard webhook`` (which watches every live
+pod: the same 50,000), and reads the resident memory of each (``VmRSS`` from ``/proc``, no profiler):
 
 - ``first_list``: after it is first ready (and the seconds to ``/readyz``);
-- ``relist``: after a re-list of the pods, forced by an oversized watch event (the extender runs with
-  ``--max-watch-event-bytes 65536`` and one pod gets a 100 KB annotation);
+- ``relist``: after a re-list of the pods, forced by an oversized watch event (the services run
+  with ``--max-watch-event-bytes 65536`` and one pod gets a 100 KB annotation);
 - ``scrapes``: the most seen while ``/metrics`` is scraped five times;
 - ``restart``: after a SIGKILL and a new start (and the seconds to ``/readyz``).
 
-``peak`` is the process's ``VmHWM`` at each point. Prints one JSON line per extender run.
+``peak`` is the process's ``VmHWM`` at each point. Prints one JSON line per service and run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -115,10 +118,16 @@ def proc_status(pid: int) -> dict[str, int]:
     return fields
 
 
+# The webhook serves HTTPS only; its certificate is the bench's own, on loopback.
+UNVERIFIED = ssl.create_default_context()
+UNVERIFIED.check_hostname = False
+UNVERIFIED.verify_mode = ssl.CERT_NONE
+
+
 def fetch(url: str) -> tuple[int, bytes]:
     """Status and body of a GET (0 when nothing answers)."""
     try:
-        with urllib.request.urlopen(url, timeout=60) as response:
+        with urllib.request.urlopen(url, timeout=60, context=UNVERIFIED) as response:
             return int(response.status), response.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), b""
@@ -126,15 +135,22 @@ def fetch(url: str) -> tuple[int, bytes]:
         return 0, b""
 
 
-class Extender:
-    """One ``vramguard extender`` process, plain HTTP on loopback, no leader election."""
+class Service:
+    """One ``vramguard extender`` (plain HTTP on loopback, no leader election) or ``vramguard
+    webhook`` (HTTPS with ``tls``, a certificate and key) process."""
 
-    def __init__(self, python: str, kubeconfig: Path, log: Path) -> None:
-        self.ops = f"http://127.0.0.1:{free_port()}"
-        argv = [python, "-c", RUN_CLI, "extender", "--insecure-http",
-                "--listen", f"127.0.0.1:{free_port()}", "--ops-listen", self.ops.removeprefix("http://"),
-                "--kubeconfig", str(kubeconfig), "--leader-elect", "false",
-                "--max-watch-event-bytes", str(MAX_EVENT_BYTES)]
+    def __init__(self, python: str, kind: str, kubeconfig: Path, log: Path, tls: tuple[Path, Path]) -> None:
+        self.kind = kind
+        common = ["--kubeconfig", str(kubeconfig), "--max-watch-event-bytes", str(MAX_EVENT_BYTES)]
+        if kind == "extender":
+            self.ops = f"http://127.0.0.1:{free_port()}"
+            argv = [python, "-c", RUN_CLI, "extender", "--insecure-http",
+                    "--listen", f"127.0.0.1:{free_port()}", "--ops-listen", self.ops.removeprefix("http://"),
+                    "--leader-elect", "false", *common]
+        else:
+            self.ops = f"https://127.0.0.1:{free_port()}"
+            argv = [python, "-c", RUN_CLI, "webhook", "--listen", self.ops.removeprefix("https://"),
+                    "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]), *common]
         self.started = time.monotonic()
         # Run from the log's folder: ``-c`` puts the working directory first on the import path, and
         # a checkout there would shadow the interpreter's own vramguard.
@@ -144,9 +160,9 @@ class Extender:
         """Seconds from the start to the first 200 of ``/readyz``."""
         while fetch(f"{self.ops}/readyz")[0] != 200:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the extender exited with {self.process.returncode}")
+                raise RuntimeError(f"the {self.kind} exited with {self.process.returncode}")
             if time.monotonic() - self.started > READY_TIMEOUT_S:
-                raise RuntimeError("the extender did not become ready")
+                raise RuntimeError(f"the {self.kind} did not become ready")
             time.sleep(0.1)
         return time.monotonic() - self.started
 
@@ -154,12 +170,13 @@ class Extender:
         status = proc_status(self.process.pid)
         return {"rss_mib": round(status["VmRSS"] / MIB, 1), "peak_mib": round(status["VmHWM"] / MIB, 1)}
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str) -> float | None:
+        """The sum of the series whose line starts with ``name``; None when there is none."""
         _, body = fetch(f"{self.ops}/metrics")
-        total = 0.0
+        total = None
         for line in body.decode().splitlines():
             if line.startswith(name):
-                total += float(line.rsplit(" ", 1)[1])
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
         return total
 
     def kill(self) -> None:
@@ -181,42 +198,68 @@ def settle() -> None:
     time.sleep(3.0)
 
 
-def measure(python: str, kubeconfig: Path, pod_path: str, work_dir: Path, pods: int) -> JSON:
-    """The four states of one extender build (see the module docstring)."""
-    log = work_dir / f"extender-{abs(hash(python))}.log"
+LISTS = 'vramguard_watch_lists_total{resource="pods"}'
+OVERSIZED = 'vramguard_watch_restarts_total{reason="oversized",resource="pods"}'
+OLD_RELIST_WAIT_S = 30.0
+"""A webhook that counts no lists (releases before ``vramguard_watch_lists_total``) is given this
+long to re-list."""
+
+
+def measure(python: str, kind: str, kubeconfig: Path, pod_path: str, work_dir: Path, pods: int) -> JSON:
+    """The four states of one service build (see the module docstring)."""
+    log = work_dir / f"{kind}-{abs(hash(python))}.log"
     where = subprocess.run([python, "-c", "import vramguard; print(vramguard.__file__)"], cwd=work_dir,
                            capture_output=True, text=True, check=True).stdout.strip()
-    result: JSON = {"python": python, "vramguard": where, "pods": pods}
-    extender = Extender(python, kubeconfig, log)
+    result: JSON = {"service": kind, "python": python, "vramguard": where, "pods": pods}
+    tls = serving_files(work_dir)
+    service = Service(python, kind, kubeconfig, log, tls)
     try:
-        result["first_ready_s"] = round(extender.wait_ready(), 1)
+        result["first_ready_s"] = round(service.wait_ready(), 1)
         settle()
-        result["first_list"] = extender.memory()
+        result["first_list"] = service.memory()
         # An oversized watch event forces a re-list of the pods.
-        before = extender.metric('vramguard_watch_restarts_total{reason="oversized",resource="pods"}')
+        before = service.metric(OVERSIZED) or 0.0
+        lists = service.metric(LISTS)
         # A new value each time: an unchanged annotation makes no watch event.
         asyncio.run(annotate(kubeconfig, pod_path, f"{time.time()}" + "x" * (2 * MAX_EVENT_BYTES)))
         started = time.monotonic()
-        oversized = 'vramguard_watch_restarts_total{reason="oversized",resource="pods"}'
-        wait_for(lambda: extender.metric(oversized) > before, "the oversized event")
-        wait_for(lambda: extender.metric("vramguard_nodes_held_back") == 0, "the re-list")
+        wait_for(lambda: (service.metric(OVERSIZED) or 0.0) > before, "the oversized event")
+        if lists is not None:
+            wait_for(lambda: (service.metric(LISTS) or 0.0) > lists, "the re-list")
+        elif kind == "extender":
+            wait_for(lambda: service.metric("vramguard_nodes_held_back") == 0, "the re-list")
+        else:
+            time.sleep(OLD_RELIST_WAIT_S)
         result["relist_s"] = round(time.monotonic() - started, 1)
         settle()
-        result["relist"] = extender.memory()
+        result["relist"] = service.memory()
         most = 0.0
         for _ in range(5):
-            fetch(f"{extender.ops}/metrics")
-            most = max(most, extender.memory()["rss_mib"])
-        result["scrapes"] = {"rss_mib_max": most, "peak_mib": extender.memory()["peak_mib"]}
-        extender.kill()
-        extender = Extender(python, kubeconfig, log)
-        result["restart_ready_s"] = round(extender.wait_ready(), 1)
+            fetch(f"{service.ops}/metrics")
+            most = max(most, service.memory()["rss_mib"])
+        result["scrapes"] = {"rss_mib_max": most, "peak_mib": service.memory()["peak_mib"]}
+        service.kill()
+        service = Service(python, kind, kubeconfig, log, tls)
+        result["restart_ready_s"] = round(service.wait_ready(), 1)
         settle()
-        result["restart"] = extender.memory()
+        result["restart"] = service.memory()
     finally:
-        if extender.process.poll() is None:
-            extender.kill()
+        if service.process.poll() is None:
+            service.kill()
     return result
+
+
+def serving_files(work_dir: Path) -> tuple[Path, Path]:
+    """A certificate and key for the webhook on loopback (made once per work folder)."""
+    from vramguard.io import certs  # noqa: PLC0415
+
+    cert, key = work_dir / "webhook.crt", work_dir / "webhook.key"
+    if not cert.exists():
+        leaf = certs.issue_serving_certificate(certs.create_ca("bench CA"), dns_names=["localhost"],
+                                               ip_addresses=["127.0.0.1"])
+        key.write_bytes(leaf.key_pem())
+        cert.write_bytes(leaf.cert_pem())
+    return cert, key
 
 
 async def annotate(kubeconfig: Path, pod_path: str, value: str) -> None:
@@ -236,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", action="append", default=None,
                         help="interpreter whose vramguard to measure (repeatable; default: this one)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each interpreter, alternated")
+    parser.add_argument("--service", action="append", choices=("extender", "webhook"), default=None,
+                        help="service to measure (repeatable; default: both)")
     args = parser.parse_args(argv)
     from e2e.cluster import Cluster  # noqa: PLC0415
 
@@ -250,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         pod_path = f"/api/v1/namespaces/{first['namespace']}/pods/{first['name']}"
         for _ in range(args.repeats):
             for python in args.python or [sys.executable]:
-                record = measure(python, cluster.kubeconfig, pod_path, work_dir, args.pods)
-                print(json.dumps({"bench": "restart", "nodes": args.nodes, **record}), flush=True)
+                for kind in args.service or ["extender", "webhook"]:
+                    record = measure(python, kind, cluster.kubeconfig, pod_path, work_dir, args.pods)
+                    print(json.dumps({"bench": "restart", "nodes": args.nodes, **record}), flush=True)
     return 0
 
 

@@ -47,7 +47,7 @@ ServiceName = Literal["extender", "webhook"]
 SERVICES: tuple[ServiceName, ...] = ("extender", "webhook")
 DEFAULT_NAMESPACE = "vramguard-system"
 
-_RBAC_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+_RBAC_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "FlowSchema")
 
 
 # --------------------------------------------------------------------------- discovery

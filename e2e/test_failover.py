@@ -31,6 +31,9 @@ NAMESPACE = "default"
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/vramguard-system/leases/vramguard-extender"
 LEASE_DURATION = 15.0
 RETRY_PERIOD = 2.0
+# The earliest a standby serves when the leader dies without releasing the Lease: it waits the
+# Lease out, then the takeover grace.
+EXPIRY_TAKEOVER = 2 * LEASE_DURATION - 2 * RETRY_PERIOD
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +122,7 @@ def test_only_the_leader_serves_and_a_killed_leader_is_replaced(ha_cluster: Clus
     print(f"failover: standby serving {took_over:.1f}s after the leader was SIGKILLed")
     # The standby saw the last renewal up to a retry period before the kill and tries every retry
     # period: without the grace it would serve after 13-17 s.
-    assert took_over >= 2 * LEASE_DURATION - 2 * RETRY_PERIOD, took_over
+    assert took_over >= EXPIRY_TAKEOVER, took_over
 
     pods = wait_bound(core_v1, "w", 12, timeout=120)
     placed = sum(1 for node in pods.values() if node)
@@ -160,13 +163,16 @@ def test_a_rolling_update_during_a_wave_of_200_pods_binds_every_fitting_pod(ha_c
             wait_bound(core_v1, "roll", rolled, timeout=120)
             stopped = time.monotonic()
             cluster.roll_extender()
-            wait_leader(cluster, timeout=LEASE_DURATION)
+            wait_leader(cluster, timeout=EXPIRY_TAKEOVER)
             handovers.append(time.monotonic() - stopped)
         wave.result(timeout=120)
     print("rolling update: new leader serving " + ", ".join(f"{h:.1f}s" for h in handovers)
           + " after the new replicas were started and the old ones got SIGTERM")
-    # A released Lease is taken within a retry period, without the takeover grace.
-    assert all(h < LEASE_DURATION for h in handovers), handovers
+    # A released Lease is taken within a retry period, without waiting out the Lease and the
+    # takeover grace (what a SIGKILLed leader costs, see above). The handover also counts starting
+    # the new replicas and the old ones' drain, which take longer on a busy machine; that bound
+    # separates the two paths whatever the load.
+    assert all(h < EXPIRY_TAKEOVER for h in handovers), handovers
 
     placed = wait_bound(core_v1, "roll", 150, timeout=180)
     assert len(placed) == 200, "no pod lost"

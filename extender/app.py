@@ -23,6 +23,7 @@ from extender.wire import (
     sends_whole_nodes,
 )
 from vramguard.io.http import CACHED_EXPOSITION_KEY, Readiness, RequestError, create_app, read_body, read_model
+from vramguard.io.jsoncodec import json_response
 
 logger = logging.getLogger(__name__)
 
@@ -93,17 +94,17 @@ def build_app(
     async def filter_handler(request: web.Request) -> web.Response:
         args = await read_names(request, "filter")
         if args is None:
-            return web.json_response(filter_result([], {}, {}, NODE_CACHE_REQUIRED))
+            return json_response(filter_result([], {}, {}, NODE_CACHE_REQUIRED))
         if not synced.is_set():
             # An error fails this scheduling attempt; the scheduler retries the pod later.
-            return web.json_response(filter_result([], {}, {}, NOT_SYNCED))
+            return json_response(filter_result([], {}, {}, NOT_SYNCED))
         if refused("filter"):
-            return web.json_response(filter_result([], {}, {}, NOT_LEADER))
+            return json_response(filter_result([], {}, {}, NOT_LEADER))
         outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()), lowest)
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
-        return web.json_response(filter_result(outcome.passing, outcome.failed, outcome.unresolvable))
+        return json_response(filter_result(outcome.passing, outcome.failed, outcome.unresolvable))
 
     async def prioritize_handler(request: web.Request) -> web.Response:
         args = await read_names(request, "prioritize")
@@ -111,22 +112,22 @@ def build_app(
             # HostPriorityList has no error field: a 4xx is the scheduler's only sign.
             raise RequestError(400, NODE_CACHE_REQUIRED)
         if not synced.is_set():
-            return web.json_response(host_priorities(dict.fromkeys(args.node_names(), 0)))
-        return web.json_response(host_priorities(await verbs.prioritize(args.Pod, args.node_names())))
+            return json_response(host_priorities(dict.fromkeys(args.node_names(), 0)))
+        return json_response(host_priorities(await verbs.prioritize(args.Pod, args.node_names())))
 
     async def bind_handler(request: web.Request) -> web.Response:
         args = await read_model(request, ExtenderBindingArgs)
         if not synced.is_set():
-            return web.json_response(binding_result(NOT_SYNCED))
+            return json_response(binding_result(NOT_SYNCED))
         if refused("bind"):
-            return web.json_response(binding_result(NOT_LEADER))
+            return json_response(binding_result(NOT_LEADER))
         error = await verbs.bind(args.PodName, args.PodNamespace, args.PodUID, args.Node)
         if error == NOT_LEADER:
             metrics.not_leader.labels("bind").inc()  # leadership lapsed while the pod was read
         metrics.decisions.labels("bind", "error" if error else "bound").inc()
         if error:
             logger.info("bind %s/%s: %s", args.PodNamespace, args.PodName, error)
-        return web.json_response(binding_result(error))
+        return json_response(binding_result(error))
 
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/prioritize", prioritize_handler)
@@ -137,7 +138,7 @@ def build_app(
         # Victims chosen by a standby would ignore the leader's reservations in flight.
         if refused("preempt"):
             # The result has no error field: a non-200 answer fails this preemption attempt.
-            return web.json_response({"Error": NOT_LEADER}, status=503)
+            return json_response({"Error": NOT_LEADER}, status=503)
         response: web.Response = await preempt(request)
         return response
 

@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vramguard.cluster import ClusterState
+from vramguard.io.kube import trim_c_heap
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +92,9 @@ def _gpu_rows(state: ClusterState, node: str) -> list[_Row]:
 
 
 def render_ledger(state: ClusterState, *, per_gpu: bool = False,
-                  step: int = NODES_PER_STEP) -> Generator[None, None, bytes]:
-    """The ledger's series in the Prometheus text format, built a step at a time.
+                  step: int = NODES_PER_STEP) -> Generator[None, None, list[bytes]]:
+    """The ledger's series in the Prometheus text format, built a step at a time, as pieces (one
+    per slice) that are sent one after the other: never joined into one copy of the whole text.
 
     Each ``yield`` is a point where the caller may let other work run; the ledger may change
     between steps, so a node's numbers are consistent with themselves, not with every other
@@ -119,25 +121,31 @@ def render_ledger(state: ClusterState, *, per_gpu: bool = False,
     tables.append((NODE_PODS, pods, 0))
     tables.extend((family, gpus, column) for column, family in enumerate(GPU_FAMILIES) if per_gpu)
     tables.append((NAMESPACE_RESERVED, namespaces, 0))
-    parts: list[str] = []
+    pieces: list[bytes] = []
     lines = step * 10
     for (name, help_text), table, column in tables:
-        parts.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
+        pieces.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode())
         for start in range(0, len(table), lines):
-            parts.append("".join(f"{name}{{{row.labels}}} {row.values[column]}\n"
-                                 for row in table[start:start + lines]))
+            pieces.append("".join(f"{name}{{{row.labels}}} {row.values[column]}\n"
+                                  for row in table[start:start + lines]).encode())
             yield
-    return "".join(parts).encode()
+    return pieces
 
 
 def render_ledger_now(state: ClusterState, *, per_gpu: bool = False) -> bytes:
-    """:func:`render_ledger` in one go (tests, the benchmark)."""
+    """:func:`render_ledger` in one go, joined (tests, the benchmark)."""
     steps = render_ledger(state, per_gpu=per_gpu)
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            return bytes(done.value)
+            return b"".join(done.value)
+
+
+TRIM_AFTER_BYTES = 1 << 20
+"""A rendering at least this large is followed by handing the C heap's free pages back to the
+system: its pieces come and go every interval, and the allocator would otherwise keep the space
+that the previous rendering's pieces freed resident."""
 
 
 class LedgerExposition:
@@ -149,7 +157,7 @@ class LedgerExposition:
         self.state = state
         self.per_gpu = per_gpu
         self.interval = interval
-        self.text = b""
+        self.pieces: tuple[bytes, ...] = ()
         self.render_seconds = Gauge("vramguard_ledger_render_seconds",
                                     "Wall time of the last rendering of the ledger's series, slices and "
                                     "the requests served between them included.", registry=registry)
@@ -158,9 +166,9 @@ class LedgerExposition:
         self.rendered = Gauge("vramguard_ledger_rendered_timestamp_seconds",
                               "When the cached ledger series were last rendered (Unix time).", registry=registry)
 
-    def cached(self) -> bytes:
-        """The last rendering (empty before the first)."""
-        return self.text
+    def cached(self) -> tuple[bytes, ...]:
+        """The last rendering, in pieces to send one after the other (none before the first)."""
+        return self.pieces
 
     async def render(self) -> None:
         """Render now, yielding to the event loop between slices, and replace the cache."""
@@ -171,13 +179,16 @@ class LedgerExposition:
             try:
                 next(steps)
             except StopIteration as done:
-                self.text = bytes(done.value)
+                self.pieces = tuple(done.value)
                 break
             if time.perf_counter() - slice_started >= RENDER_BUDGET_SECONDS:
                 await asyncio.sleep(RENDER_PAUSE_SECONDS)
                 slice_started = time.perf_counter()
+        size = sum(map(len, self.pieces))
+        if size >= TRIM_AFTER_BYTES:
+            trim_c_heap()
         self.render_seconds.set(time.perf_counter() - started)
-        self.size.set(len(self.text))
+        self.size.set(size)
         self.rendered.set_to_current_time()
 
     async def refresh(self) -> None:

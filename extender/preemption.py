@@ -21,6 +21,7 @@ from extender.verbs import FilterOutcome
 from extender.wire import ExtenderPreemptionArgs, preemption_result
 from vramguard.cluster import ClusterState, pod_priority
 from vramguard.io.http import read_model
+from vramguard.io.jsoncodec import json_response
 from vramguard.placement import Rule, filter_node
 from vramguard.preemption import Holder, choose_victims
 
@@ -169,12 +170,12 @@ def preempt_handler(state: ClusterState, synced: Any) -> Any:
         args = await read_model(request, ExtenderPreemptionArgs)
         proposed = args.proposed()
         if len(proposed) > MAX_NODES:
-            return web.json_response({"Error": f"more than {MAX_NODES} candidate nodes"}, status=400)
+            return json_response({"Error": f"more than {MAX_NODES} candidate nodes"}, status=400)
         if not synced.is_set():
             # The result has no error field: a non-200 answer fails this preemption attempt.
-            return web.json_response({"Error": "vramguard: cluster state not synced yet"}, status=503)
+            return json_response({"Error": "vramguard: cluster state not synced yet"}, status=503)
         accepted = preempt(state, args.Pod, proposed)
         logger.info("preempt: %d of %d candidate nodes accepted", len(accepted), len(proposed))
-        return web.json_response(preemption_result(accepted))
+        return json_response(preemption_result(accepted))
 
     return handler

@@ -117,6 +117,14 @@ class FilterOutcome:
 
 
 @dataclass(slots=True)
+class _Scores:
+    """One pod shape's scores per node, valid for every node unchanged since ``clock``."""
+
+    clock: int
+    scores: dict[str, int]
+
+
+@dataclass(slots=True)
 class _Snapshot:
     """One pod shape's last filter outcome, valid for every node unchanged since ``clock``.
 
@@ -190,7 +198,7 @@ class Verbs:
         # Verdicts per pod shape (claims + class) and node, valid while the node's generation holds:
         # replicas of one Deployment share a shape, so a scheduling wave reuses almost every verdict.
         self._verdicts: LRUCache[Hashable, dict[str, _CachedVerdict]] = LRUCache(CACHED_POD_SHAPES)
-        self._scores: LRUCache[Hashable, dict[str, tuple[int | None, int]]] = LRUCache(CACHED_POD_SHAPES)
+        self._scores: LRUCache[Hashable, _Scores] = LRUCache(CACHED_POD_SHAPES)
         # The last outcome per pod shape: the next filter of that shape only revisits the nodes that
         # changed since (a scheduling wave changes a few nodes per pod), not all 5,000.
         self._snapshots: LRUCache[Hashable, _Snapshot] = LRUCache(CACHED_POD_SHAPES)
@@ -347,24 +355,40 @@ class Verbs:
         return groups, fresh
 
     async def prioritize(self, pod: Mapping[str, Any], nodes: list[str]) -> dict[str, int]:
-        """0..10 per node from the pod's class strategy (binpack or spread)."""
+        """0..10 per node from the pod's class strategy (binpack or spread).
+
+        The scheduler calls prioritize right after filter, for the same pod, with the nodes that
+        passed: the scores of the pod's shape are kept per node and corrected from the ledger's
+        changes since the last call (a bind changes one node), so a wave of replicas is answered
+        with a lookup per node."""
         _, claims, choice = self._prepare(pod)
-        cache: dict[str, tuple[int | None, int]] = self._cache(self._scores, self._shape(claims, choice))
-        scores: dict[str, int] = {}
+        shape = self._shape(claims, choice)
         ledger = self.state.ledger
+        clock = ledger.clock
+        snapshot = self._scores.get(shape)
+        if snapshot is None:
+            snapshot = self._scores[shape] = _Scores(clock, {})
+        elif snapshot.clock != clock:
+            changed = ledger.changed_since(snapshot.clock)
+            if changed is None:
+                snapshot.scores.clear()
+            else:
+                for node in changed:
+                    snapshot.scores.pop(node, None)
+            # The clock read before any score is computed: a node that changes while this runs is
+            # dropped again by the next call.
+            snapshot.clock = clock
+        known = snapshot.scores
+        scores: dict[str, int] = {}
         slicer = Slicer(self.slice_seconds)
         for start in range(0, len(nodes), SLICE_NODES):
             await slicer.pause()
             for node in nodes[start:start + SLICE_NODES]:
-                generation = ledger.generation(node)
-                hit = cache.get(node)
-                if hit is not None and hit[0] == generation:
-                    scores[node] = hit[1]
-                else:
+                score = known.get(node)
+                if score is None:
                     # The scheduler sends prioritize only the nodes that passed filter.
-                    score = score_node(ledger, node, claims, choice, checked=True)
-                    cache[node] = (generation, score)
-                    scores[node] = score
+                    score = known[node] = score_node(ledger, node, claims, choice, checked=True)
+                scores[node] = score
         return scores
 
     def refusal(self, pod: Mapping[str, Any], uid: str, node: str) -> str | None:

@@ -4,6 +4,7 @@ pods (either feed: every live pod, or the bound ones), pending admissions, share
 from __future__ import annotations
 
 import gc
+import json
 from typing import Any
 
 import pytest
@@ -287,3 +288,52 @@ def test_a_relist_keeps_the_records_of_unchanged_pods() -> None:
     assert model.records["same"] is same
     assert model.ledger.holding("same")[0] is ref  # type: ignore[index]
     assert model.records["moved"] is not moved and model.records["moved"].node == "big"
+
+
+def test_pods_share_one_copy_of_their_node_and_namespace_names() -> None:
+    # Each decoded object brings its own copies of the names; tens of thousands of records keep one.
+    model, pods = stores()
+    page = json.loads(json.dumps([gpu_pod("a", node_name="small"), gpu_pod("b", node_name="small")]))
+    assert page[0]["spec"]["nodeName"] is not page[1]["spec"]["nodeName"]
+    relist = model.pods.begin_replace()
+    relist.add(page)
+    relist.commit()
+    a, b = model.records["a"], model.records["b"]
+    assert a.node is b.node and a.namespace is b.namespace
+    pods.upsert(json.loads(json.dumps(gpu_pod("c", node_name="small"))))
+    assert model.records["c"].node is a.node
+    assert model.ledger.holding("c")[0].namespace is a.namespace  # type: ignore[index]
+
+
+def test_a_relist_rebuilds_nothing_for_the_pods_it_finds_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, pods = stores()
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="small"),
+                  gpu_pod("gone", node_name="big")])
+    held: list[str] = []
+    hold = model.ledger._hold
+
+    def spy(node: str, pod: PodRef, claims: Any) -> None:
+        held.append(pod.uid)
+        hold(node, pod, claims)
+
+    monkeypatch.setattr(model.ledger, "_hold", spy)
+    pods.replace([gpu_pod("same", node_name="small"), gpu_pod("moved", node_name="big"),
+                  gpu_pod("new", node_name="big")])
+    assert sorted(held) == ["moved", "new"], "the unchanged pod keeps its holding"
+    assert {uid: model.is_bound(uid) for uid in ("same", "moved", "gone", "new")} == {
+        "same": "small", "moved": "big", "gone": None, "new": "big"}
+    assert model.ledger.holding("gone") is None
+    assert pods.usage("team-a") == NamespaceUsage(20 * GiB + 40 * GiB + 40 * GiB, 3)
+
+
+def test_nodes_share_one_copy_of_their_label_keys_and_values() -> None:
+    model = ClusterState(default_policy())
+    # Decoded apart, as two pages or two watch events are.
+    listed = [json.loads(json.dumps(node(name, 40 * 1024))) for name in ("a", "b")]
+    model.nodes.replace(listed)
+    a, b = model.node_selection("a"), model.node_selection("b")
+    assert a is not None and b is not None and a.labels == listed[0]["metadata"]["labels"]
+    key = "nvidia.com/gpu.memory"
+    (key_a, value_a), (key_b, value_b) = ((k, v) for s in (a, b) for k, v in s.labels.items() if k == key)
+    assert value_a == "40960"
+    assert key_a is key_b and value_a is value_b

@@ -445,11 +445,26 @@ async def test_rendering_yields_to_the_event_loop_between_slices(monkeypatch: py
     await exposition.render()
     other.cancel()
     assert ticks >= 1000 // metrics.NODES_PER_STEP, ticks
-    assert exposition.cached().count(b"vramguard_gpu_budget_bytes{") == 2000
-    assert exposition.cached() == render_ledger_now(state, per_gpu=True)
-    namespaces = samples(exposition.cached())
+    text = b"".join(exposition.cached())
+    assert len(exposition.cached()) > 10, "kept in pieces, never joined into one copy"
+    assert text.count(b"vramguard_gpu_budget_bytes{") == 2000
+    assert text == render_ledger_now(state, per_gpu=True)
+    namespaces = samples(text)
     assert namespaces[("vramguard_namespace_reserved_bytes", frozenset({("namespace", "default")}))] == sum(
         state.ledger.namespace_bytes().values()), "added up slice by slice, the same as in one piece"
+
+
+@pytest.mark.parametrize(("nodes", "trims"), [(10, 0), (2000, 1)], ids=["small", "over a MiB"])
+async def test_a_large_rendering_hands_the_freed_c_heap_back(
+    monkeypatch: pytest.MonkeyPatch, nodes: int, trims: int
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(metrics, "trim_c_heap", lambda: calls.append(1) or True)
+    state, _, _ = make([gpu_node(f"n{i}", gpus=2) for i in range(nodes)], [])
+    exposition = LedgerExposition(state, CollectorRegistry(), per_gpu=True)
+    await exposition.render()
+    assert (sum(map(len, exposition.cached())) >= metrics.TRIM_AFTER_BYTES) == bool(trims)
+    assert len(calls) == trims
 
 
 def test_namespace_bytes_for_chargeback() -> None:

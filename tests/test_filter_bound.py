@@ -3,23 +3,18 @@ exactly as the full check does, on random ledgers and pods."""
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.ledger_strategies import AMOUNTS, GPU, OTHER, TENTH
 from vramguard.demand.model import Vram
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger import Claim, Fit, Ledger, PodRef
 from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, Verdict, filter_grouped, filter_nodes
 from vramguard.policy import ClassChoice, QosClass
 
-TENTH: dict[Sharing, Fraction] = dict.fromkeys(("none", "time-slicing", "mps", "mig"), Fraction(1, 10))
-GPU = "nvidia.com/gpu"
-OTHER = "nvidia.com/gpu.shared"
 MIG = "nvidia.com/mig-1g.10gb"
-
 
 
 def filter_sorted(
@@ -34,11 +29,6 @@ def filter_sorted(
     return decided, rest
 
 
-AMOUNTS = st.one_of(
-    st.integers(0, 18).map(lambda n: Vram(bytes=n * 50)),
-    st.integers(1, 9).map(lambda n: Vram(fraction=Fraction(n, 10))),
-    st.none(),
-)
 CHOICES = [
     ClassChoice("any", QosClass(sharing=("none", "time-slicing", "mps", "mig")), "default"),
     ClassChoice("isolated", QosClass(sharing=("none", "mig")), "default", enforcement="enforce"),

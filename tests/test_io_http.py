@@ -284,6 +284,9 @@ async def test_body_limit_is_configurable(aiohttp_client: ClientFactory) -> None
         pytest.param(b"[" * 200_000, {}, "nested too deeply", id="deep-nesting"),
         pytest.param(b'{"a": ' + b"9" * 5000 + b"}", {}, "invalid JSON", id="huge-integer"),
         pytest.param(b"\x00\x01\x02", {}, "invalid JSON", id="binary"),
+        # Read by the standard library, refused by the strict decoder the services use.
+        pytest.param(b'{"a": "\\ud800"}', {}, "not strict RFC 8259", id="unpaired-surrogate"),
+        pytest.param(b'{"a": 1e400}', {}, "not strict RFC 8259", id="beyond-a-double"),
         pytest.param(b"garbage", {"Content-Encoding": "gzip"}, "unreadable request body", id="bad-gzip"),
         pytest.param(b"garbage", {"Content-Encoding": "deflate"}, "unreadable request body", id="bad-deflate"),
     ],

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vramguard.io.kube import Connection, KubeClient
-from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
+from vramguard.io.runtime import ServiceRuntime, Watch, reload_every, run
 
 
 class Store:
@@ -47,3 +47,10 @@ async def test_readiness_has_one_check_per_watch_and_fails_until_they_list() -> 
     assert not runtime.synced()
     assert runtime.informers[1].params == {"x": "y"}
     await client.close()
+
+
+def test_services_run_on_uvloop() -> None:
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(loop_module()).startswith("uvloop")

@@ -503,3 +503,36 @@ def test_no_expiry_before_the_first_load(pki: Pki) -> None:
     registry = CollectorRegistry()
     registry.register(CertificateExpiryCollector(ReloadingTLSContext(pki.cert_file, pki.key_file)))
     assert _expiry(registry) == {}
+
+
+async def test_connections_are_counted_and_the_client_certificate_read_once_each(
+    mutual: MutualPki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[str] = []
+    parse = ssl.cert_time_to_seconds
+
+    def counting(text: str) -> int:
+        parsed.append(text)
+        return parse(text)
+
+    monkeypatch.setattr(ssl, "cert_time_to_seconds", counting)
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+    registry = CollectorRegistry()
+    app = create_app(registry=registry)
+    app.router.add_get("/fast", _fast)
+    context = mutual.client(tmp_path / "client", "trusted-ca")
+    async with serve(app, HOST, 0, tls) as server:
+        kept = await _connect(server, context)
+        try:
+            for _ in range(3):  # one connection kept alive
+                status, _ = await kept.get("/fast")
+                assert status == 200
+        finally:
+            await kept.close()
+        assert await _status_or_refusal(server, context) == 200  # a second connection, the same certificate
+    assert registry.get_sample_value("vramguard_http_connections_total", {"route": "/fast"}) == 2
+    assert registry.get_sample_value(
+        "vramguard_http_request_duration_seconds_count", {"route": "/fast", "code": "200"}
+    ) == 4
+    assert len(parsed) == 1
+    assert tls.last_client_expiry is not None

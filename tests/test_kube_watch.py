@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from vramguard.io.kube import (
     OversizedEvent,
     WatchMetrics,
     event_lines,
+    gc_paused_for_lists,
 )
 from vramguard.policy import default_policy
 
@@ -277,6 +279,106 @@ async def test_a_list_being_read_changes_nothing_until_its_last_page(env: Env) -
         last_page.set()
         await eventually(lambda: held(state, ALL_UIDS) == {"uid-p8", "uid-p9"})
         assert state.suspects == set()
+
+
+class PagesSeen:
+    """A paged store that records, for each page added, whether the cyclic GC was on."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.gc_enabled: list[bool] = []
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.names = {o["metadata"]["name"] for o in objects}
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        self.names.add(obj["metadata"]["name"])
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        self.names.discard(obj["metadata"]["name"])
+
+    def begin_replace(self) -> Any:
+        store = self
+        names: set[str] = set()
+
+        class Pages:
+            def add(self, objects: list[dict[str, Any]]) -> None:
+                store.gc_enabled.append(gc.isenabled())
+                names.update(o["metadata"]["name"] for o in objects)
+
+            def commit(self) -> None:
+                store.names = names
+
+        return Pages()
+
+
+async def test_a_list_is_read_with_the_cyclic_gc_paused_and_counted_when_complete(env: Env) -> None:
+    pods = env.api["pods"]
+    pods.lists = [[{"metadata": {"name": n}} for n in "abc"]]
+    pods.page_size = 1
+    store, registry = PagesSeen(), CollectorRegistry()
+    informer = Informer(env.client(), "/api/v1/pods", store, metrics=WatchMetrics(registry))
+    assert gc.isenabled()
+    async with running(informer):
+        await informer.synced.wait()
+        assert store.gc_enabled == [False, False, False]
+        assert gc.isenabled(), "on again once the list is done"
+        assert store.names == {"a", "b", "c"}
+        assert sample(registry, "vramguard_watch_lists_total", resource="pods") == 1
+        (await pods.watches.get()).put_nowait(b"{not json\n")  # forces a re-list
+        await eventually(lambda: sample(registry, "vramguard_watch_lists_total", resource="pods") == 2)
+    assert gc.isenabled()
+
+
+async def test_the_gc_stays_paused_until_the_last_of_concurrent_lists_ends() -> None:
+    assert gc.isenabled()
+    with gc_paused_for_lists:
+        with gc_paused_for_lists:
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "the other list is still being read"
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused_for_lists:
+            pass
+        assert not gc.isenabled(), "a GC switched off by someone else stays off"
+    finally:
+        gc.enable()
+
+
+async def test_the_next_page_is_requested_while_the_caller_reads_this_one(env: Env) -> None:
+    pods = env.api["pods"]
+    pods.lists = [[{"metadata": {"name": n}} for n in "abc"]]
+    pods.page_size = 1
+    client = env.client()
+    served_when_handed_out = []
+    try:
+        async for page in client.list_pages("/api/v1/pods"):
+            await asyncio.sleep(0.05)  # the caller works on the page; the server answers meanwhile
+            served_when_handed_out.append((page.items[0]["metadata"]["name"], len(pods.pages_served)))
+    finally:
+        await client.close()
+    assert served_when_handed_out == [("a", 2), ("b", 3), ("c", 3)]
+
+
+async def test_a_list_the_caller_stops_reading_leaves_no_request_behind(env: Env) -> None:
+    pods = env.api["pods"]
+    pods.lists = [[{"metadata": {"name": n}} for n in "abc"]]
+    pods.page_size = 1
+    gate = pods.page_gates[(0, 1)] = asyncio.Event()
+    client = env.client()
+    try:
+        pages = client.list_pages("/api/v1/pods")
+        first = await anext(pages)
+        assert first.items == [{"metadata": {"name": "a"}}]
+        requests = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_list_page"]  # type: ignore[union-attr]
+        assert len(requests) == 1, "page 2 is being requested"
+        await pages.aclose()
+        await asyncio.sleep(0)
+        assert requests[0].cancelled()
+        gate.set()
+    finally:
+        await client.close()
 
 
 class FlakyStore:

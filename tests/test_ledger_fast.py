@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.ledger_strategies import AMOUNTS, GPU, OTHER, TENTH
 from vramguard.demand.model import Vram
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger import Claim, Fit, Ledger, PodRef
-
-TENTH: dict[Sharing, Fraction] = dict.fromkeys(("none", "time-slicing", "mps", "mig"), Fraction(1, 10))
-GPU = "nvidia.com/gpu"
-OTHER = "nvidia.com/gpu.shared"
-
-AMOUNTS = st.one_of(
-    st.integers(0, 18).map(lambda n: Vram(bytes=n * 50)),
-    st.integers(1, 9).map(lambda n: Vram(fraction=Fraction(n, 10))),
-    st.none(),
-)
 
 
 @st.composite

@@ -53,3 +53,33 @@ async def test_verdicts_of_a_shape_in_use_survive_newer_shapes(monkeypatch: pyte
     assert computed == []  # still cached: a FIFO would have dropped 0.20, the oldest shape
     await verbs.filter(vllm_pod("b1", "0.30"), ["a", "b"])
     assert computed == ["a", "b"]  # the least recently used shape was the one dropped
+
+
+async def test_prioritize_rescores_only_the_nodes_changed_since_its_last_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from extender.verbs import Verbs  # noqa: PLC0415
+    from tests.test_extender import schedule  # noqa: PLC0415
+
+    state, verbs, fake = make([gpu_node("a"), gpu_node("b"), gpu_node("c")])
+    scored: list[str] = []
+    original = extender.verbs.score_node
+
+    def counting(ledger: Any, node: str, *args: Any, **kwargs: Any) -> int:
+        scored.append(node)
+        return original(ledger, node, *args, **kwargs)
+
+    monkeypatch.setattr(extender.verbs, "score_node", counting)
+    nodes = ["a", "b", "c"]
+    first = await verbs.prioritize(vllm_pod("r0", "0.20"), nodes)
+    assert scored == nodes
+    scored.clear()
+    assert await verbs.prioritize(vllm_pod("r1", "0.20"), nodes) == first  # another replica: lookups only
+    assert scored == []
+    assert await schedule(verbs, fake, vllm_pod("r2", "0.20"), ["a"]) == "a"
+    scored.clear()
+    after = await verbs.prioritize(vllm_pod("r3", "0.20"), nodes)
+    assert scored == ["a"]  # the bound pod changed node a alone
+    fresh = Verbs(state, fake)  # type: ignore[arg-type]
+    assert after == await fresh.prioritize(vllm_pod("r4", "0.20"), nodes)  # as if computed afresh
+    assert after["a"] != first["a"]

@@ -367,6 +367,59 @@ def test_helm_matches_kustomize_for_rbac() -> None:
     assert rules(render_chart("mode=default-scheduler")) == rules(render_kustomization(DEFAULT_SCHEDULER))
 
 
+def flow_schemas(objects: list[JSON]) -> dict[str, Any]:
+    return {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "FlowSchema"}
+
+
+def test_helm_matches_kustomize_for_flow_schemas() -> None:
+    assert flow_schemas(render_chart()) == flow_schemas(render_kustomization(BASE))
+    assert flow_schemas(render_chart("mode=default-scheduler")) == flow_schemas(render_kustomization(DEFAULT_SCHEDULER))
+    assert flow_schemas(render_chart("flowSchemas.enabled=false")) == {}
+
+
+@pytest.mark.parametrize("layout", [BASE, DEFAULT_SCHEDULER], ids=lambda p: p.name)
+def test_the_control_plane_components_requests_get_the_schedulers_priority_levels(layout: Path) -> None:
+    """Each vramguard workload that binds pods or holds a leader Lease is classified as kube-scheduler
+    is: its Lease requests at leader-election, everything else at workload-high, ahead of the
+    built-in service-accounts FlowSchema (workload-low, precedence 9000)."""
+    rendered = render_kustomization(layout)
+    schemas = sorted((o for o in rendered if o["kind"] == "FlowSchema"), key=lambda o: o["spec"]["matchingPrecedence"])
+    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in rendered if o["kind"] == "ServiceAccount"}
+
+    def level(account: tuple[str, str], request: dict[str, str]) -> str | None:
+        for schema in schemas:
+            for rule in schema["spec"]["rules"]:
+                subjects = {(s["serviceAccount"]["namespace"], s["serviceAccount"]["name"]) for s in rule["subjects"]}
+                if account not in subjects:
+                    continue
+                for r in rule.get("resourceRules") or []:
+                    if (
+                        {"*", request["group"]} & set(r["apiGroups"])
+                        and {"*", request["resource"]} & set(r["resources"])
+                        and {"*", request["verb"]} & set(r["verbs"])
+                        and {"*", request["namespace"]} & set(r.get("namespaces") or [])
+                    ):
+                        assert schema["spec"]["matchingPrecedence"] < 9000
+                        return str(schema["spec"]["priorityLevelConfiguration"]["name"])
+        return None
+
+    components = [w for w in rendered if w["kind"] == "Deployment" and w["metadata"]["name"] in
+                  ("vramguard-extender", "vramguard-scheduler")]
+    assert components
+    for workload in components:
+        account = (workload["metadata"]["namespace"], workload["spec"]["template"]["spec"]["serviceAccountName"])
+        assert account in accounts
+        lease = {"group": "coordination.k8s.io", "resource": "leases", "verb": "update",
+                 "namespace": "vramguard-system"}
+        binding = {"group": "", "resource": "pods/binding", "verb": "create", "namespace": "team-a"}
+        assert level(account, lease) == "leader-election", workload["metadata"]["name"]
+        assert level(account, binding) == "workload-high", workload["metadata"]["name"]
+    for schema in (o for o in rendered if o["kind"] == "FlowSchema"):
+        for rule in schema["spec"]["rules"]:
+            for subject in rule["subjects"]:
+                assert (subject["serviceAccount"]["namespace"], subject["serviceAccount"]["name"]) in accounts
+
+
 # -------------------------------------------------------------------------------- alerts
 
 
@@ -448,3 +501,24 @@ def test_dashboard_queries_known_metrics() -> None:
     ):
         assert metric in exprs, metric
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        MANIFESTS / "scheduler" / "second-scheduler.yaml",
+        MANIFESTS / "scheduler" / "extender-default.yaml",
+        MANIFESTS / "base" / "scheduler-config.yaml",
+        CHART / "files" / "scheduler-config.yaml",
+    ],
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
+def test_every_shipped_scheduler_configuration_sets_its_api_rate_limit(path: Path) -> None:
+    # kube-scheduler's defaults (qps 50, burst 100) throttle a wave of GPU pods on the client side,
+    # and a stock scheduler compared with vramguard must get the same settings (README, Wiring).
+    configs = [d for d in yaml.safe_load_all(path.read_text()) if (d or {}).get("kind") == "KubeSchedulerConfiguration"]
+    assert configs, f"no KubeSchedulerConfiguration in {path}"
+    for config in configs:
+        connection = config.get("clientConnection") or {}
+        assert connection.get("qps", 0) >= 500
+        assert connection.get("burst", 0) >= connection.get("qps", 0)

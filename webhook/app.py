@@ -28,6 +28,7 @@ from vramguard.cluster import ClusterState
 from vramguard.demand.objects import pod_template
 from vramguard.dra.pods import pod_claim_sources
 from vramguard.io.http import Readiness, RequestError, create_app, read_model
+from vramguard.io.jsoncodec import json_response
 from vramguard.policy import Policy, PolicyFile
 from vramguard.workloads import WorkloadKind, find_kind
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
@@ -236,7 +237,7 @@ async def validate(request: web.Request) -> web.Response:
     if admission.operation in ("DELETE", "CONNECT") or admission.subResource:
         # Nothing to validate: deleting frees VRAM, subresources (status, scale, ...) carry no pod spec.
         metrics.reviews.labels(_kind_label(kind), admission.operation, "skipped").inc()
-        return web.json_response(review_response(admission.uid, True))
+        return json_response(review_response(admission.uid, True))
     subject = _subject(admission, state.policy.rules.policy.workload_kinds)
     uid = _object_uid(subject.obj)
     decision = state.policy.rules.review(subject, await state.view(subject, uid))
@@ -249,7 +250,7 @@ async def validate(request: web.Request) -> web.Response:
     ):
         state.cluster.hold_admission(uid or admission.uid, subject.namespace, decision.claims, _node_name(subject.obj))
     metrics.reviews.labels(kind, admission.operation, _result(decision)).inc()
-    return web.json_response(
+    return json_response(
         review_response(
             admission.uid,
             decision.allowed,

@@ -11,7 +11,6 @@ for start-up time (see :mod:`vramguard.cli`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import socket
 import sys
@@ -106,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from extender.main import ExtenderSettings, LeaderElection  # noqa: PLC0415
     from extender.main import run as run_extender  # noqa: PLC0415
     from vramguard.election import ElectionTimings  # noqa: PLC0415
+    from vramguard.io import runtime  # noqa: PLC0415
     from vramguard.io.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
     from vramguard.io.leader import default_identity  # noqa: PLC0415
     from vramguard.io.server import ServerSettings  # noqa: PLC0415
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if tls is None or not tls.requires_client_certificate:
         log.warning("INSECURE: the verbs accept any client that reaches %s:%d; whoever does can bind pods", host, port)
     try:
-        asyncio.run(run_extender(settings))
+        runtime.run(run_extender(settings))
     except OSError as exc:
         return _fail(f"cannot serve on {args.listen}: {exc}", EXIT_FAILED)
     except TaskDied as exc:

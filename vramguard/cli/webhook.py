@@ -7,7 +7,6 @@ are imported inside the handler, for start-up time (see :mod:`vramguard.cli`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
 import logging
 import sys
@@ -92,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     # Imported here for start-up time (see vramguard.cli), not for layering.
+    from vramguard.io import runtime  # noqa: PLC0415
     from vramguard.io.kube import MAX_EVENT_BYTES, load_connection  # noqa: PLC0415
     from vramguard.io.server import ServerSettings  # noqa: PLC0415
     from vramguard.io.supervise import TaskDied  # noqa: PLC0415
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("vramguard.webhook").info("%s", describe_start(settings, args.policy))
     try:
-        asyncio.run(run_webhook(settings))
+        runtime.run(run_webhook(settings))
     except OSError as exc:
         return _failed(f"cannot serve on {args.listen}: {exc}")
     except TaskDied as exc:

@@ -24,14 +24,17 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
+
+from vramguard.io import jsoncodec
 
 __all__ = [
     "BODY_LIMIT_KEY",
@@ -152,13 +155,15 @@ READINESS_KEY = web.AppKey("vramguard_readiness", Readiness)
 REGISTRY_KEY = web.AppKey("vramguard_metrics_registry", CollectorRegistry)
 BODY_LIMIT_KEY = web.AppKey("vramguard_body_limit", int)
 LATENCY_KEY = web.AppKey("vramguard_latency_histogram", Histogram)
+CONNECTIONS_KEY = web.AppKey("vramguard_connections_counter", Counter)
 # Called with the verified client certificate (``SSLSocket.getpeercert()`` form) of each request
 # over mutual TLS; ``vramguard.io.server.serve`` sets it to record the expiry of the client's certificate.
 ClientCertificateObserver = Callable[[Mapping[str, Any]], None]
 CLIENT_CERTIFICATE_OBSERVER_KEY = web.AppKey[ClientCertificateObserver]("vramguard_client_certificate_observer")
-# Returns text in the exposition format that ``/metrics`` appends to the registry's: series too many
-# to render on the request path, rendered elsewhere and cached (the extender's ledger).
-CachedExposition = Callable[[], bytes]
+# Returns text in the exposition format that ``/metrics`` appends to the registry's, in pieces sent one
+# after the other: series too many to render on the request path, rendered elsewhere and cached (the
+# extender's ledger).
+CachedExposition = Callable[[], Sequence[bytes]]
 CACHED_EXPOSITION_KEY = web.AppKey[CachedExposition]("vramguard_cached_exposition")
 
 
@@ -192,14 +197,22 @@ def create_app(
         buckets=LATENCY_BUCKETS,
         registry=registry,
     )
+    connections = Counter(
+        f"{metrics_prefix}_http_connections",
+        "TLS connections accepted, by the route of their first request: against the requests, how "
+        "well clients keep connections alive (each new one costs a TLS handshake).",
+        labelnames=("route",),
+        registry=registry,
+    )
     app = web.Application(
         client_max_size=client_max_size,
-        middlewares=[_timing_middleware(latency), _error_middleware, _client_certificate_middleware, *middlewares],
+        middlewares=[_serving_middleware(latency, connections), *middlewares],
     )
     app[READINESS_KEY] = readiness
     app[REGISTRY_KEY] = registry
     app[BODY_LIMIT_KEY] = client_max_size
     app[LATENCY_KEY] = latency
+    app[CONNECTIONS_KEY] = connections
     if operational_routes:
         _add_operational_routes(app)
     return app
@@ -212,7 +225,7 @@ def create_operational_app(app: web.Application) -> web.Application:
     other route: nothing that changes state is reachable through it.
     """
     operational = web.Application(
-        client_max_size=1024, middlewares=[_timing_middleware(app[LATENCY_KEY]), _error_middleware]
+        client_max_size=1024, middlewares=[_serving_middleware(app[LATENCY_KEY], app[CONNECTIONS_KEY])]
     )
     operational[READINESS_KEY] = app[READINESS_KEY]
     operational[REGISTRY_KEY] = app[REGISTRY_KEY]
@@ -235,7 +248,7 @@ def readiness_of(app: web.Application) -> Readiness:
 
 def error_response(status: int, message: str) -> web.Response:
     """Return a JSON error response ``{"error": message}`` with ``status``."""
-    return web.json_response({"error": message}, status=status)
+    return jsoncodec.json_response({"error": message}, status=status)
 
 
 async def read_body(request: web.Request, *, timeout: float = DEFAULT_BODY_TIMEOUT) -> bytes:
@@ -272,18 +285,9 @@ async def read_json(request: web.Request, *, timeout: float = DEFAULT_BODY_TIMEO
     if not body.strip():
         raise RequestError(400, "request body is empty; expected a JSON object")
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(400, f"request body is not UTF-8 (invalid byte at offset {exc.start})") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise RequestError(400, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except RecursionError:
-        raise RequestError(400, "invalid JSON: nested too deeply") from None
-    except ValueError as exc:
-        # Non-finite constants, integers longer than Python's digit limit.
-        raise RequestError(400, f"invalid JSON: {_one_line(str(exc))}") from None
+        value = jsoncodec.loads(body)
+    except jsoncodec.JSONDecodeError:
+        raise RequestError(400, _why_invalid(body)) from None
     if not isinstance(value, dict):
         raise RequestError(400, f"expected a JSON object, got {_json_type(value)}")
     return value
@@ -298,62 +302,66 @@ async def read_model(request: web.Request, model: type[M], *, timeout: float = D
         raise RequestError(400, f"invalid {model.__name__}: {_summarise(exc)}") from None
 
 
-def _timing_middleware(latency: Histogram) -> Middleware:
+def _serving_middleware(latency: Histogram, connections: Counter) -> Middleware:
+    """One middleware for what every request needs (one layer: each costs a coroutine per request):
+    its latency by route and status code, a JSON answer for :class:`RequestError` and for an
+    unhandled error, and, on the first request of each TLS connection, the connection counted by
+    route and the client's certificate observed (it cannot change within a connection)."""
+    children: dict[tuple[str, int], Any] = {}
+    tls_connections: weakref.WeakSet[object] = weakref.WeakSet()
+
     @web.middleware
-    async def timing(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def serving(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
+        route = _route_label(request)
+        transport = request.transport
+        tls = transport.get_extra_info("ssl_object") if transport is not None else None
+        if tls is not None and tls not in tls_connections:
+            tls_connections.add(tls)
+            connections.labels(route=route).inc()
+            observe = request.config_dict.get(CLIENT_CERTIFICATE_OBSERVER_KEY)
+            # Only a certificate the TLS layer verified shows here (the dict form is empty otherwise).
+            peer = transport.get_extra_info("peercert") if observe is not None and transport is not None else None
+            if observe is not None and peer:
+                observe(peer)
         code = 500
         try:
             response = await handler(request)
             code = response.status
             return response
+        except RequestError as exc:
+            code = exc.status
+            return error_response(exc.status, exc.message)
         except web.HTTPException as exc:
+            # HTTP exceptions are answers already.
             code = exc.status
             raise
         except (asyncio.CancelledError, ConnectionError):
+            # A vanished client cannot be answered.
             code = _CLIENT_CLOSED
             raise
+        except Exception:
+            # Log the traceback here, answer without it: internals are not the caller's business.
+            logger.exception("unhandled error in %s %s", request.method, request.path)
+            return error_response(500, "internal error")
         finally:
-            latency.labels(route=_route_label(request), code=str(code)).observe(time.perf_counter() - started)
+            child = children.get((route, code))
+            if child is None:
+                child = children[route, code] = latency.labels(route=route, code=str(code))
+            child.observe(time.perf_counter() - started)
 
-    return timing
-
-
-@web.middleware
-async def _client_certificate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    observe = request.config_dict.get(CLIENT_CERTIFICATE_OBSERVER_KEY)
-    if observe is not None and request.transport is not None:
-        # Only a certificate the TLS layer verified shows here (the dict form is empty otherwise).
-        peer = request.transport.get_extra_info("peercert")
-        if peer:
-            observe(peer)
-    return await handler(request)
-
-
-@web.middleware
-async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except RequestError as exc:
-        return error_response(exc.status, exc.message)
-    except (web.HTTPException, ConnectionError):
-        # HTTP exceptions are answers already; a vanished client cannot be answered.
-        raise
-    except Exception:
-        # Log the traceback here, answer without it: internals are not the caller's business.
-        logger.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(500, "internal error")
+    return serving
 
 
 async def _healthz(_: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return jsoncodec.json_response({"status": "ok"})
 
 
 async def _readyz(request: web.Request) -> web.Response:
     failing = await request.config_dict[READINESS_KEY].failing()
     if failing:
-        return web.json_response({"status": "not ready", "failing": failing}, status=503)
-    return web.json_response({"status": "ready"})
+        return jsoncodec.json_response({"status": "not ready", "failing": failing}, status=503)
+    return jsoncodec.json_response({"status": "ready"})
 
 
 METRICS_WRITE_BYTES = 64 * 1024
@@ -364,18 +372,20 @@ megabytes does not hold the event loop in one go."""
 async def _metrics(request: web.Request) -> web.StreamResponse:
     payload = generate_latest(request.config_dict[REGISTRY_KEY])
     cached = request.config_dict.get(CACHED_EXPOSITION_KEY)
-    if cached is not None:
-        payload += cached()
+    # The cached pieces are sent as they are: joining them would copy megabytes per scrape.
+    pieces = [payload, *cached()] if cached is not None else [payload]
     # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants passed separately.
     headers = {"Content-Type": CONTENT_TYPE_LATEST}
-    if len(payload) <= METRICS_WRITE_BYTES:
-        return web.Response(body=payload, headers=headers)
+    length = sum(map(len, pieces))
+    if length <= METRICS_WRITE_BYTES:
+        return web.Response(body=b"".join(pieces), headers=headers)
     response = web.StreamResponse(headers=headers)
-    response.content_length = len(payload)
+    response.content_length = length
     await response.prepare(request)
-    view = memoryview(payload)
-    for start in range(0, len(payload), METRICS_WRITE_BYTES):
-        await response.write(view[start:start + METRICS_WRITE_BYTES])
+    for piece in pieces:
+        view = memoryview(piece)
+        for start in range(0, len(piece), METRICS_WRITE_BYTES):
+            await response.write(view[start:start + METRICS_WRITE_BYTES])
     await response.write_eof()
     return response
 
@@ -383,6 +393,27 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 def _route_label(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else _UNMATCHED_ROUTE
+
+
+def _why_invalid(body: bytes) -> str:
+    """Why ``body``, which the fast decoder refused, is not JSON, as the standard library words it
+    (only on this error path: its messages name the line and column, or the offending constant)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"request body is not UTF-8 (invalid byte at offset {exc.start})"
+    try:
+        json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return "invalid JSON: nested too deeply"
+    except ValueError as exc:
+        # Non-finite constants, integers longer than Python's digit limit.
+        return f"invalid JSON: {_one_line(str(exc))}"
+    # Valid to the standard library, not to RFC 8259 as the fast decoder reads it (an unpaired
+    # surrogate escape, a number beyond a double, nesting deeper than 1,024 levels).
+    return "invalid JSON: not strict RFC 8259 JSON (unpaired surrogate, out-of-range number or nesting too deep)"
 
 
 def _reject_constant(name: str) -> Any:

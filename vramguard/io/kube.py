@@ -2,41 +2,42 @@
 
 Objects stay plain JSON dicts (no client model classes): the extender keeps tens of thousands of
 pods and needs only a few fields of each. Credentials come from a kubeconfig or the in-cluster
-service account, through the official client's loader (which also refreshes projected tokens).
+service account (see :func:`load_connection`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ctypes
 import gc
-import json
 import logging
 import math
+import os
 import random
 import re
 import ssl
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes import config as _kube_config
-from kubernetes.client import Configuration
+import yaml
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-# The official client is used only for its loaders (kubeconfig files, exec plugins, in-cluster
-# tokens that rotate); it ships no type information.
-kube_config: Any = _kube_config
+from vramguard.io import jsoncodec
 
 logger = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-LIST_PAGE_SIZE = 500
+LIST_PAGE_SIZE = 200
+"""Items a list page holds: a page is decoded whole, so its size bounds what a list holds at once."""
 WATCH_TIMEOUT_SECONDS = 290
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=5)
 # A watch streams for minutes; only the gap between two events is bounded (bookmarks keep it alive).
@@ -89,9 +90,142 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
 
     With neither ``kubeconfig`` nor ``context``: the in-cluster service account, else the default
     kubeconfig (``$KUBECONFIG``, ``~/.kube/config``). Otherwise that kubeconfig file (default: the
-    default one) and that context (default: its current one). The official client's loader reads
-    the file, so exec plugins and OIDC credentials of managed clusters keep working.
+    default one) and that context (default: its current one).
+
+    The service account, and kubeconfigs whose credentials are certificates or bearer tokens, are
+    read here; anything else (exec plugins, auth providers, merged ``$KUBECONFIG`` lists, proxies)
+    goes to the official client's loader, so the OIDC and exec credentials of managed clusters keep
+    working. That loader imports the whole generated client (about 8 MiB resident, for good):
+    services that need none of it do not pay for it.
     """
+    if kubeconfig is None and context is None:
+        connection = _service_account()
+        if connection is not None:
+            return connection
+    connection = _plain_kubeconfig(kubeconfig, context)
+    return connection if connection is not None else _official_connection(kubeconfig, context)
+
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where the kubelet mounts a pod's service account token and the cluster's CA."""
+
+
+def _service_account() -> Connection | None:
+    """The in-cluster connection, as the official loader makes it (None outside a pod). The token
+    is read again every :data:`TOKEN_REUSE_SECONDS`: the kubelet rotates it in place."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    token_file, ca_file = SERVICE_ACCOUNT / "token", SERVICE_ACCOUNT / "ca.crt"
+    if not host or not port or not token_file.is_file() or not ca_file.is_file():
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    return Connection(
+        f"https://{host}:{port}",
+        ssl.create_default_context(cafile=str(ca_file)),
+        reused_for(TOKEN_REUSE_SECONDS, lambda: _bearer(token_file.read_text())),
+    )
+
+
+_PLAIN_CLUSTER = frozenset(
+    {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify"}
+)
+_PLAIN_USER = frozenset(
+    {"client-certificate", "client-certificate-data", "client-key", "client-key-data", "token", "tokenFile"}
+)
+
+
+def _plain_kubeconfig(path: str | None, context: str | None) -> Connection | None:
+    """The connection of a kubeconfig file whose context's cluster and user use only the fields
+    of :data:`_PLAIN_CLUSTER` and :data:`_PLAIN_USER`; None for any other (the official loader's)."""
+    if path is None:
+        path = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+        if os.pathsep in path:
+            return None  # a list of files, merged
+    file = Path(path)
+    try:
+        document = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the official loader says what is wrong
+    if not isinstance(document, dict):
+        return None
+    name = context or document.get("current-context")
+    entry = _named(document, "contexts", name, "context")
+    if entry is None:
+        return None
+    cluster = _named(document, "clusters", entry.get("cluster"), "cluster")
+    user = _named(document, "users", entry.get("user"), "user") if entry.get("user") else {}
+    if cluster is None or user is None or not set(cluster) <= _PLAIN_CLUSTER or not set(user) <= _PLAIN_USER:
+        return None
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server:
+        return None
+    base = file.parent
+    ssl_context: ssl.SSLContext | bool = False
+    if not cluster.get("insecure-skip-tls-verify"):
+        if "certificate-authority-data" in cluster:
+            ssl_context = ssl.create_default_context(cadata=_decoded(cluster["certificate-authority-data"]).decode())
+        elif "certificate-authority" in cluster:
+            ssl_context = ssl.create_default_context(cafile=str(base / cluster["certificate-authority"]))
+        else:
+            ssl_context = ssl.create_default_context()
+        if "client-certificate" in user or "client-certificate-data" in user:
+            _load_client_certificate(ssl_context, user, base)
+    authorization: Callable[[], str | None] = lambda: None  # noqa: E731
+    if "token" in user:
+        token = _bearer(str(user["token"]))
+        authorization = lambda: token  # noqa: E731
+    elif "tokenFile" in user:
+        token_file = base / str(user["tokenFile"])
+        authorization = reused_for(TOKEN_REUSE_SECONDS, lambda: _bearer(token_file.read_text()))
+    return Connection(server.rstrip("/"), ssl_context, authorization)
+
+
+def _named(document: JSON, section: str, name: Any, field: str) -> JSON | None:
+    """The ``field`` of the entry called ``name`` in a kubeconfig's ``section``."""
+    for item in document.get(section) or ():
+        if isinstance(item, dict) and item.get("name") == name:
+            value = item.get(field)
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def _decoded(data: Any) -> bytes:
+    return base64.b64decode(str(data), validate=True)
+
+
+def _load_client_certificate(context: ssl.SSLContext, user: JSON, base: Path) -> None:
+    """The client certificate and key, from files or inline (base64: written to private temporary
+    files for as long as OpenSSL reads them)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = []
+        for name in ("client-certificate", "client-key"):
+            if f"{name}-data" in user:
+                path = Path(scratch) / name
+                path.touch(0o600)
+                path.write_bytes(_decoded(user[f"{name}-data"]))
+                paths.append(str(path))
+            else:
+                paths.append(str(base / str(user.get(name, ""))))
+        context.load_cert_chain(paths[0], paths[1])
+
+
+def _bearer(token: str) -> str | None:
+    token = token.strip()
+    return f"Bearer {token}" if token else None
+
+
+def _official_loader() -> Any:
+    """The official client's loaders (``kubernetes.config``, untyped), imported on first use."""
+    from kubernetes import config  # noqa: PLC0415
+
+    return config
+
+
+def _official_connection(kubeconfig: str | None, context: str | None) -> Connection:
+    """The connection the official client's loaders make (see :func:`load_connection`)."""
+    from kubernetes.client import Configuration  # noqa: PLC0415
+
+    kube_config = _official_loader()
     configuration = Configuration()
     if kubeconfig is None and context is None:
         try:
@@ -180,7 +314,7 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> JSON:
         """One API call; returns the decoded body or raises :class:`ApiError`."""
-        data = json.dumps(body) if body is not None else None
+        data = jsoncodec.dumps(body) if body is not None else None
         async with self._http().request(
             method,
             self._connection.server + path,
@@ -192,7 +326,7 @@ class KubeClient:
             payload = await response.read()
             if response.status >= 400:
                 raise _api_error(response.status, payload)
-            decoded: JSON = json.loads(payload) if payload else {}
+            decoded: JSON = jsoncodec.loads(payload) if payload else {}
             return decoded
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
@@ -222,31 +356,46 @@ class KubeClient:
 
     async def list_pages(
         self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
-    ) -> AsyncIterator[ListPage]:
+    ) -> AsyncGenerator[ListPage, None]:
         """A collection, page by page (``limit``/``continue``, :data:`LIST_PAGE_SIZE` items a page).
 
-        ``slim`` is applied to each item as its page arrives, and a page is handed out before the
-        next is requested: a caller that keeps only what it needs of each page never holds the whole
-        list of full (or slimmed) objects. A ``410 Gone`` on a continued page (the API server
-        compacted the snapshot the list reads) raises :class:`ContinueExpired`: start again.
+        ``slim`` is applied to each item as its page arrives, and a page is handed out as soon as it
+        is read: a caller that keeps only what it needs of each page never holds the whole list of
+        full (or slimmed) objects. The next page is requested before this one is slimmed, so the API
+        server prepares it while the caller reads this one (at most two pages are held at once). A
+        ``410 Gone`` on a continued page (the API server compacted the snapshot the list reads)
+        raises :class:`ContinueExpired`: start again.
         """
         query = {"limit": str(LIST_PAGE_SIZE), **(params or {})}
-        while True:
-            try:
-                page = await self.get(path, query)
-            except ApiError as exc:
-                if exc.status == 410 and "continue" in query:
-                    raise ContinueExpired(exc.status, exc.reason, exc.message) from exc
-                raise
-            page_items = page.get("items") or []
-            metadata = page.get("metadata") or {}
-            token = metadata.get("continue")
-            items = list(map(slim, page_items) if slim is not None else page_items)
-            del page, page_items  # the full objects go before the caller keeps its part of the page
-            yield ListPage(items, str(metadata.get("resourceVersion", "")), last=not token)
-            if not token:
-                return
-            query["continue"] = str(token)
+        pending = asyncio.ensure_future(self._list_page(path, dict(query)))
+        try:
+            while True:
+                page = await pending
+                page_items = page.get("items") or []
+                metadata = page.get("metadata") or {}
+                token = metadata.get("continue")
+                if token:
+                    query["continue"] = str(token)
+                    pending = asyncio.ensure_future(self._list_page(path, dict(query)))
+                    await asyncio.sleep(0)  # sends the request, then reads this page meanwhile
+                items = list(map(slim, page_items) if slim is not None else page_items)
+                del page, page_items  # the full objects go before the caller keeps its part of the page
+                yield ListPage(items, str(metadata.get("resourceVersion", "")), last=not token)
+                if not token:
+                    return
+        finally:
+            if not pending.done():
+                pending.cancel()
+            elif not pending.cancelled():
+                pending.exception()  # a page never read (the caller stopped): its failure is not news
+
+    async def _list_page(self, path: str, query: Mapping[str, str]) -> JSON:
+        try:
+            return await self.get(path, query)
+        except ApiError as exc:
+            if exc.status == 410 and "continue" in query:
+                raise ContinueExpired(exc.status, exc.reason, exc.message) from exc
+            raise
 
     async def list_all(
         self, path: str, params: Mapping[str, str] | None = None, slim: Callable[[JSON], JSON] | None = None
@@ -282,7 +431,7 @@ class KubeClient:
             async for line in event_lines(response.content, self.max_event_bytes):
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = jsoncodec.loads(line)
                 if not isinstance(event, dict):
                     raise ValueError(f"watch event is not a JSON object: {line[:80]!r}")
                 obj = event.get("object")
@@ -395,7 +544,7 @@ async def _drain_line(
 
 def _api_error(status: int, payload: bytes) -> ApiError:
     try:
-        body = json.loads(payload)
+        body = jsoncodec.loads(payload)
         return ApiError(status, str(body.get("reason", "")), str(body.get("message", "")))
     except (ValueError, AttributeError):
         return ApiError(status, "", payload[:200].decode("utf-8", "replace"))
@@ -474,8 +623,9 @@ class SuspectingStore(Protocol):
 
 
 class WatchMetrics:
-    """``vramguard_watch_healthy{resource}``, ``vramguard_watch_restarts_total{resource,reason}`` and
-    ``vramguard_watch_oversized_events_total{resource}`` for the informers given to it."""
+    """``vramguard_watch_healthy{resource}``, ``vramguard_watch_restarts_total{resource,reason}``,
+    ``vramguard_watch_lists_total{resource}`` and ``vramguard_watch_oversized_events_total{resource}``
+    for the informers given to it."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.restarts = Counter(
@@ -483,6 +633,12 @@ class WatchMetrics:
             "Watches restarted, by resource and reason (expired, oversized, api, connection, decode, store, "
             "unexpected).",
             labelnames=("resource", "reason"),
+            registry=registry,
+        )
+        self.lists = Counter(
+            "vramguard_watch_lists",
+            "Complete lists read, by resource (the first, and each re-list after a restart).",
+            labelnames=("resource",),
             registry=registry,
         )
         self.oversized = Counter(
@@ -515,16 +671,49 @@ class _HealthCollector(Collector):
 
 
 def return_freed_memory() -> bool:
-    """Collect what a list left behind and hand the C heap's free pages back to the system
-    (glibc's ``malloc_trim``): the pages of a list are freed, but without this the process keeps
-    their memory resident. Returns whether the C library offered it (glibc does; musl does not)."""
+    """Collect what a list left behind and hand the C heap's free pages back to the system: the
+    pages of a list are freed, but without this the process keeps their memory resident. Returns
+    whether the C library offered it (see :func:`trim_c_heap`)."""
     gc.collect()
+    return trim_c_heap()
+
+
+def trim_c_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; a few
+    milliseconds). Returns whether the C library offers it (glibc does; musl does not)."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return False
     trim(0)
     return True
+
+
+class _GcPause:
+    """The cyclic garbage collector switched off while any list is read, and run once after the
+    last: a list allocates tens of thousands of long-lived objects, and each few hundred of them
+    would start a collection that walks every object the process holds (about half a list's CPU
+    time). A page's objects hold no cycles: they are freed as each page is done with."""
+
+    def __init__(self) -> None:
+        self._lists = 0
+        self._disabled = False
+
+    def __enter__(self) -> None:
+        if self._lists == 0 and gc.isenabled():
+            gc.disable()
+            self._disabled = True
+        self._lists += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lists -= 1
+        if self._lists == 0 and self._disabled:
+            self._disabled = False
+            gc.enable()
+
+
+gc_paused_for_lists = _GcPause()
+"""One for the process: the informers list concurrently at start."""
 
 
 class _StoreError(Exception):
@@ -664,6 +853,17 @@ class Informer:
     async def _list(self) -> None:
         """List page by page into a new state, swapped in only when the list is complete: until then
         (and for good, if a page fails) the old state keeps serving, so the ledger is never half-listed."""
+        with gc_paused_for_lists:
+            version = await self._read_list()
+        return_freed_memory()
+        self.resource_version = version
+        self.synced.set()
+        self._progress()
+        if self._metrics is not None:
+            self._metrics.lists.labels(self.resource).inc()
+
+    async def _read_list(self) -> str:
+        """Read and commit a list; returns its resourceVersion."""
         replacement = self.store.begin_replace() if isinstance(self.store, PagedStore) else _Collected(self.store)
         version = ""
         async for page in self.client.list_pages(self.path, self.params, self.slim):
@@ -680,11 +880,7 @@ class Informer:
             replacement.commit()
         except Exception as exc:
             raise _StoreError(f"replace of {self.path}") from exc
-        del replacement
-        return_freed_memory()
-        self.resource_version = version
-        self.synced.set()
-        self._progress()
+        return version
 
     async def _watch(self) -> None:
         async for kind, raw in self.client.watch(self.path, self.resource_version, self.params):

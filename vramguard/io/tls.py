@@ -115,6 +115,7 @@ class ReloadingTLSContext:
         self._certificate: LoadedCertificate | None = None
         self._client_cas: tuple[LoadedCertificate, ...] = ()
         self._last_client_expiry: float | None = None
+        self._last_client_not_after: str | None = None
         self.last_error: str | None = None
 
     @property
@@ -135,7 +136,8 @@ class ReloadingTLSContext:
         this is what an expiry alert must watch.
         """
         not_after = peer.get("notAfter")
-        if isinstance(not_after, str):
+        if isinstance(not_after, str) and not_after != self._last_client_not_after:
+            self._last_client_not_after = not_after  # parsed once per certificate, not per connection
             try:
                 self._last_client_expiry = float(ssl.cert_time_to_seconds(not_after))
             except ValueError:
