@@ -8,12 +8,14 @@ Prints one JSON line per measurement, then a summary table.
   (``bench.cluster_model``), with ``NodeNames`` as kube-scheduler sends them when the extender is
   ``nodeCacheCapable``. A scheduling wave per pod shape: filter, prioritize, bind the best node, the
   watch event of the binding, and a running pod deleted elsewhere, so that every request sees a
-  few nodes changed since the last. ``cold`` is the first request of a shape (no cached verdict),
-  ``steady`` the rest. Measured in-process (the verbs alone) and over HTTPS on loopback (the
+  few nodes changed since the last. ``steady`` is every request but each shape's first, reported
+  as percentiles; ``first-of-wave`` the first of each of the 4 shapes (no cached verdict), reported
+  as its 4 values, too few for a percentile. Measured in-process (the verbs alone) and over HTTPS on loopback (the
   extender's aiohttp app behind ``vramguard.io.server.serve``, a client that keeps its connection),
   with the collector frozen after the sync as the extender freezes it. Then 2 x 120 pods of new
   shapes with all 5,000 names and with 500: the served filter and, alternating request by request,
-  the baseline of every node judged one by one; with the answer's size and the collector's pauses.
+  the baseline of every node judged one by one; with the answer's size, its distinct failure
+  reasons and the collector's pauses (the extender's thresholds, :func:`extender.main.freeze_collector`).
 - **lag**: the event loop's lag (a task sleeping 1 ms in a loop records how late it wakes, p50 /
   p99 / max) while filters and prioritizes of pods of new shapes run over the 5,000 nodes, with the
   work sliced as served and unsliced as the baseline, interleaved round by round. Then the filter
@@ -70,6 +72,7 @@ from prometheus_client import CollectorRegistry
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_pod, new_pod
 from bench.report import refuse_if_traced
 from extender.app import LEDGER_EXPOSITION_KEY, build_app
+from extender.main import freeze_collector
 from extender.metrics import render_ledger_now
 from extender.verbs import SLICE_NODES, SLICE_SECONDS, Slicer, Verbs
 from vramguard.cluster import ClusterState
@@ -78,7 +81,7 @@ from vramguard.io.http import Readiness
 from vramguard.io.kube import ApiError
 from vramguard.io.server import serve
 from vramguard.io.tls import load_server_tls
-from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, filter_nodes
+from vramguard.placement import FilterMemo, Groups, NodeVerdict, PodClaims, filter_nodes
 from vramguard.policy import ClassChoice, default_policy
 
 JSON = dict[str, Any]
@@ -250,17 +253,18 @@ async def run_waves(
 
 
 def summarize_waves(mode: str, waves: dict[str, Wave], nodes: int) -> list[JSON]:
-    """Per mode: cold (first request of each shape) and steady (the others) for both verbs."""
-    records = []
-    cold_f = [w.filter_s[0] for w in waves.values()]
-    cold_p = [w.prioritize_s[0] for w in waves.values()]
+    """Per mode: the steady requests (all but each shape's first) of both verbs as percentiles, and
+    the first request of each wave shape as its values (too few for a percentile: the cold figure
+    is the ``cold-shapes`` phase's, 120 shapes)."""
     steady_f = [v for w in waves.values() for v in w.filter_s[1:]]
     steady_p = [v for w in waves.values() for v in w.prioritize_s[1:]]
-    for phase, f, p in (("cold", cold_f, cold_p), ("steady", steady_f, steady_p)):
-        records.append({
-            "bench": "latency", "mode": mode, "phase": phase, "nodes": nodes,
-            "filter": latency_stats(f), "prioritize": latency_stats(p),
-        })
+    records: list[JSON] = [
+        {"bench": "latency", "mode": mode, "phase": "steady", "nodes": nodes,
+         "filter": latency_stats(steady_f), "prioritize": latency_stats(steady_p)},
+        {"bench": "latency", "mode": mode, "phase": "first-of-wave", "nodes": nodes,
+         "filter_ms": {name: round(w.filter_s[0] * 1000, 2) for name, w in waves.items()},
+         "prioritize_ms": {name: round(w.prioritize_s[0] * 1000, 2) for name, w in waves.items()}},
+    ]
     records.append({
         "bench": "latency", "mode": mode, "phase": "shapes", "nodes": nodes,
         "shapes": {name: {"passing_nodes_median": statistics.median(w.passing),
@@ -329,7 +333,7 @@ def one_by_one(verbs: Verbs) -> Iterator[None]:
     same cluster state, process and server; the index's verdicts are the same, property-tested)."""
 
     async def judged(cache: dict[str, Any], nodes: list[str], claims: PodClaims, choice: ClassChoice,
-                     own: str | None, slicer: Slicer) -> list[NodeVerdict]:
+                     own: str | None, slicer: Slicer) -> tuple[Groups, dict[str, NodeVerdict]]:
         generation = verbs.state.ledger.generation
         fresh: dict[str, NodeVerdict] = {}
         memo = FilterMemo()
@@ -340,7 +344,7 @@ def one_by_one(verbs: Verbs) -> Iterator[None]:
                 fresh[node] = verdict
                 if node != own:
                     cache[node] = (generation(node), verdict.verdict.value, verdict.message)
-        return [fresh[node] for node in nodes]
+        return [], fresh
 
     verbs._verdicts_for = judged  # type: ignore[method-assign]
     try:
@@ -365,7 +369,7 @@ async def bench_latency(model: ClusterModel, requests: int, cold_requests: int =
     start = time.perf_counter()
     state.ledger.warm()
     warm_ms = round((time.perf_counter() - start) * 1000, 1)
-    gc.freeze()  # as the extender does once synced: a full collection no longer walks the state
+    freeze_collector()  # as the extender does once synced: a full collection no longer walks the state
     verbs = Verbs(state, StubApi())  # type: ignore[arg-type]
     start = time.perf_counter()
     await verbs.filter(new_pod(Shape("first", "0.05"), 0), names)
@@ -430,6 +434,7 @@ async def bench_latency(model: ClusterModel, requests: int, cold_requests: int =
             ):
                 cold: dict[str, list[float]] = {"indexed": [], "one-by-one": []}
                 sizes: list[int] = []
+                reasons: list[int] = []
                 pods = cold_pods(2 * cold_requests, 600_000 + 10_000 * offset, offset / 2)
                 with collector_pauses() as pauses:
                     for i, pod in enumerate(pods):
@@ -441,10 +446,14 @@ async def bench_latency(model: ClusterModel, requests: int, cold_requests: int =
                             cold[mode].append(time.perf_counter() - started)
                         if mode == "indexed":
                             sizes.append(len(json.dumps(body)))
+                            reasons.append(len({*body["FailedNodes"].values(),
+                                                *body["FailedAndUnresolvableNodes"].values()}))
                 records.append({"bench": "latency", "mode": "https", "phase": "cold-shapes", "names": label,
                                 "nodes": count, "filter": latency_stats(cold["indexed"]),
                                 "baseline": latency_stats(cold["one-by-one"]),
-                                "answer_bytes_median": statistics.median(sizes), "gc": pauses.summary(),
+                                "answer_bytes_median": statistics.median(sizes),
+                                "distinct_reasons_median": statistics.median(reasons),
+                                "distinct_reasons_max": max(reasons), "gc": pauses.summary(),
                                 "load_average": _load()})
     problems = state.ledger.check_invariants()
     records.append({"bench": "latency", "phase": "invariants", "violations": len(problems),
@@ -500,7 +509,7 @@ async def bench_lag(model: ClusterModel, requests: int, rounds: int) -> list[JSO
     over every node: sliced (as served) against unsliced (the work in one piece), interleaved
     round by round so that both see the same machine load. Then the pathological pods."""
     state, names, _ = loaded_state(model)
-    gc.freeze()  # as the extender does once its caches are synced
+    freeze_collector()  # as the extender does once its caches are synced
     await Verbs(state, None).filter(new_pod(Shape("warm", "0.05"), 0), names)  # node summaries
     pods = lag_pods(requests)
     lags: dict[str, list[float]] = {"sliced": [], "unsliced": []}
@@ -547,7 +556,7 @@ SCRAPE_MODES = ("quiet", "scrape-per-node", "scrape-per-gpu")
 async def bench_scrape(model: ClusterModel, requests: int) -> list[JSON]:
     """Filter latency over HTTPS without and during a scrape (per node, per GPU), interleaved."""
     state, names, _ = loaded_state(model)
-    gc.freeze()  # as the extender does once its caches are synced
+    freeze_collector()  # as the extender does once its caches are synced
     records: list[JSON] = []
     for per_gpu in (False, True):
         start_cpu = time.process_time()
@@ -991,24 +1000,23 @@ def summary_table(records: list[JSON]) -> str:
     """The README's table."""
     lines = ["| Measurement | Result |", "|---|---|"]
     for r in records:
-        if r.get("bench") == "latency" and r.get("phase") in ("cold", "steady"):
+        if r.get("bench") == "latency" and r.get("phase") == "steady":
             f, p = r["filter"], r["prioritize"]
-            # A p99 of fewer than 100 requests is its maximum in disguise: say so.
-            tail = "p99" if f["n"] >= 100 else "max"
-            lines.append(
-                f"| {r['mode']}, {r['phase']}, {r['nodes']:,} nodes: filter p50 / {tail} | "
-                f"{f['p50_ms']} / {f[tail + '_ms']} ms (n={f['n']}) |"
-            )
-            lines.append(
-                f"| {r['mode']}, {r['phase']}, {r['nodes']:,} nodes: prioritize p50 / {tail} | "
-                f"{p['p50_ms']} / {p[tail + '_ms']} ms |"
-            )
+            lines.append(f"| {r['mode']}, steady, {r['nodes']:,} nodes: filter p50 / p99 | "
+                         f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}) |")
+            lines.append(f"| {r['mode']}, steady, {r['nodes']:,} nodes: prioritize p50 / p99 | "
+                         f"{p['p50_ms']} / {p['p99_ms']} ms (n={p['n']}) |")
+        elif r.get("bench") == "latency" and r.get("phase") == "first-of-wave":
+            lines.append(f"| {r['mode']}, first pod of each wave shape, {r['nodes']:,} nodes: filter / prioritize "
+                         f"(n={len(r['filter_ms'])} values) | {list(r['filter_ms'].values())} / "
+                         f"{list(r['prioritize_ms'].values())} ms |")
         elif r.get("bench") == "latency" and r.get("phase") == "cold-shapes":
             f, b = r["filter"], r["baseline"]
             lines.append(f"| https filter, first pod of a new shape, {r['nodes']:,} names: p50 / p99 | "
                          f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}); every node judged one by one, "
                          f"interleaved: {b['p50_ms']} / {b['p99_ms']} ms (n={b['n']}); answer "
-                         f"{r['answer_bytes_median'] / 1024:.0f} KiB; full collections "
+                         f"{r['answer_bytes_median'] / 1024:.0f} KiB, {r['distinct_reasons_median']} distinct reasons "
+                         f"(max {r['distinct_reasons_max']}); full collections "
                          f"{ {k: v for k, v in r['gc'].items() if k.endswith('gen2')} }; load {r['load_average']} |")
         elif r.get("bench") == "latency" and r.get("phase") == "first-after-sync":
             lines.append(f"| first filter after a full sync ({r['nodes']:,} nodes), {r['mode']} | {r['filter_ms']} ms "

@@ -270,7 +270,8 @@ def test_measured_use_above_the_declaration_keeps_a_later_pod_pending(
             assert report["used"] == {uid: {"1": 40 * 2**30}}
             big = {"vramguard.io/vram": "40Gi"}
             assert place(core_v1, namespace, "big", unique, big) is None
-            assert "GPU 1 (NVIDIA H100 80GB HBM3): 31.7 GiB of 71.7 GiB VRAM budget free, pod needs 40.0 GiB" in (
+            # The filter's line for the kind of device (each GPU's room: kubectl vram nodes).
+            assert "GPU (NVIDIA H100 80GB HBM3): VRAM budget free below the pod's 40.0 GiB per GPU" in (
                 refusal(core_v1, namespace, "big")
             )
             time.sleep(2)  # four more cycles: still one Event

@@ -78,9 +78,11 @@ class LowestPriorities:
     def __init__(self) -> None:
         self._kept: dict[str, tuple[int | None, float]] = {}
 
-    def lowest(self, state: ClusterState, node: str) -> float:
-        """The lowest priority of the pods holding GPUs on ``node`` (infinite: none hold any)."""
-        generation = state.ledger.generation(node)
+    def lowest(self, state: ClusterState, node: str, generation: int | None = None) -> float:
+        """The lowest priority of the pods holding GPUs on ``node`` (infinite: none hold any);
+        ``generation``: the node's, when the caller has just read it."""
+        if generation is None:
+            generation = state.ledger.generation(node)
         kept = self._kept.get(node)
         if kept is None or kept[0] != generation:
             if len(self._kept) >= KEPT_NODES:
@@ -109,25 +111,24 @@ def mark_unhelpable(
     failed = dict(outcome.failed)
     unresolvable = dict(outcome.unresolvable)
     checks = EVICTION_CHECKS_PER_FILTER
-    # One text per distinct reason: nodes failing alike keep sharing one string (and one line of
-    # the scheduler's event), and a 5,000-node answer builds a few texts, not 5,000.
-    marked: dict[str, str] = {}
+    generation = state.ledger.generation
     for node, message in outcome.failed.items():
-        inventory = state.ledger.inventory(node)
-        if inventory is None:
+        # Asked of thousands of nodes by a cold filter: one lookup per node in a wave of equal pods.
+        now = generation(node)
+        if now is None:
             continue  # not known yet: may become known
         # Cheap first: with nobody of lower priority there (a wave of equal pods), nothing helps.
-        if (lowest is None or lowest.lowest(state, node) < priority) and _any_evictable(state, node, priority):
-            if checks <= 0:
+        if (lowest is None or lowest.lowest(state, node, now) < priority) and _any_evictable(state, node, priority):
+            inventory = state.ledger.inventory(node)
+            if checks <= 0 or inventory is None:
                 continue
             checks -= 1
             if choose_victims(inventory, headrooms, _holders(state, node, priority), claims) is not None:
                 continue
+        # The reason unchanged (nodes failing alike keep one line of the scheduler's event); the
+        # scheduler's own message says that preemption does not help on such nodes.
         del failed[node]
-        text = marked.get(message)
-        if text is None:
-            text = marked[message] = f"{message} (no pod of lower priority frees enough)"
-        unresolvable[node] = text
+        unresolvable[node] = message
     return FilterOutcome(outcome.passing, failed, unresolvable)
 
 

@@ -37,14 +37,15 @@ from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import (
     FilterMemo,
+    Groups,
     NodeVerdict,
     PodClaims,
     Verdict,
     choose_gpus,
     describe_fit,
+    filter_grouped,
     filter_node,
     filter_nodes,
-    filter_sorted,
     score_node,
 )
 from vramguard.policy import ClassChoice
@@ -143,7 +144,7 @@ class _Snapshot:
         nodes: list[str],
         changed: set[str],
         clock: int,
-        verdicts: Callable[[list[str]], Awaitable[list[NodeVerdict]]],
+        verdicts: Callable[[list[str]], Awaitable[tuple[Groups, dict[str, NodeVerdict]]]],
     ) -> FilterOutcome:
         """The outcome for ``nodes``: this one, with the changed, added and removed nodes redone.
 
@@ -156,12 +157,15 @@ class _Snapshot:
             requested = dict.fromkeys(asked)
             added, removed = requested.keys() - members.keys(), members.keys() - requested.keys()
         redo = sorted({node for node in changed if node in requested} | added)
-        fresh = await verdicts(redo)
+        groups, fresh = await verdicts(redo)
+        for group, names in groups:
+            fresh.update(dict.fromkeys(names, group))
         for node in removed:
             self.passing.pop(node, None)
             self.failed.pop(node, None)
             self.unresolvable.pop(node, None)
-        for node, verdict in zip(redo, fresh, strict=True):
+        for node in redo:
+            verdict = fresh[node]
             if verdict.verdict is Verdict.PASS:
                 self.failed.pop(node, None)
                 self.unresolvable.pop(node, None)
@@ -280,17 +284,27 @@ class Verbs:
                 )
                 self._keep_snapshot(shape, snapshot)
                 return outcome
-        verdicts = await self._verdicts_for(cache, nodes, claims, choice, own, slicer)
-        passing: list[str] = []
+        groups, singles = await self._verdicts_for(cache, nodes, claims, choice, own, slicer)
+        # A group at a time (thousands of nodes of a cold filter share a few verdicts), then the
+        # nodes judged or found in the cache one by one; the passing nodes in the order asked.
+        passed: set[str] = set()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for node, verdict in zip(nodes, verdicts, strict=True):
+        for verdict, names in groups:
             if verdict.verdict is Verdict.PASS:
-                passing.append(node)
+                passed.update(names)
+            else:
+                (unresolvable if verdict.verdict is Verdict.UNRESOLVABLE else failed).update(
+                    dict.fromkeys(names, verdict.message)
+                )
+        for node, verdict in singles.items():
+            if verdict.verdict is Verdict.PASS:
+                passed.add(node)
             elif verdict.verdict is Verdict.UNRESOLVABLE:
                 unresolvable[node] = verdict.message
             else:
                 failed[node] = verdict.message
+        passing = [node for node in nodes if node in passed]
         if own is None:
             # The clock read before the first slice: nodes changed while this ran are redone next time.
             self._keep_snapshot(shape, _Snapshot(
@@ -309,8 +323,9 @@ class Verbs:
         choice: ClassChoice,
         own: str | None,
         slicer: Slicer,
-    ) -> list[NodeVerdict]:
-        """Each node's verdict: from the cache while the node's generation holds, else computed.
+    ) -> tuple[Groups, dict[str, NodeVerdict]]:
+        """The nodes' verdicts: those the bound index decides, in groups of nodes sharing one; the
+        others per node, from the cache while the node's generation holds, else computed.
 
         Computed a slice of nodes at a time; each slice reads the generations it stores with, so a
         bind between slices leaves no verdict cached under a generation it was not computed for."""
@@ -328,7 +343,8 @@ class Verbs:
         memo = FilterMemo()  # one pod and class: shared device checks and reasons across the slices
         # The nodes the bound index decides, in one step (a bisection per kind of node): not cached,
         # deciding them again costs about what a lookup in the cache does. The rest one by one, in slices.
-        fresh, rest = filter_sorted(self.state.ledger, missing, claims, choice, memo) if missing else ({}, [])
+        groups, rest = filter_grouped(self.state.ledger, missing, claims, choice, memo) if missing else ([], [])
+        fresh = hits
         for start in range(0, len(rest), SLICE_NODES):
             await slicer.pause()
             part = rest[start:start + SLICE_NODES]
@@ -336,8 +352,7 @@ class Verbs:
                 fresh[node] = verdict
                 if node != own:
                     cache[node] = _cached(generation(node), verdict)
-        fresh.update(hits)
-        return [fresh[node] for node in nodes]
+        return groups, fresh
 
     async def prioritize(self, pod: Mapping[str, Any], nodes: list[str]) -> dict[str, int]:
         """0..10 per node from the pod's class strategy (binpack or spread).

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import run as bench_run
+from bench.extender import Wave, summarize_waves
 from bench.report import MIN_PERCENTILE_SAMPLES, TRACING_VARIABLES, refuse_if_traced, undersampled, untraced_environment
 from bench.run import HEADLINES, compare, compare_headlines, figures, json_lines, summarise
 
@@ -85,8 +86,9 @@ def full_results(**overrides: dict[str, Any]) -> dict[str, Any]:
          "tracemalloc_held_mib": 50.0, "relist_pods_s": 4.0},
     ]
     for mode in ("in-process", "https"):
-        for phase in ("steady", "cold"):
-            extender.append({"bench": "latency", "mode": mode, "phase": phase, "filter": stats, "prioritize": stats})
+        extender.append({"bench": "latency", "mode": mode, "phase": "steady", "filter": stats, "prioritize": stats})
+        extender.append({"bench": "latency", "mode": mode, "phase": "first-of-wave",
+                         "filter_ms": {"a": 1.0, "b": 2.0}, "prioritize_ms": {"a": 1.0, "b": 2.0}})
     for names in ("all", "default"):
         extender.append({"bench": "latency", "mode": "https", "phase": "cold-shapes", "names": names,
                          "filter": stats})
@@ -187,3 +189,13 @@ def test_main_writes_one_file_and_compares_with_the_previous_run(
     assert "too few samples" in printed.err
     # --strict refuses a run with a thin percentile.
     assert bench_run.main(["--out", str(out), "--no-compare", "--strict"]) == 1
+
+
+def test_the_latency_part_reports_no_percentile_of_the_four_wave_shapes() -> None:
+    """Each wave's first request is one value per shape: reported as values, never as a percentile."""
+    waves = {f"shape-{i}": Wave([0.001 * (i + 1)] * 76, [0.002] * 76, [10] * 76, [0] * 76) for i in range(4)}
+    records = summarize_waves("https", waves, 5000)
+    assert [list(undersampled(r)) for r in records] == [[], [], []]
+    [first] = [r for r in records if r["phase"] == "first-of-wave"]
+    assert first["filter_ms"] == {"shape-0": 1.0, "shape-1": 2.0, "shape-2": 3.0, "shape-3": 4.0}
+    assert not any(r["phase"] == "cold" for r in records)

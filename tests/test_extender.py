@@ -108,8 +108,7 @@ async def test_seed_fourth_pod_at_030_stays_pending_with_a_vram_reason() -> None
     assert results[:3] == ["h100"] * 3
     assert results[3].startswith("pending: ")
     message = json.loads(results[3].removeprefix("pending: "))["h100"]
-    assert "GPU (NVIDIA H100 80GB HBM3): less than 23.9 GiB" in message and "VRAM budget free" in message
-    assert "pod needs 23.9 GiB per GPU" in message
+    assert message == "GPU (NVIDIA H100 80GB HBM3): VRAM budget free below the pod's 23.9 GiB per GPU"
     assert state.ledger.check_invariants() == []
 
 
@@ -205,7 +204,7 @@ async def test_pods_bound_by_others_count_and_unknown_takes_a_whole_gpu() -> Non
                "status": {"phase": "Running"}}
     _, verbs, _ = make([gpu_node("h100")], [foreign])
     outcome = await verbs.filter(vllm_pod("q", "0.05"), ["h100"])
-    assert outcome.failed and "less than 4.0 GiB of a 71.7 GiB VRAM budget free" in outcome.failed["h100"]
+    assert outcome.failed and "VRAM budget free below the pod's 4.0 GiB per GPU" in outcome.failed["h100"]
 
 
 async def test_multi_gpu_node_is_accounted_whatever_the_plugin_picks() -> None:

@@ -29,6 +29,7 @@ from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.dra.extended import OPEN_SLOTS
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
+from vramguard.quantity import MiB
 from vramguard.report import gpu_rows, gpu_table
 
 NODE = "node-a"
@@ -134,8 +135,9 @@ async def test_unlimited_mode_three_of_four_pods_at_030_and_the_fourth_pending()
     state, verbs, fake = make(gpus("unlimited"))
     results = [await schedule(verbs, fake, f"vllm-{i}", "0.30") for i in range(4)]
     assert results[:3] == [NODE] * 3
+    assert results[3].startswith("pending:") and "VRAM budget free below the pod's 23.9 GiB" in results[3], results[3]
     # The class headroom applies on the DRA device: 90% of 81559 MiB is the budget.
-    assert results[3].startswith("pending:") and "71.7 GiB VRAM budget" in results[3], results[3]
+    assert [row.budget for row in state.ledger.usage(NODE)] == [81559 * MiB * 9 // 10]
     assert state.ledger.check_invariants() == []
 
 

@@ -11,10 +11,24 @@ from tests.ledger_strategies import AMOUNTS, GPU, OTHER, TENTH
 from vramguard.demand.model import Vram
 from vramguard.inventory import Gpu, NodeInventory, Sharing
 from vramguard.ledger import Claim, Fit, Ledger, PodRef
-from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, Verdict, filter_nodes, filter_sorted
+from vramguard.placement import FilterMemo, NodeVerdict, PodClaims, Verdict, filter_grouped, filter_nodes
 from vramguard.policy import ClassChoice, QosClass
 
 MIG = "nvidia.com/mig-1g.10gb"
+
+
+def filter_sorted(
+    ledger: Ledger, nodes: list[str], pod: PodClaims, choice: ClassChoice, memo: FilterMemo
+) -> tuple[dict[str, NodeVerdict], list[str]]:
+    """:func:`filter_grouped`'s verdicts per node."""
+    groups, rest = filter_grouped(ledger, nodes, pod, choice, memo)
+    decided: dict[str, NodeVerdict] = {}
+    for verdict, names in groups:
+        assert not decided.keys() & names, "a node in two groups"
+        decided.update(dict.fromkeys(names, verdict))
+    return decided, rest
+
+
 CHOICES = [
     ClassChoice("any", QosClass(sharing=("none", "time-slicing", "mps", "mig")), "default"),
     ClassChoice("isolated", QosClass(sharing=("none", "mig")), "default", enforcement="enforce"),
@@ -116,7 +130,7 @@ def test_a_bound_refusal_is_a_resolvable_failure_of_the_full_check(scenario: Sce
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(CHOICES))
 def test_a_filter_with_the_memo_decides_as_one_without(scenario: Scenario, choice: ClassChoice) -> None:
-    """Same verdict, rule and findings for every node; the same message unless the bound refused it."""
+    """Same verdict, rule and findings for every node; the same message unless the memo gave the kind's one."""
     ledger, names, asked = scenario
     for claims, uid in asked:
         pod = PodClaims(uid or "", claims)
@@ -234,7 +248,7 @@ def test_nodes_refused_the_same_way_share_one_reason() -> None:
     verdicts = filter_nodes(ledger, ["n0", "n1", "n2"], PodClaims("x", (_claim(300),)), CHOICES[0], memo)
     assert {v.verdict for v in verdicts} == {Verdict.FAIL}
     assert len({id(v.message) for v in verdicts}) == 1
-    assert verdicts[0].message == ("GPU 0 (Test GPU): 200 B of 900 B VRAM budget free, pod needs 300 B per GPU")
+    assert verdicts[0].message == "GPU (Test GPU): VRAM budget free below the pod's 300 B per GPU"
 
 
 def test_the_bound_index_gives_one_reason_per_kind_of_device() -> None:
@@ -249,10 +263,7 @@ def test_the_bound_index_gives_one_reason_per_kind_of_device() -> None:
     assert rest == []
     assert decided["n2"].ok
     assert decided["n0"].verdict is Verdict.FAIL and decided["n0"].message is decided["n1"].message
-    assert decided["n0"].message == (
-        "GPU (Test GPU): less than 300 B of a 900 B VRAM budget free on a device the pod may be given, "
-        "pod needs 300 B per GPU"
-    )
+    assert decided["n0"].message == "GPU (Test GPU): VRAM budget free below the pod's 300 B per GPU"
 
 
 def test_nodes_with_agent_reports_are_judged_one_by_one() -> None:
@@ -277,3 +288,52 @@ def test_the_bound_index_follows_changes_to_many_nodes(changed: int) -> None:
     verdicts = sorted_then_one_by_one(ledger, names, pod, CHOICES[0], FilterMemo())
     assert [v.verdict for v in verdicts] == [Verdict.FAIL] * changed + [Verdict.PASS] * (120 - changed)
     assert [v.verdict for v in verdicts] == [v.verdict for v in filter_nodes(ledger, names, pod, CHOICES[0])]
+
+
+def test_nodes_refused_one_by_one_with_different_rooms_share_their_kinds_reason() -> None:
+    """Outside the index too, a node refused on its bound gets its kind's line, not its own room:
+    nodes failing the same way give the scheduler's event one line, and the answer stays short."""
+    ledger = Ledger(TENTH)
+    for i, held in enumerate((700, 650, 820)):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(2)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(held)])
+    verdicts = filter_nodes(ledger, ["n0", "n1", "n2"], PodClaims("x", (_claim(300),)), CHOICES[0], FilterMemo())
+    assert {v.verdict for v in verdicts} == {Verdict.FAIL}
+    # The pods held on these nodes have no known GPU (no agent report): counted where they hurt most.
+    assert {v.message for v in verdicts} == {
+        "GPU (Test GPU): VRAM budget free below the pod's 300 B per GPU; counting pods whose GPU is not known yet"
+    }
+    assert len({id(v.message) for v in verdicts}) == 1
+
+
+def test_a_fit_short_of_vram_names_the_kind_in_the_filter_and_the_device_at_bind() -> None:
+    """Two claims the device plugin may stack on one GPU: the filter's reason is the kind's (equal
+    for nodes of different rooms); without a request's memo (bind) the device and its numbers."""
+    ledger = Ledger(TENTH)
+    for i, held in enumerate((550, 500)):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(2)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(held)])
+    pod = PodClaims("x", (_claim(300), _claim(300)))
+    verdicts = filter_nodes(ledger, ["n0", "n1"], pod, CHOICES[0], FilterMemo())
+    assert {v.message for v in verdicts} == {
+        "GPU (Test GPU): VRAM budget free below what the pod needs where the device plugin gives several of "
+        "its GPU replicas one GPU; counting pods whose GPU is not known yet"
+    }
+    [alone] = filter_nodes(ledger, ["n0"], pod, CHOICES[0])
+    assert alone.message.startswith("GPU 0 (Test GPU): 350 B of 900 B VRAM budget free, pod needs 600 B on it")
+
+
+def test_the_bound_index_decides_claims_the_device_plugin_may_stack() -> None:
+    """Room for each claim but not for two on one GPU: the index fails the nodes itself (no check
+    of their own), with the line the one-by-one filter gives them."""
+    ledger = Ledger(TENTH)
+    for i, held in enumerate((550, 500, 0)):
+        ledger.upsert_node(NodeInventory(f"n{i}", _gpus(2)))
+        ledger.reserve(f"n{i}", PodRef(f"p{i}"), [_claim(held)])
+    pod = PodClaims("x", (_claim(300), _claim(300)))
+    decided, rest = filter_sorted(ledger, ["n0", "n1", "n2"], pod, CHOICES[0], FilterMemo())
+    assert rest == []
+    assert decided["n2"].ok
+    one_by_one = filter_nodes(ledger, ["n0", "n1"], pod, CHOICES[0], FilterMemo())
+    assert [decided["n0"], decided["n1"]] == one_by_one
+    assert not one_by_one[0].ok

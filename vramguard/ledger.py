@@ -250,6 +250,11 @@ class BoundSplit:
     """The pod fails the kind even empty: every node of it shares one verdict."""
     short: dict[int, list[str]] = field(default_factory=dict)
     """Fewer replicas left than the pod has claims (failing, resolvably), per replicas left."""
+    stacked: list[str] = field(default_factory=list)
+    """Room for each claim, but not for some of them given the same device (``Summary.least``):
+    failing, resolvably, in every case the device plugin may pick."""
+    stacked_counting: list[str] = field(default_factory=list)
+    """Failing likewise, counting claims of other pods whose device is not known yet."""
     undecided: list[str] = field(default_factory=list)
     """Above the bound but not passed by the summary alone: judged one by one."""
 
@@ -485,8 +490,9 @@ class Ledger:
         ((resource, mine),) = query.by_resource.items()
         asked = set(nodes)
         record = self._records.get(uid) if uid is not None else None
-        if record is not None:
-            asked.discard(record.node)  # its own holding is left out there: judged one by one
+        own = record.node if record is not None and record.node in asked else None
+        if own is not None:
+            asked.discard(own)  # its own holding is left out there: judged one by one
         splits: list[BoundSplit] = []
         decided: set[str] = set()
         count = len(mine)
@@ -524,11 +530,19 @@ class Ledger:
                 if free < count:
                     # Fewer replicas left than claims: the summary's verdict whatever the bytes.
                     split.short.setdefault(max(free, 0), []).append(name)
-                elif clean and mps_ok and all(ours[j] <= least[j] for j in range(2, min(count, len(least) - 1) + 1)):
-                    split.passing.append(name)
+                elif clean and mps_ok:
+                    # The summary's verdict: each j of the pod's claims fit the least room for j, or
+                    # some j do not, on a device the device plugin may give them all (it fails there).
+                    if all(ours[j] <= least[j] for j in range(2, min(count, len(least) - 1) + 1)):
+                        split.passing.append(name)
+                    else:
+                        (split.stacked_counting if details[name][3] else split.stacked).append(name)
                 else:
                     split.undecided.append(name)
-        return splits, [name for name in nodes if name not in decided]
+        left = asked.difference(decided)
+        if own is not None:
+            left.add(own)
+        return splits, [name for name in nodes if name in left] if left else []
 
     def reserve(self, node: str, pod: PodRef, claims: Iterable[Claim], *, force: bool = False) -> Fit:
         """Hold ``claims`` for ``pod`` on ``node`` if they fit; idempotent for the same pod.

@@ -550,6 +550,10 @@ class BoundIndex:
         are (a filter redoing the nodes changed since its last answer)."""
         if len(asked) * 4 >= len(self._keys):
             buckets = [b for b in self.buckets.values() if b.resource == resource]
+            if asked.issuperset(self._keys):
+                # Every indexed node asked (a cold filter of the whole cluster): the buckets as they
+                # are, not copied entry by entry (the caller only reads them).
+                return [(b, b.entries) for b in buckets]
             found = [(b, [e for e in b.entries if e[1] in asked]) for b in buckets]
             return [(b, entries) for b, entries in found if entries]
         chosen: dict[tuple[str, tuple[int, ...]], list[Entry]] = {}

@@ -242,12 +242,15 @@ class FilterMemo:
         self.fits: dict[int, tuple[Fit, str]] = {}
 
     def described(self, fit: Fit, claims: Sequence[Claim]) -> str:
-        """:func:`describe_fit`, once per verdict object: nodes of a kind the pod fails even empty
-        share one verdict (the ledger's), so they share one text too."""
+        """The filter's reason for a failed fit, once per verdict object (nodes of a kind the pod
+        fails even empty share one verdict, the ledger's): a fit short of VRAM only, in the words of
+        its kind (:func:`_kind_fit_text`, one string per text); otherwise :func:`describe_fit`."""
         kept = self.fits.get(id(fit))
         if kept is None:
+            words = _kind_fit_text(fit, claims) if not fit.unresolvable else None
+            text = self.texts.setdefault(words, words) if words is not None else describe_fit(fit, claims)
             # The verdict is kept with its text, so its id cannot be reused during the request.
-            kept = self.fits[id(fit)] = (fit, describe_fit(fit, claims))
+            kept = self.fits[id(fit)] = (fit, text)
         return kept[1]
 
     def message(self, refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
@@ -321,19 +324,24 @@ def filter_nodes(
     return verdicts
 
 
-def filter_sorted(
+Groups = list[tuple[NodeVerdict, list[str]]]
+"""Verdicts, each with the nodes it is for."""
+
+
+def filter_grouped(
     ledger: Ledger, nodes: Sequence[str], pod: PodClaims, choice: ClassChoice, memo: FilterMemo
-) -> tuple[dict[str, NodeVerdict], list[str]]:
+) -> tuple[Groups, list[str]]:
     """The verdicts :func:`filter_nodes` would give, for the nodes the ledger's bound index decides
     (:meth:`Ledger.split_by_bound`: one bisection per kind of node, no work per node but its
-    name), and the nodes left to :func:`filter_nodes`."""
+    name), in groups of nodes sharing one verdict, so that a filter of thousands of nodes builds
+    its answer a group at a time; and the nodes left to :func:`filter_nodes`."""
     if pod.refusal is not None or not pod.claims:
-        return dict(zip(nodes, filter_nodes(ledger, nodes, pod, choice, memo), strict=True)), []
+        return [(v, [node]) for node, v in zip(nodes, filter_nodes(ledger, nodes, pod, choice, memo), strict=True)], []
     split = ledger.split_by_bound(nodes, pod.claims, pod.uid or None)
     if split is None:
-        return {}, list(nodes)
+        return [], list(nodes)
     splits, rest = split
-    decided: dict[str, NodeVerdict] = {}
+    groups: Groups = []
     for part in splits:
         static = memo.static.get(part.kind)
         if static is None:
@@ -342,42 +350,49 @@ def filter_sorted(
         verdict, findings = static
         if verdict is not None:
             for names in (part.passing, part.refused, part.refused_counting, part.unresolvable, part.undecided,
-                          *part.short.values()):
-                decided.update(dict.fromkeys(names, verdict))
+                          part.stacked, part.stacked_counting, *part.short.values()):
+                groups.append((verdict, names))
             continue
         rest.extend(part.undecided)
         if part.passing:
-            passed = NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS
-            decided.update(dict.fromkeys(part.passing, passed))
+            groups.append((NodeVerdict(Verdict.PASS, findings=findings) if findings else _PASS, part.passing))
         for names, counting in ((part.refused, False), (part.refused_counting, True)):
             if names:
-                text = _kind_refusal_text(part.device, part.budget, part.need, pod.claims, counting=counting)
-                failed = NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings)
-                decided.update(dict.fromkeys(names, failed))
+                text = _kind_refusal_text(part.device, part.need, pod.claims, counting=counting)
+                groups.append((NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings),
+                               names))
+        for names, counting in ((part.stacked, False), (part.stacked_counting, True)):
+            if names:
+                text = _kind_refusal_text(part.device, part.need, pod.claims, counting=counting, devices=2)
+                groups.append((NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings),
+                               names))
         for free, names in part.short.items():
             text = too_few_replicas(len(pod.claims), part.resource, part.slots, part.slots - free)
-            short = NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings)
-            decided.update(dict.fromkeys(names, short))
+            groups.append((NodeVerdict(Verdict.FAIL, memo.texts.setdefault(text, text), Rule.VRAM_BUDGET, findings),
+                           names))
         if part.unresolvable:
             # The pod fails the kind even empty: every node of it has the same verdict (the ledger's).
-            shared = filter_nodes(ledger, part.unresolvable[:1], pod, choice, memo)[0]
-            decided.update(dict.fromkeys(part.unresolvable, shared))
-    return decided, rest
+            groups.append((filter_nodes(ledger, part.unresolvable[:1], pod, choice, memo)[0], part.unresolvable))
+    return groups, rest
 
 
 def _unknown(node: str) -> NodeVerdict:
     return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN)
 
 
-def _kind_refusal_text(device: Gpu, budget: int, need: int, claims: Sequence[Claim], *, counting: bool) -> str:
-    """The bound index's reason, one line for every node of a kind refused the same way (the
-    scheduler's event counts equal reasons as one): the kind of device, not which one nor its exact
-    room, ``GPU (NVIDIA H100 80GB HBM3): less than 23.9 GiB of a 71.7 GiB VRAM budget free on a
-    device the pod may be given, pod needs 23.9 GiB per GPU``."""
+def _kind_refusal_text(
+    device: Gpu, need: int, claims: Sequence[Claim], *, counting: bool, devices: int = 1
+) -> str:
+    """The filter's reason for a node short of VRAM: the kind of device and what the pod needs, no
+    node's own numbers, so every node failing the same way gives one line and the scheduler's event
+    counts them together (``GPU (NVIDIA H100 80GB HBM3): VRAM budget free below the pod's 23.9 GiB
+    per GPU``). ``devices``: how many of the pod's GPU replicas the worst case puts on one device
+    (more than one: how many, and so how much, differs from node to node; the line does not say).
+    Each device's room: ``kubectl vram nodes``; bind's refusal names the device and its numbers."""
     kind = f"MIG {device.mig_profile}" if device.mig_profile is not None else "GPU"
-    text = (
-        f"{kind} ({device.product}): less than {format_bytes(need)} of a {format_bytes(budget)} VRAM budget "
-        f"free on a device the pod may be given, pod needs {format_bytes(need)} per GPU"
+    text = f"{kind} ({device.product}): VRAM budget free below " + (
+        f"the pod's {format_bytes(need)} per GPU" if devices <= 1
+        else "what the pod needs where the device plugin gives several of its GPU replicas one GPU"
     )
     if any(None in c.vram for c in claims):
         text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
@@ -386,18 +401,20 @@ def _kind_refusal_text(device: Gpu, budget: int, need: int, claims: Sequence[Cla
     return text
 
 
+def _kind_fit_text(fit: Fit, claims: Sequence[Claim]) -> str | None:
+    """A failed fit short of VRAM alone (no other problem), in the words of
+    :func:`_kind_refusal_text` for its device with most room; ``None`` for any other failure."""
+    if fit.problems or not fit.shortfalls:
+        return None
+    first = min(fit.shortfalls, key=lambda s: (-s.free, s.device.index))
+    counting = any(s.unknown_pods for s in fit.shortfalls)
+    return _kind_refusal_text(first.device, first.need, claims, counting=counting, devices=first.devices)
+
+
 def _refusal_text(refusal: QuickRefusal, claims: Sequence[Claim]) -> str:
-    """The device with least room (the device plugin may pick it) in the words of
-    :func:`describe_fit`, without the other devices' list: ``GPU 0 (NVIDIA H100 80GB HBM3): 12.0 GiB
-    of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU``."""
-    text = (
-        f"{refusal.device.label}: {_like(max(refusal.room, 0), refusal.budget)} of "
-        f"{format_bytes(refusal.budget)} VRAM budget free, pod needs {format_bytes(refusal.need)} per GPU"
-    )
-    if any(None in c.vram for c in claims):
-        text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
-    if refusal.unknown_pods:
-        text += f"; counting {_pods(refusal.unknown_pods)} whose GPU is not known yet"
+    """:func:`_kind_refusal_text` for a node refused on its bound outside the index, with why its
+    agent report was set aside, if it was."""
+    text = _kind_refusal_text(refusal.device, refusal.need, claims, counting=bool(refusal.unknown_pods))
     if refusal.distrust is not None:
         text += f"; {refusal.distrust}"
     return text
