@@ -517,3 +517,11 @@ async def test_health_follows_progress_and_readiness_fails_while_a_watch_stays_u
         clock.now += 50
         assert informer.healthy()
     assert not informer.healthy(), "a stopped informer is not healthy"
+
+
+async def test_a_list_that_fails_part_way_switches_the_gc_back_on() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused_for_lists:
+        assert not gc.isenabled()
+        raise RuntimeError("the connection dropped after page 3")
+    assert gc.isenabled(), "a failed or cancelled list must not leave the process without its collector"
