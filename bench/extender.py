@@ -28,12 +28,19 @@ Prints one JSON line per measurement, then a summary table.
   counts) and, from a second run with ``tracemalloc`` on (its timings discarded), the Python heap
   held by the cluster state after the informers' lists of 5,000 Nodes and 50,000 Pods were fed
   to it and dropped, and the peak (``VmHWM``) while they were.
+- **tls**: the extender's CPU per TLS handshake (each new connection from kube-scheduler costs one),
+  through the extender's own server context (``load_server_tls``), with the client certificate
+  required (mutual TLS, as shipped) and, alternated handshake by handshake, without: what the
+  throughput part's new connections per filter cost the extender, and how much of it is the client
+  certificate's verification.
 - **throughput**: on the local control plane (``e2e.cluster``, the second-scheduler layout), the
   stock kube-scheduler and one with the extender wired in, both with the shipped client settings,
   alternated on one cluster (``--repeats`` waves each, 3 by default; which goes first alternates):
   each wave creates 1,000 GPU pods for one of them while 500 time-sliced nodes are cordoned, then
   uncordons the nodes; pods bound per second from the first binding to the last. Each wave also
-  reports the CPU time every component used per pod (from ``/proc``), and the idle control
+  reports the CPU time every component used per pod (from ``/proc``): from the uncordon to the
+  last binding, and to :data:`SETTLE_SECONDS` after it (``settled``: the Events and watch traffic
+  a fast wave leaves behind are counted too, the same tail for both), and the idle control
   plane's CPU per second beforehand (a slower wave accrues more of that background). The final
   placement is checked against the ledger's invariants (no GPU above budget whatever the device
   plugin picked).
@@ -76,7 +83,7 @@ from extender.main import freeze_collector
 from extender.metrics import render_ledger_now
 from extender.verbs import SLICE_NODES, SLICE_SECONDS, Slicer, Verbs
 from vramguard.cluster import ClusterState
-from vramguard.io.certs import create_ca, issue_serving_certificate, write_serving_files
+from vramguard.io.certs import create_ca, issue_client_certificate, issue_serving_certificate, write_serving_files
 from vramguard.io.http import Readiness
 from vramguard.io.kube import ApiError
 from vramguard.io.server import serve
@@ -85,9 +92,11 @@ from vramguard.placement import FilterMemo, Groups, NodeVerdict, PodClaims, filt
 from vramguard.policy import ClassChoice, default_policy
 
 JSON = dict[str, Any]
-PARTS = ("latency", "lag", "scrape", "memory", "throughput")
+PARTS = ("latency", "lag", "scrape", "memory", "tls", "throughput")
 SCHEDULER = "vramguard"
 IDLE_SAMPLE_SECONDS = 5.0
+SETTLE_SECONDS = 4.0
+"""How long after a wave's last binding its CPU is still counted (``cpu_ms_per_pod_settled``)."""
 """How long the throughput benchmark samples the idle control plane's CPU use."""
 """The scheduler name of the pods the benchmark schedules (the default policy's)."""
 EXTENDER_ONLY = (
@@ -696,11 +705,60 @@ def bench_memory(nodes: int, pods: int) -> list[JSON]:
     return [merged]
 
 
+# --------------------------------------------------------------------------- tls
+
+
+def bench_handshakes(rounds: int) -> list[JSON]:
+    """Server-side CPU per TLS handshake, with and without a client certificate required,
+    alternated handshake by handshake over loopback (a client thread, the server in this one)."""
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="vramguard-bench-tls-") as tmp:
+        directory = Path(tmp)
+        ca = create_ca("vramguard bench CA")
+        files = write_serving_files(directory, issue_serving_certificate(ca, dns_names=["localhost"]))
+        client = issue_client_certificate(ca, "kube-scheduler")
+        (directory / "client.crt").write_bytes(client.cert_pem())
+        (directory / "client.key").write_bytes(client.key_pem())
+        servers = {
+            "mutual": load_server_tls(files.tls_cert, files.tls_key, files.ca_cert).context,
+            "server-only": load_server_tls(files.tls_cert, files.tls_key).context,
+        }
+        context = ssl.create_default_context(cafile=str(files.ca_cert))
+        context.load_cert_chain(directory / "client.crt", directory / "client.key")
+        order = [mode for _ in range(rounds) for mode in servers]
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def connect() -> None:
+            for _ in order:
+                with socket.create_connection(listener.getsockname()) as raw, context.wrap_socket(
+                    raw, server_hostname="localhost"
+                ) as conn:
+                    conn.sendall(b"x")
+                    conn.recv(1)
+
+        cpu: dict[str, list[float]] = {mode: [] for mode in servers}
+        thread = threading.Thread(target=connect, daemon=True)
+        thread.start()
+        with listener:
+            for mode in order:
+                raw, _ = listener.accept()
+                started = time.thread_time()
+                with servers[mode].wrap_socket(raw, server_side=True) as conn:
+                    conn.recv(1)
+                    conn.sendall(b"x")
+                    cpu[mode].append(time.thread_time() - started)
+        thread.join()
+    return [{"bench": "tls", "phase": "handshake", "mode": mode, "server_cpu": latency_stats(values),
+             "openssl": ssl.OPENSSL_VERSION} for mode, values in cpu.items()]
+
+
 # --------------------------------------------------------------------------- throughput
 
 
 def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeout_s: float, *,
-                     webhook: bool) -> list[JSON]:
+                     webhook: bool, verbs: list[str] | None = None) -> list[JSON]:
     """Pods/s onto the real control plane, the stock scheduler and the extender's alternated on one
     cluster; see the module docstring.
 
@@ -708,6 +766,8 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
     scheduler layout): ``default-scheduler`` without the extender, ``vramguard`` with it. Waves
     alternate (stock first in even repeats, the extender's first in odd ones), so both see the same
     machine load. ``webhook``: start the admission webhook too; by default the extender runs alone.
+    ``verbs``: configure the extender's scheduler to call only these (what each verb costs a wave);
+    ``None``: as shipped.
     """
     # Imported here: the e2e harness is only needed for this part.
     from e2e import services as e2e_services  # noqa: PLC0415
@@ -716,7 +776,7 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
     command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
     records: list[JSON] = []
     with Cluster.up(work_dir / "throughput", second_scheduler=True, vramguard="auto",
-                    vramguard_command=command) as cluster:
+                    vramguard_command=command, extender_verbs=verbs) as cluster:
         services = sorted((cluster.state.vramguard if cluster.state else {}).keys())
         if "extender" not in services:
             raise RuntimeError("the extender did not start (`vramguard extender --help` failed)")
@@ -725,13 +785,15 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         pids = {proc.record.name: proc.record.pid for proc in cluster.processes} | {"bench client": os.getpid()}
         runs = asyncio.run(_alternate(cluster.kubeconfig, nodes, pods, repeats, timeout_s, schedulers,
                                       lambda: cpu_seconds(pids)))
+        shipped = "shipped" if verbs is None else ",".join(verbs)
         for run in runs:
-            records.append({"bench": "throughput", "vramguard_services": services, **run})
+            records.append({"bench": "throughput", "vramguard_services": services, "extender_verbs": shipped, **run})
         # The extender's own view of its verbs, over every wave it served, and the schedulers' view
         # of their cycles: where the extender's share of a scheduling cycle goes.
         figures = _verb_figures(cluster.ops_url("extender"), cluster.ssl_context())
-        verbs = figures["mean_ms"]
-        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods, **figures})
+        verb_ms = figures["mean_ms"]
+        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods,
+                        "extender_verbs": shipped, **figures})
         state = cluster.state
         assert state is not None
         for process, label in (("kube-scheduler", "kube-scheduler"),
@@ -742,9 +804,9 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
                 # extender's filter and prioritize round trips (prioritize overlaps the score plugins).
                 cycle["extender_round_trips_ms"] = round(
                     cycle["algorithm_ms"] - cycle.get("filter_plugins_ms", 0.0) - cycle.get("score_plugins_ms", 0.0), 2)
-                cycle["extender_handlers_ms"] = round(verbs.get("filter", 0.0) + verbs.get("prioritize", 0.0), 2)
+                cycle["extender_handlers_ms"] = round(verb_ms.get("filter", 0.0) + verb_ms.get("prioritize", 0.0), 2)
             records.append({"bench": "throughput", "phase": "cycle", "scheduler": label, "nodes": nodes,
-                            "pods": pods, **cycle})
+                            "pods": pods, "extender_verbs": shipped, **cycle})
     rates = {name: [r["pods_per_s"] for r in runs if r["scheduler"] == name and r.get("pods_per_s")]
              for name in schedulers}
     if all(rates.values()):
@@ -753,7 +815,7 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         per_repeat = [round(e / s, 2) for s, e in zip(rates["kube-scheduler"], rates["kube-scheduler + extender"],
                                                       strict=False)]
         records.append({"bench": "throughput", "phase": "ratio", "nodes": nodes, "pods": pods,
-                        "repeats": repeats, "stock_pods_per_s_median": stock,
+                        "extender_verbs": shipped, "repeats": repeats, "stock_pods_per_s_median": stock,
                         "extender_pods_per_s_median": extended, "ratio": round(extended / stock, 2),
                         "ratio_median_of_repeats": statistics.median(per_repeat), "ratios_per_repeat": per_repeat})
     return records
@@ -888,11 +950,21 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), timeout_s)
     cpu_after = cpu()
+    # Work a wave leaves behind (the scheduler's Events, the watches' fan-out of the last bindings)
+    # lands after its last binding, most of it for a fast wave: counted over a fixed tail, the same
+    # for both schedulers, so the two totals compare.
+    await asyncio.sleep(SETTLE_SECONDS)
+    cpu_settled = cpu()
     watcher.cancel()
     times = sorted(bound_at.values())
+
+    def per_pod(until: Mapping[str, float]) -> dict[str, float]:
+        return {name: round(1000 * (until[name] - cpu_before[name]) / max(1, len(times)), 2)
+                for name in until if name in cpu_before}
+
     result: JSON = {"nodes": len(names), "pods": pods, "bound": len(times), "create_s": round(create_s, 1),
-                    "cpu_ms_per_pod": {name: round(1000 * (cpu_after[name] - cpu_before[name]) / max(1, len(times)), 2)
-                                       for name in cpu_after if name in cpu_before}}
+                    "cpu_ms_per_pod": per_pod(cpu_after), "cpu_ms_per_pod_settled": per_pod(cpu_settled),
+                    "settle_s": SETTLE_SECONDS}
     if len(times) >= 2:
         result["first_to_last_s"] = round(times[-1] - times[0], 2)
         result["pods_per_s"] = round((len(times) - 1) / (times[-1] - times[0]), 1)
@@ -1009,6 +1081,10 @@ def summary_table(records: list[JSON]) -> str:
                          f"{f['p50_ms']} / {f['p99_ms']} ms (n={f['n']}) |")
             lines.append(f"| {r['mode']}, steady, {r['nodes']:,} nodes: prioritize p50 / p99 | "
                          f"{p['p50_ms']} / {p['p99_ms']} ms (n={p['n']}) |")
+        elif r.get("bench") == "tls":
+            c = r["server_cpu"]
+            lines.append(f"| TLS handshake, {r['mode']}: the extender's CPU p50 / p99 | "
+                         f"{c['p50_ms']} / {c['p99_ms']} ms (n={c['n']}) |")
         elif r.get("bench") == "latency" and r.get("phase") == "first-of-wave":
             lines.append(f"| {r['mode']}, first pod of each wave shape, {r['nodes']:,} nodes: filter / prioritize "
                          f"(n={len(r['filter_ms'])} values) | {list(r['filter_ms'].values())} / "
@@ -1062,13 +1138,16 @@ def summary_table(records: list[JSON]) -> str:
             lines.append(
                 f"| {r['pods']:,} pods onto {r['nodes']} nodes, {r['scheduler']}, repeat {r['repeat']} | "
                 f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations; "
-                f"CPU ms per pod {r['cpu_ms_per_pod']}) |"
+                f"CPU ms per pod {r['cpu_ms_per_pod']}, in all {round(sum(r['cpu_ms_per_pod'].values()), 1)}; "
+                f"with the {r.get('settle_s')} s after the last binding, in all "
+                f"{round(sum(r.get('cpu_ms_per_pod_settled', {}).values()), 1)}) |"
             )
         elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
             lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms (requests {r.get('requests')}, "
                          f"new TLS connections {r.get('tls_connections')}) |")
         elif r.get("bench") == "throughput" and "ratio" in r:
-            lines.append(f"| throughput with / without the extender, median of {r['repeats']} | {r['ratio']} "
+            lines.append(f"| throughput with / without the extender (verbs: {r.get('extender_verbs')}), median of "
+                         f"{r['repeats']} | {r['ratio']} "
                          f"(per repeat {r['ratios_per_repeat']}) |")
     return "\n".join(lines)
 
@@ -1086,6 +1165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-pods", type=int, default=1000, help="pods per wave (throughput)")
     parser.add_argument("--repeats", type=int, default=3, help="waves per scheduler, alternated (throughput)")
     parser.add_argument("--with-webhook", action="store_true", help="start the admission webhook too (throughput)")
+    parser.add_argument("--extender-verbs", default=None,
+                        help="comma-separated verbs the extender's scheduler calls, of filter, prioritize, bind, "
+                             "preempt (throughput; default: as shipped)")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -1096,6 +1178,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts: {', '.join(unknown)}")
+    verb_names = {"filter", "prioritize", "bind", "preempt"}
+    if args.extender_verbs and not {v.strip() for v in args.extender_verbs.split(",") if v.strip()} <= verb_names:
+        parser.error(f"--extender-verbs takes some of {', '.join(sorted(verb_names))}")
     big = ClusterModel(1000, 10000) if args.quick else ClusterModel()
     requests = args.requests or (20 if args.quick else 75)
     machine = {"bench": "machine", "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -1118,12 +1203,17 @@ def main(argv: list[str] | None = None) -> int:
         for record in bench_memory(big.nodes, big.pods):
             emit(record)
             records.append(record)
+    if "tls" in parts:
+        for record in bench_handshakes(100 if args.quick else 300):
+            emit(record)
+            records.append(record)
     if "throughput" in parts:
         nodes, pods = (100, 400) if args.quick else (args.throughput_nodes, args.throughput_pods)
         with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
             work = args.work_dir or Path(tmp)
+            verbs = [v.strip() for v in args.extender_verbs.split(",") if v.strip()] if args.extender_verbs else None
             for record in bench_throughput(nodes, pods, args.repeats, work, args.throughput_timeout,
-                                           webhook=args.with_webhook):
+                                           webhook=args.with_webhook, verbs=verbs):
                 emit(record)
                 records.append(record)
     emit({"bench": "machine", "load_average_after": [round(v, 1) for v in os.getloadavg()]})

@@ -111,6 +111,9 @@ class ClusterConfig:
     extender_replicas: int = 1
     """Extender processes electing a leader; more than one sit behind a :class:`ServiceProxy` on
     the extender's port, as replicas behind a Service (processes ``vramguard-extender-<i>``)."""
+    extender_verbs: Sequence[str] | None = None
+    """The only extender verbs the schedulers are configured to call (``None``: as shipped); see
+    :func:`e2e.services.localize_scheduler_config`."""
 
 
 @dataclass
@@ -185,6 +188,7 @@ class Cluster:
         detach: bool = False,
         timeout: float = 120.0,
         extender_replicas: int = 1,
+        extender_verbs: Sequence[str] | None = None,
     ) -> Cluster:
         """Build (if needed) and start a cluster in ``directory``; return once it is ready."""
         cluster = cls(
@@ -200,6 +204,7 @@ class Cluster:
                 detach=detach,
                 timeout=timeout,
                 extender_replicas=extender_replicas,
+                extender_verbs=extender_verbs,
             )
         )
         cluster.start()
@@ -544,6 +549,7 @@ class Cluster:
                 extender_url=url,
                 ca_b64=ca.cert_b64,
                 client_cert=self.scheduler_client_cert,
+                verbs=cfg.extender_verbs,
             )
             config_path = self.directory / "config" / f"{scheduler}.yaml"
             config_path.write_text(yaml.safe_dump(local, sort_keys=False))

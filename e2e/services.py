@@ -28,7 +28,7 @@ import copy
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -218,6 +218,10 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
+EXTENDER_VERB_KEYS = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
+"""The fields of an ``extenders`` entry that name the verbs kube-scheduler calls."""
+
+
 def plain_scheduler_config(like: Mapping[str, Any]) -> dict[str, Any]:
     """A KubeSchedulerConfiguration with only the default profile (no extender), with the API rate
     limit (``clientConnection.qps/burst``) of the shipped configuration ``like``, so that the stock
@@ -238,6 +242,7 @@ def localize_scheduler_config(
     extender_url: str | None,
     ca_b64: str | None,
     client_cert: tuple[Path, Path] | None = None,
+    verbs: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Adapt a shipped KubeSchedulerConfiguration to the local run.
 
@@ -246,6 +251,8 @@ def localize_scheduler_config(
     harness CA as ``tlsConfig.caData`` and ``client_cert`` (certificate file, key file) as
     ``tlsConfig.certFile``/``keyFile``, the client certificate the extender requires. Without an
     extender the ``extenders`` list is dropped, so the same profile runs without vramguard.
+    ``verbs``: the only verbs the scheduler calls (``filter``, ``prioritize``, ``bind``, ``preempt``),
+    the others left out of the configuration (the throughput benchmark's breakdown); ``None``: as shipped.
     """
     local = copy.deepcopy(dict(config))
     local.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
@@ -260,6 +267,9 @@ def localize_scheduler_config(
         extender["tlsConfig"] = {"insecure": False, "caData": ca_b64}
         if client_cert is not None:
             extender["tlsConfig"] |= {"certFile": str(client_cert[0]), "keyFile": str(client_cert[1])}
+        for key in EXTENDER_VERB_KEYS:
+            if verbs is not None and extender.get(key) not in verbs:
+                extender.pop(key, None)
     return local
 
 

@@ -26,7 +26,7 @@ from cachetools import LRUCache
 
 from extender.findings import FindingsReporter, findings_annotations
 from extender.wire import pod_problem
-from vramguard.cluster import ClusterState, PodKey, asks_for_gpu, pod_key, slim_pod
+from vramguard.cluster import ClusterState, PodKey, asks_for_gpu, pod_key, pod_template_key, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.demand import MAX_DEVICES
 from vramguard.dra.claims import read_allocation
@@ -225,13 +225,14 @@ class Verbs:
         self.state.sync_dra()  # DRA devices and claims, as the watches last said, into the ledger
         key = pod_key(pod)
         choice = self.state.choose_class(pod)
-        devices = self.state.devices_asked(pod)
+        template = pod_template_key(pod)
+        devices = self.state.devices_asked(pod, template)
         largest = min(self.state.largest_node_devices(), MAX_DEVICES)
         if devices > largest:
             return key, PodClaims(key.uid, refusal=(
                 f"the pod asks for {devices} GPU devices at once; no node offers more than {largest}"
             )), choice
-        return key, self.state.claims_for(pod, choice), choice
+        return key, self.state.claims_for(pod, choice, template), choice
 
     def _shape(self, claims: PodClaims, choice: ClassChoice) -> Hashable:
         # The policy's version too: a reload may change what a class of the same name allows.

@@ -38,3 +38,11 @@ def test_cycle_figures_of_an_exposition_without_them_are_empty() -> None:
 def test_cpu_seconds_reads_this_process_and_skips_vanished_ones() -> None:
     used = cpu_seconds({"self": os.getpid(), "gone": 2**22 + 12345})
     assert set(used) == {"self"} and used["self"] >= 0
+
+
+def test_handshake_part_alternates_both_server_contexts_and_counts_every_handshake() -> None:
+    from bench.extender import bench_handshakes  # noqa: PLC0415
+
+    records = bench_handshakes(5)
+    assert [r["mode"] for r in records] == ["mutual", "server-only"]
+    assert all(r["server_cpu"]["n"] == 5 and r["server_cpu"]["p50_ms"] > 0 for r in records)

@@ -3,6 +3,7 @@ pods (either feed: every live pod, or the bound ones), pending admissions, share
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from tests.podspecs import container, pod
 from vramguard.admission import NamespaceUsage, quota_claims
-from vramguard.cluster import PENDING_TTL, ClusterState, PodKey, is_live
+from vramguard.cluster import PENDING_TTL, ClusterState, PodKey, is_live, pod_template_key
 from vramguard.demand import derive_pod_demand
 from vramguard.ledger import PodRef
 from vramguard.policy import Policy, default_policy
@@ -337,3 +338,22 @@ def test_nodes_share_one_copy_of_their_label_keys_and_values() -> None:
     (key_a, value_a), (key_b, value_b) = ((k, v) for s in (a, b) for k, v in s.labels.items() if k == key)
     assert value_a == "40960"
     assert key_a is key_b and value_a is value_b
+
+
+def test_template_key_tells_demands_apart_and_survives_what_orjson_cannot_encode() -> None:
+    pod = gpu_pod("a")
+    same = copy.deepcopy(pod)
+    same["metadata"]["name"] = "b"
+    same["metadata"]["labels"] = {"app": "other"}  # not part of the demand
+    assert pod_template_key(pod) == pod_template_key(same)
+    changed = copy.deepcopy(pod)
+    changed["spec"]["containers"][0]["args"] = ["--gpu-memory-utilization", "0.5"]
+    assert pod_template_key(changed) != pod_template_key(pod)
+    annotated = copy.deepcopy(pod)
+    annotated["metadata"]["annotations"]["vramguard.io/vram"] = "20Gi"
+    assert pod_template_key(annotated) != pod_template_key(pod)
+    # Never in an object from the API server, but from a file: the standard library's encoding.
+    odd = copy.deepcopy(pod)
+    odd["spec"]["containers"][0]["resources"] = {"limits": {1: 2**70}}
+    assert pod_template_key(odd) != pod_template_key(pod)
+    assert pod_template_key(odd) == pod_template_key(copy.deepcopy(odd))

@@ -54,6 +54,17 @@ def test_the_stock_scheduler_compared_with_gets_the_same_rate_limit(path: Path, 
     assert "extenders" not in stock
 
 
+def test_a_subset_of_verbs_leaves_the_others_out_and_as_shipped_keeps_them_all(tmp_path: Path) -> None:
+    shipped = services.load_yaml(services.SECOND_SCHEDULER_CONFIG)
+    args = {"kubeconfig": tmp_path / "k", "extender_url": "https://x:1", "ca_b64": "Y2E="}
+    (whole,) = services.localize_scheduler_config(shipped, **args)["extenders"]
+    assert {key: whole[key] for key in services.EXTENDER_VERB_KEYS} == {
+        "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt"}
+    (some,) = services.localize_scheduler_config(shipped, verbs=["filter", "bind"], **args)["extenders"]
+    assert [key for key in services.EXTENDER_VERB_KEYS if key in some] == ["filterVerb", "bindVerb"]
+    assert some["managedResources"] == whole["managedResources"] and some["weight"] == whole["weight"]
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.name)
 def test_shipped_scheduler_configs_declare_the_extender(path: Path) -> None:
     config = services.load_yaml(path)

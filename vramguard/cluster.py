@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
 from cachetools import LRUCache
 
 from vramguard.admission import NamespaceUsage, claims_bytes, offers_from_inventories, quota_claims
@@ -304,15 +305,17 @@ class ClusterState:
         namespace = str(metadata.get("namespace", ""))
         return self.policy.choose_class(labels, self.namespace_labels.get(namespace))
 
-    def claims_for(self, pod: Mapping[str, Any], choice: ClassChoice) -> PodClaims:
-        """The pod's claims under its class (pods still to be placed)."""
-        return self._pod_claims(pod, choice, pod_key(pod).uid)
+    def claims_for(self, pod: Mapping[str, Any], choice: ClassChoice, template: str | None = None) -> PodClaims:
+        """The pod's claims under its class (pods still to be placed); ``template``: the pod's
+        :func:`pod_template_key`, when the caller has it."""
+        return self._pod_claims(pod, choice, pod_key(pod).uid, template_key=template)
 
-    def devices_asked(self, pod: Mapping[str, Any]) -> int:
+    def devices_asked(self, pod: Mapping[str, Any], template: str | None = None) -> int:
         """How many GPU devices the pod holds at once (from the cached demand): per resource, its
-        app containers' sum or its largest init container's, whichever is more."""
+        app containers' sum or its largest init container's, whichever is more. ``template``: the
+        pod's :func:`pod_template_key`, when the caller has it."""
         per_resource: dict[str, tuple[int, int]] = {}
-        for container in self._demand(pod, _template_key(pod)).containers:
+        for container in self._demand(pod, pod_template_key(pod) if template is None else template).containers:
             apps, init = per_resource.get(container.resource, (0, 0))
             per_resource[container.resource] = (
                 (apps, max(init, container.gpus)) if container.init else (apps + container.gpus, init)
@@ -336,7 +339,7 @@ class ClusterState:
         template_key: str | None = None,
     ) -> PodClaims:
         """``pod_claims`` of the pod's demand, with ``recorded`` devices as intended; cached per template."""
-        template = _template_key(pod) if template_key is None else template_key
+        template = pod_template_key(pod) if template_key is None else template_key
         key = (template, choice.name, choice.qos.unknown_vram, tuple(sorted(recorded.items())) if recorded else ())
         shared = self._claims.get(key)
         if shared is None:
@@ -605,7 +608,7 @@ class ClusterState:
 
     def _template(self, pod: Mapping[str, Any]) -> Template:
         """The pod's template, interned: replicas share one object."""
-        key = _template_key(pod)
+        key = pod_template_key(pod)
         template = self._templates.get(key)
         if template is None:
             template = self._templates[key] = Template(key, _template_pod(pod))
@@ -994,8 +997,12 @@ def demand_options(policy: Policy) -> DemandOptions:
     return DemandOptions(frozenset(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
 
 
-def _template_key(pod: Mapping[str, Any]) -> str:
-    """What a pod's demand depends on, as text: its containers, init containers and VRAM annotations."""
+def pod_template_key(pod: Mapping[str, Any]) -> str:
+    """What a pod's demand depends on, as text: its containers, init containers and VRAM annotations.
+
+    Computed for every filter, prioritize and bind, so through orjson; what it cannot encode (keys
+    that are not strings, integers beyond 64 bits: never in an object the API server sends) through
+    the standard library."""
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     declared = (
@@ -1004,9 +1011,13 @@ def _template_key(pod: Mapping[str, Any]) -> str:
         else None
     )
     spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return json.dumps([declared, repr(spec)], default=repr)
-    return json.dumps([declared, spec.get("initContainers"), spec.get("containers")], default=repr)
+    parts = [declared, spec.get("initContainers"), spec.get("containers")] if isinstance(spec, dict) else [
+        declared, repr(spec)
+    ]
+    try:
+        return orjson.dumps(parts, default=repr).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(parts, default=repr)
 
 
 def _template_pod(pod: Mapping[str, Any]) -> JSON:
