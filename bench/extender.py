@@ -60,6 +60,7 @@ import os
 import platform
 import random
 import resource
+import signal
 import ssl
 import statistics
 import subprocess
@@ -68,7 +69,7 @@ import tempfile
 import time
 import tracemalloc
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -758,7 +759,7 @@ def bench_handshakes(rounds: int) -> list[JSON]:
 
 
 def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeout_s: float, *,
-                     webhook: bool, verbs: list[str] | None = None) -> list[JSON]:
+                     webhook: bool, verbs: list[str] | None = None, start: str = "pause") -> list[JSON]:
     """Pods/s onto the real control plane, the stock scheduler and the extender's alternated on one
     cluster; see the module docstring.
 
@@ -767,7 +768,7 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
     alternate (stock first in even repeats, the extender's first in odd ones), so both see the same
     machine load. ``webhook``: start the admission webhook too; by default the extender runs alone.
     ``verbs``: configure the extender's scheduler to call only these (what each verb costs a wave);
-    ``None``: as shipped.
+    ``None``: as shipped. ``start``: how each wave starts (:class:`WaveGate`).
     """
     # Imported here: the e2e harness is only needed for this part.
     from e2e import services as e2e_services  # noqa: PLC0415
@@ -780,11 +781,13 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         services = sorted((cluster.state.vramguard if cluster.state else {}).keys())
         if "extender" not in services:
             raise RuntimeError("the extender did not start (`vramguard extender --help` failed)")
-        schedulers = {"kube-scheduler": "default-scheduler",
-                      "kube-scheduler + extender": e2e_services.SECOND_SCHEDULER_NAME}
         pids = {proc.record.name: proc.record.pid for proc in cluster.processes} | {"bench client": os.getpid()}
+        schedulers = {
+            "kube-scheduler": ("default-scheduler", pids.get("kube-scheduler")),
+            "kube-scheduler + extender": (e2e_services.SECOND_SCHEDULER_NAME, pids.get("vramguard-scheduler")),
+        }
         runs = asyncio.run(_alternate(cluster.kubeconfig, nodes, pods, repeats, timeout_s, schedulers,
-                                      lambda: cpu_seconds(pids)))
+                                      lambda: cpu_seconds(pids), start))
         shipped = "shipped" if verbs is None else ",".join(verbs)
         for run in runs:
             records.append({"bench": "throughput", "vramguard_services": services, "extender_verbs": shipped, **run})
@@ -815,7 +818,8 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         per_repeat = [round(e / s, 2) for s, e in zip(rates["kube-scheduler"], rates["kube-scheduler + extender"],
                                                       strict=False)]
         records.append({"bench": "throughput", "phase": "ratio", "nodes": nodes, "pods": pods,
-                        "extender_verbs": shipped, "repeats": repeats, "stock_pods_per_s_median": stock,
+                        "extender_verbs": shipped, "wave_start": start, "repeats": repeats,
+                        "stock_pods_per_s_median": stock,
                         "extender_pods_per_s_median": extended, "ratio": round(extended / stock, 2),
                         "ratio_median_of_repeats": statistics.median(per_repeat), "ratios_per_repeat": per_repeat})
     return records
@@ -833,9 +837,49 @@ def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
     return used
 
 
+@dataclass
+class WaveGate:
+    """How a wave's pods are kept from the scheduler until all of them exist, then let through.
+
+    ``pause`` (the default) stops the wave's kube-scheduler process (``SIGSTOP``) while its pods
+    are created on schedulable nodes and resumes it (``SIGCONT``): every node is a candidate from
+    the first pod on. ``uncordon`` creates the pods while every node is cordoned and uncordons them
+    (one PATCH per node): nodes become candidates over the seconds the PATCHes take, so a fast wave
+    sees fewer candidates per pod than a slow one, which favours the faster scheduler."""
+
+    mode: str
+    nodes: list[str]
+    patch: Callable[[str, bool], Any]
+    pid: int | None = None
+
+    async def hold(self) -> None:
+        if self.mode == "pause" and self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+    async def open(self) -> None:
+        if self.mode == "pause":
+            if self.pid is not None:
+                os.kill(self.pid, signal.SIGCONT)
+        else:
+            await asyncio.gather(*(self.patch(n, False) for n in self.nodes))
+
+    async def close(self) -> None:
+        if self.mode == "pause":
+            if self.pid is not None:
+                os.kill(self.pid, signal.SIGCONT)  # never left stopped, whatever happened
+        else:
+            await asyncio.gather(*(self.patch(n, True) for n in self.nodes))
+
+
+WAVE_STARTS = ("pause", "uncordon")
+
+
 async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, timeout_s: float,
-                     schedulers: Mapping[str, str], cpu: Callable[[], dict[str, float]]) -> list[JSON]:
-    """Create the nodes once, then ``repeats`` waves per scheduler, alternating which goes first."""
+                     schedulers: Mapping[str, tuple[str, int | None]], cpu: Callable[[], dict[str, float]],
+                     start: str = "pause") -> list[JSON]:
+    """Create the nodes once, then ``repeats`` waves per scheduler, alternating which goes first.
+    ``schedulers``: label -> (scheduler name, the pid of the kube-scheduler serving it);
+    ``start``: how a wave starts (:class:`WaveGate`)."""
     from e2e import gpu_nodes  # noqa: PLC0415
     from vramguard.io.kube import KubeClient, load_connection  # noqa: PLC0415
 
@@ -848,18 +892,18 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
         async with limit:
             return await call
 
-    async def cordon(unschedulable: bool) -> None:
-        await asyncio.gather(*(bounded(client.patch(f"/api/v1/nodes/{n}", {"spec": {"unschedulable": unschedulable}}))
-                               for n in names))
+    async def patch(name: str, unschedulable: bool) -> None:
+        await bounded(client.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": unschedulable}}))
 
     try:
         await client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
 
-        # Cordoned nodes: every pod of a wave is created and pending before any can be scheduled.
+        # Uncordon waves: cordoned nodes, so every pod of a wave is created and pending before any
+        # can be scheduled. Pause waves: schedulable nodes, the wave's scheduler stopped instead.
         async def create_node(name: str) -> None:
             spec = gpu_nodes.time_sliced(name, "H100-80GB", gpus=1, replicas=4)
             manifest = gpu_nodes.node_manifest(spec)
-            manifest.setdefault("spec", {})["unschedulable"] = True
+            manifest.setdefault("spec", {})["unschedulable"] = start == "uncordon"
             await client.create("/api/v1/nodes", manifest)
             await client.request("PUT", f"/api/v1/nodes/{name}/status",
                                  {**manifest, "status": gpu_nodes.node_status(spec)})
@@ -877,10 +921,11 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
             order = list(schedulers.items())
             if repeat % 2:
                 order.reverse()
-            for label, scheduler_name in order:
-                result = await _wave(client, names, namespace, pods, scheduler_name, timeout_s, cordon, bounded,
+            for label, (scheduler_name, pid) in order:
+                gate = WaveGate(start, names, patch, pid)
+                result = await _wave(client, namespace, pods, scheduler_name, timeout_s, gate, bounded,
                                      cpu, prefix=f"chat-{repeat}{'se'[label != 'kube-scheduler']}")
-                runs.append({"scheduler": label, "repeat": repeat, **result})
+                runs.append({"scheduler": label, "repeat": repeat, "wave_start": start, **result})
                 print(f"throughput {label} repeat {repeat}: {result.get('pods_per_s')} pods/s "
                       f"({result['bound']}/{pods} bound)", file=sys.stderr, flush=True)
         return runs
@@ -888,12 +933,12 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
         await client.close()
 
 
-async def _wave(client: Any, names: list[str], namespace: str, pods: int, scheduler_name: str,
-                timeout_s: float, cordon: Callable[[bool], Any], bounded: Callable[[Any], Any],
+async def _wave(client: Any, namespace: str, pods: int, scheduler_name: str,
+                timeout_s: float, gate: WaveGate, bounded: Callable[[Any], Any],
                 cpu: Callable[[], dict[str, float]], prefix: str = "chat") -> JSON:
-    """One wave: ``pods`` pending pods of ``scheduler_name``, the nodes uncordoned, pods/s from the
-    first binding to the last; then the placement checked, the nodes cordoned and the pods deleted.
-    ``cpu_ms_per_pod``: each component's CPU time from the uncordon to the last binding, per pod."""
+    """One wave: ``pods`` pending pods of ``scheduler_name`` let through at once (``gate``), pods/s
+    from the first binding to the last; then the placement checked, the gate closed and the pods
+    deleted. ``cpu_ms_per_pod``: each component's CPU time from the start to the last binding, per pod."""
     template = gpu_pod("x", namespace, "x", "0.20")
     for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "managedFields"):
         template["metadata"].pop(key, None)
@@ -906,6 +951,17 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
         body["metadata"]["name"] = f"{prefix}-{i:05d}"
         await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
 
+    await gate.hold()
+    try:
+        return await _gated_wave(client, namespace, pods, timeout_s, gate, bounded, cpu, prefix, create_pod)
+    finally:
+        await gate.close()
+
+
+async def _gated_wave(client: Any, namespace: str, pods: int, timeout_s: float, gate: WaveGate,
+                      bounded: Callable[[Any], Any], cpu: Callable[[], dict[str, float]], prefix: str,
+                      create_pod: Callable[[int], Awaitable[None]]) -> JSON:
+    """:func:`_wave` once the gate holds the pods back."""
     created = time.monotonic()
     await asyncio.gather(*(bounded(create_pod(i)) for i in range(pods)))
     create_s = time.monotonic() - created
@@ -944,9 +1000,9 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
                 seen(pod)
 
     watcher = asyncio.create_task(watch())
-    uncordoned = time.monotonic()
+    started = time.monotonic()
     cpu_before = cpu()
-    await cordon(False)
+    await gate.open()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), timeout_s)
     cpu_after = cpu()
@@ -962,15 +1018,14 @@ async def _wave(client: Any, names: list[str], namespace: str, pods: int, schedu
         return {name: round(1000 * (until[name] - cpu_before[name]) / max(1, len(times)), 2)
                 for name in until if name in cpu_before}
 
-    result: JSON = {"nodes": len(names), "pods": pods, "bound": len(times), "create_s": round(create_s, 1),
+    result: JSON = {"nodes": len(gate.nodes), "pods": pods, "bound": len(times), "create_s": round(create_s, 1),
                     "cpu_ms_per_pod": per_pod(cpu_after), "cpu_ms_per_pod_settled": per_pod(cpu_settled),
                     "settle_s": SETTLE_SECONDS}
     if len(times) >= 2:
         result["first_to_last_s"] = round(times[-1] - times[0], 2)
         result["pods_per_s"] = round((len(times) - 1) / (times[-1] - times[0]), 1)
-        result["uncordon_to_last_s"] = round(times[-1] - uncordoned, 2)
+        result["start_to_last_s"] = round(times[-1] - started, 2)
     result["violations"] = await _invariants(client, namespace)
-    await cordon(True)
     # Thousands of pods outlast the client's request timeout, and the API server stops deleting
     # when the client hangs up: the collection is deleted again until it is empty.
     path = f"/api/v1/namespaces/{namespace}/pods"
@@ -1047,12 +1102,16 @@ def _verb_figures(url: str, context: ssl.SSLContext) -> JSON:
             counts[route] = counts.get(route, 0.0) + float(value)
         elif "_http_connections_total{" in name:
             connections[route] = connections.get(route, 0.0) + float(value)
+    # The nodes the scheduler asked about per filter: the candidates its own plugins left.
+    judged = sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+                 if line.startswith("vramguard_extender_decisions_total{") and 'verb="filter"' in line)
     verbs = ("/filter", "/prioritize", "/bind")
     return {
         "mean_ms": {route.lstrip("/"): round(1000 * sums[route] / counts[route], 2)
                     for route in sums if counts.get(route) and route in verbs},
         "requests": {route.lstrip("/"): int(counts[route]) for route in verbs if route in counts},
         "tls_connections": {route.lstrip("/"): int(connections[route]) for route in verbs if route in connections},
+        "nodes_per_filter": round(judged / counts["/filter"], 1) if counts.get("/filter") else None,
     }
 
 
@@ -1165,6 +1224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-pods", type=int, default=1000, help="pods per wave (throughput)")
     parser.add_argument("--repeats", type=int, default=3, help="waves per scheduler, alternated (throughput)")
     parser.add_argument("--with-webhook", action="store_true", help="start the admission webhook too (throughput)")
+    parser.add_argument("--wave-start", choices=WAVE_STARTS, default="pause",
+                        help="how a wave's pods reach the scheduler (throughput): its process paused while they are "
+                             "created (default), or every node cordoned and then uncordoned")
     parser.add_argument("--extender-verbs", default=None,
                         help="comma-separated verbs the extender's scheduler calls, of filter, prioritize, bind, "
                              "preempt (throughput; default: as shipped)")
@@ -1213,7 +1275,7 @@ def main(argv: list[str] | None = None) -> int:
             work = args.work_dir or Path(tmp)
             verbs = [v.strip() for v in args.extender_verbs.split(",") if v.strip()] if args.extender_verbs else None
             for record in bench_throughput(nodes, pods, args.repeats, work, args.throughput_timeout,
-                                           webhook=args.with_webhook, verbs=verbs):
+                                           webhook=args.with_webhook, verbs=verbs, start=args.wave_start):
                 emit(record)
                 records.append(record)
     emit({"bench": "machine", "load_average_after": [round(v, 1) for v in os.getloadavg()]})
