@@ -36,14 +36,16 @@ Prints one JSON line per measurement, then a summary table.
 - **throughput**: on the local control plane (``e2e.cluster``, the second-scheduler layout), the
   stock kube-scheduler and one with the extender wired in, both with the shipped client settings,
   alternated on one cluster (``--repeats`` waves each, 3 by default; which goes first alternates):
-  each wave creates 1,000 GPU pods for one of them while 500 time-sliced nodes are cordoned, then
-  uncordons the nodes; pods bound per second from the first binding to the last. Each wave also
-  reports the CPU time every component used per pod (from ``/proc``): from the uncordon to the
-  last binding, and to :data:`SETTLE_SECONDS` after it (``settled``: the Events and watch traffic
-  a fast wave leaves behind are counted too, the same tail for both), and the idle control
-  plane's CPU per second beforehand (a slower wave accrues more of that background). The final
-  placement is checked against the ledger's invariants (no GPU above budget whatever the device
-  plugin picked).
+  each wave creates 1,000 GPU pods for one of them while its kube-scheduler is paused, on 500
+  schedulable time-sliced nodes, then resumes it (``--wave-start uncordon``: the nodes cordoned
+  instead, then uncordoned; see :class:`WaveGate`); pods bound per second from the first binding to
+  the last. ``--extender-verbs`` configures the extender's scheduler with only some of its verbs:
+  what each costs a wave. Each wave also reports the CPU time every component used per pod (from
+  ``/proc``): from the start to the last binding, and to :data:`SETTLE_SECONDS` after it
+  (``settled``: the Events and watch traffic a fast wave leaves behind are counted too, the same
+  tail for both), and the idle control plane's CPU per second beforehand (a slower wave accrues
+  more of that background). The final placement is checked against the ledger's invariants (no
+  GPU above budget whatever the device plugin picked).
 
 ``--quick`` shrinks everything (1,000 nodes, 10,000 pods; 100 nodes and 400 pods on the control
 plane) for a smoke run.
@@ -1087,7 +1089,11 @@ def _verb_figures(url: str, context: ssl.SSLContext) -> JSON:
     requests of each it answered, and how many TLS connections each opened (their first request's
     route): every connection beyond the first few costs a handshake in both processes."""
     with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=10) as response:
-        text = response.read().decode()
+        return verb_figures(response.read().decode())
+
+
+def verb_figures(text: str) -> JSON:
+    """:func:`_verb_figures`'s figures from the extender's exposition text."""
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     connections: dict[str, float] = {}

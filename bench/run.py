@@ -31,7 +31,7 @@ from bench.report import is_percentile, undersampled, untraced_environment
 
 JSON = dict[str, Any]
 DEFAULT_OUT = Path("bench-results.json")
-DEFAULT_EXTENDER_PARTS = "latency,lag,scrape,memory"
+DEFAULT_EXTENDER_PARTS = "latency,lag,scrape,memory,tls"
 """``throughput`` needs the control-plane binaries of the e2e suite: add it with ``--extender``."""
 
 
@@ -188,6 +188,9 @@ def _other_headlines() -> list[Headline]:
                              "p99_ratio_to_quiet"))
         rows.append(Headline(f"scrape.render_sliced.{short}.p50_ms", "extender", {"bench": "scrape", "mode": mode},
                              "render_sliced.p50_ms"))
+    for mode in ("mutual", "server-only"):
+        rows.append(Headline(f"tls.handshake.{mode.replace('-', '_')}.server_cpu.p50_ms", "extender",
+                             {"bench": "tls", "mode": mode}, "server_cpu.p50_ms"))
     return rows
 
 

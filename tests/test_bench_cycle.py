@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from bench.extender import cpu_seconds, cycle_figures
 
@@ -46,3 +47,79 @@ def test_handshake_part_alternates_both_server_contexts_and_counts_every_handsha
     records = bench_handshakes(5)
     assert [r["mode"] for r in records] == ["mutual", "server-only"]
     assert all(r["server_cpu"]["n"] == 5 and r["server_cpu"]["p50_ms"] > 0 for r in records)
+
+
+def _state(pid: int) -> str:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rfind(")") + 2]
+
+
+def test_a_paused_wave_stops_its_scheduler_until_opened_and_never_leaves_it_stopped() -> None:
+    import asyncio  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from bench.extender import WaveGate  # noqa: PLC0415
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        gate = WaveGate("pause", ["node-a"], lambda *_: None, child.pid)
+
+        def settled(expected: str) -> str:
+            for _ in range(100):
+                if _state(child.pid) == expected:
+                    break
+                time.sleep(0.01)
+            return _state(child.pid)
+
+        asyncio.run(gate.hold())
+        assert settled("T") == "T"
+        asyncio.run(gate.open())
+        assert settled("S") == "S"
+        asyncio.run(gate.hold())
+        asyncio.run(gate.close())  # a wave that failed before opening
+        assert settled("S") == "S"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_uncordon_wave_patches_every_node_both_ways() -> None:
+    import asyncio  # noqa: PLC0415
+
+    from bench.extender import WaveGate  # noqa: PLC0415
+
+    patched: list[tuple[str, bool]] = []
+
+    async def patch(name: str, unschedulable: bool) -> None:
+        patched.append((name, unschedulable))
+
+    gate = WaveGate("uncordon", ["a", "b"], patch)
+    asyncio.run(gate.hold())
+    asyncio.run(gate.open())
+    asyncio.run(gate.close())
+    assert patched == [("a", False), ("b", False), ("a", True), ("b", True)]
+
+
+def test_verb_figures_count_requests_connections_and_nodes_per_filter() -> None:
+    from bench.extender import verb_figures  # noqa: PLC0415
+
+    text = """\
+# HELP vramguard_http_request_duration_seconds x
+vramguard_http_request_duration_seconds_sum{code="200",route="/filter"} 2.0
+vramguard_http_request_duration_seconds_count{code="200",route="/filter"} 1000
+vramguard_http_request_duration_seconds_sum{code="200",route="/bind"} 15.0
+vramguard_http_request_duration_seconds_count{code="200",route="/bind"} 1000
+vramguard_http_request_duration_seconds_count{code="200",route="/metrics"} 3
+vramguard_http_connections_total{route="/filter"} 260
+vramguard_extender_decisions_total{result="pass",verb="filter"} 200000
+vramguard_extender_decisions_total{result="fail",verb="filter"} 30000
+vramguard_extender_decisions_total{result="bound",verb="bind"} 1000
+"""
+    assert verb_figures(text) == {
+        "mean_ms": {"filter": 2.0, "bind": 15.0},
+        "requests": {"filter": 1000, "bind": 1000},
+        "tls_connections": {"filter": 260},
+        "nodes_per_filter": 230.0,
+    }

@@ -101,6 +101,8 @@ def full_results(**overrides: dict[str, Any]) -> dict[str, Any]:
     for mode in ("scrape-per-node", "scrape-per-gpu"):
         extender.append({"bench": "scrape", "mode": mode, "filter": stats, "p99_ratio_to_quiet": 1.1,
                          "render_sliced": stats})
+    for mode in ("mutual", "server-only"):
+        extender.append({"bench": "tls", "phase": "handshake", "mode": mode, "server_cpu": stats})
     benchmarks = {
         "demand": [{"case": "typical vLLM pod", "pods_per_cpu_second": 30000},
                    {"case": "10-container pod", "pods_per_cpu_second": 3000}],
