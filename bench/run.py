@@ -31,7 +31,7 @@ from bench.report import is_percentile, undersampled, untraced_environment
 
 JSON = dict[str, Any]
 DEFAULT_OUT = Path("bench-results.json")
-DEFAULT_EXTENDER_PARTS = "latency,lag,scrape,memory,tls"
+DEFAULT_EXTENDER_PARTS = "latency,lag,scrape,memory,tls,verbs"
 """``throughput`` needs the control-plane binaries of the e2e suite: add it with ``--extender``."""
 
 
@@ -191,6 +191,7 @@ def _other_headlines() -> list[Headline]:
     for mode in ("mutual", "server-only"):
         rows.append(Headline(f"tls.handshake.{mode.replace('-', '_')}.server_cpu.p50_ms", "extender",
                              {"bench": "tls", "mode": mode}, "server_cpu.p50_ms"))
+    rows.append(Headline("verbs.wave.mean_ms_per_pod", "extender", {"bench": "verbs"}, "mean_ms_per_pod"))
     return rows
 
 

@@ -123,3 +123,13 @@ vramguard_extender_decisions_total{result="bound",verb="bind"} 1000
         "tls_connections": {"filter": 260},
         "nodes_per_filter": 230.0,
     }
+
+
+def test_the_verbs_part_times_every_step_of_every_pod_and_binds_them_all() -> None:
+    import asyncio  # noqa: PLC0415
+
+    from bench.extender import bench_verbs  # noqa: PLC0415
+
+    (record,) = asyncio.run(bench_verbs(nodes=20, pods=30, names=10))
+    assert all(record[step]["n"] == 30 for step in ("filter", "prioritize", "bind", "watch_event"))
+    assert record["mean_ms_per_pod"] > 0

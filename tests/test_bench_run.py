@@ -103,6 +103,8 @@ def full_results(**overrides: dict[str, Any]) -> dict[str, Any]:
                          "render_sliced": stats})
     for mode in ("mutual", "server-only"):
         extender.append({"bench": "tls", "phase": "handshake", "mode": mode, "server_cpu": stats})
+    extender.append({"bench": "verbs", "filter": stats, "prioritize": stats, "bind": stats, "watch_event": stats,
+                     "mean_ms_per_pod": 0.4})
     benchmarks = {
         "demand": [{"case": "typical vLLM pod", "pods_per_cpu_second": 30000},
                    {"case": "10-container pod", "pods_per_cpu_second": 3000}],
