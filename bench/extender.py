@@ -852,6 +852,8 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
             "kube-scheduler": ("default-scheduler", pids.get("kube-scheduler")),
             "kube-scheduler + extender": (e2e_services.SECOND_SCHEDULER_NAME, pids.get("vramguard-scheduler")),
         }
+        if start == "pause" and not all(pid for _, pid in schedulers.values()):
+            raise RuntimeError("a kube-scheduler process to pause is missing; no wave would start all at once")
         runs = asyncio.run(_alternate(cluster.kubeconfig, nodes, pods, repeats, timeout_s, schedulers,
                                       lambda: cpu_seconds(pids), start))
         shipped = "shipped" if verbs is None else ",".join(verbs)
