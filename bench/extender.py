@@ -738,6 +738,7 @@ def bench_handshakes(rounds: int) -> list[JSON]:
         context.load_cert_chain(directory / "client.crt", directory / "client.key")
         order = [mode for _ in range(rounds) for mode in servers]
         listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(30.0)  # a client thread that died never connects: fail, do not wait forever
 
         def connect() -> None:
             for _ in order:
@@ -766,19 +767,6 @@ def bench_handshakes(rounds: int) -> list[JSON]:
 # --------------------------------------------------------------------------- verbs
 
 
-class _AnsweringClient:
-    """The API as bind sees it: the pod on a GET, a created Binding on a POST."""
-
-    def __init__(self, pods: Mapping[str, JSON]) -> None:
-        self.pods = pods
-
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> JSON:
-        return self.pods[path.rsplit("/", 1)[1]]
-
-    async def create(self, path: str, body: JSON) -> JSON:
-        return {}
-
-
 async def bench_verbs(nodes: int = 500, pods: int = 1000, names: int = 230) -> list[JSON]:
     """:func:`Verbs.filter`, ``prioritize`` and ``bind`` and the bound pod's watch event, per pod of a
     wave, in this process (see the module docstring)."""
@@ -790,13 +778,13 @@ async def bench_verbs(nodes: int = 500, pods: int = 1000, names: int = 230) -> l
     state.pods.replace([])
     state.ledger.warm()
     node_names = [node_name(i) for i in range(nodes)]
-    objects: dict[str, JSON] = {}
-    verbs = Verbs(state, _AnsweringClient(objects))  # type: ignore[arg-type]
+    api = StubApi()
+    verbs = Verbs(state, api)  # type: ignore[arg-type]
     cpu: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": [], "watch_event": []}
     for i in range(pods):
         pod = gpu_pod(f"wave-{i:05d}", "bench", f"wave-uid-{i}", "0.20")
         pod["spec"]["schedulerName"] = SCHEDULER
-        objects[pod["metadata"]["name"]] = pod
+        api.pods[pod["metadata"]["name"]] = pod
         asked = [node_names[(i * 7 + k) % nodes] for k in range(names)]  # the scheduler's rotating start
         started = time.process_time()
         outcome = await verbs.filter(pod, asked)
