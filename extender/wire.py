@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_CONTAINER_DEPTH = 254
+"""How deep a pod's containers may nest arrays and objects: orjson's own limit, so that the check
+costs one orjson encoding (about a microsecond) in every case but a refused one. The API server's
+typed container fields nest under 10 levels; a forged body nesting about a thousand would exhaust
+the stack of the standard library's encoder where demand is keyed by template."""
 
 
 class _Wire(BaseModel):
@@ -40,7 +47,35 @@ def pod_problem(pod: Mapping[str, Any]) -> str | None:
     spec = pod.get("spec")
     if spec is not None and not isinstance(spec, dict):
         return "spec must be an object"
+    for field_name in ("initContainers", "containers"):
+        if spec and _nests_too_deep(spec.get(field_name)):
+            return f"spec.{field_name} nests deeper than {MAX_CONTAINER_DEPTH} levels"
     return None
+
+
+def _nests_too_deep(value: Any) -> bool:
+    """Whether ``value`` nests arrays and objects more than :data:`MAX_CONTAINER_DEPTH` levels deep.
+
+    orjson encodes up to that depth; only what it refuses (too deep, or an integer beyond 64 bits)
+    is walked, iteratively, so that the check itself cannot exhaust the stack."""
+    try:
+        orjson.dumps(value, default=repr)
+        return False
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        pass
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= MAX_CONTAINER_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 class ExtenderArgs(_Wire):
@@ -163,6 +198,11 @@ class ExtenderPreemptionArgs(_Wire):
     Pod: dict[str, Any]
     NodeNameToVictims: dict[str, Victims | None] | None = None
     NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+    @field_validator("Pod")
+    @classmethod
+    def _pod_types(cls, pod: dict[str, Any]) -> dict[str, Any]:
+        return ExtenderArgs._pod_types(pod)
 
     def proposed(self) -> dict[str, tuple[list[str], int]]:
         """Node -> (victim UIDs, PodDisruptionBudget violations), whichever form they came in."""

@@ -21,6 +21,7 @@ from extender import metrics
 from extender.app import LEDGER_EXPOSITION_KEY, NOT_SYNCED, build_app
 from extender.metrics import LedgerExposition, render_ledger_now
 from extender.verbs import NOT_LEADER, Verbs
+from extender.wire import MAX_CONTAINER_DEPTH
 from tests.builders import H100_MIB, gpu_node, vllm_pod
 from tests.podspecs import container
 from vramguard.cluster import ClusterState, slim_node, slim_pod
@@ -810,7 +811,25 @@ async def test_concurrent_filters_of_one_shape_answer_only_their_own_candidates(
 def _body(verb: str, mutate: Any) -> dict[str, Any]:
     pod = vllm_pod("p", "0.2")
     mutate(pod)
+    if verb == "preempt":
+        return {"Pod": pod, "NodeNameToMetaVictims": {"h100": {"Pods": [{"UID": "u"}], "NumPDBViolations": 0}}}
     return {"Pod": pod, "NodeNames": ["h100"]}
+
+
+def _nested(levels: int) -> list[Any]:
+    """A list nesting ``levels`` lists deep, innermost included."""
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _container_depth(pod: dict[str, Any]) -> int:
+    """How deep the pod's containers list nests (the list itself is the first level)."""
+    def depth(value: Any) -> int:
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        return 0 if children is None else 1 + max((depth(child) for child in children), default=0)
+    return int(depth(pod["spec"]["containers"]))
 
 
 WRONG_TYPES = {
@@ -822,15 +841,42 @@ WRONG_TYPES = {
     "metadata-list": lambda p: p.update(metadata=[1, 2]),
     "uid-number": lambda p: p["metadata"].update(uid=7),
     "spec-string": lambda p: p.update(spec="x"),
+    # Typed container fields nest under 10 levels; this deep, the template key's encoder would
+    # exhaust the stack (a 500 before the check).
+    "containers-nest-too-deep": lambda p: p["spec"]["containers"][0]["args"].append(_nested(300)),
+    "init-containers-nest-too-deep": lambda p: p["spec"].update(
+        initContainers=[{"name": "init", "image": "busybox", "command": _nested(300)}]
+    ),
 }
 
 
-@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
 @pytest.mark.parametrize("case", list(WRONG_TYPES))
 async def test_wrong_types_in_the_pod_are_a_400(client: TestClient, verb: str, case: str) -> None:  # type: ignore[type-arg]
     response = await client.post(f"/{verb}", json=_body(verb, WRONG_TYPES[case]))
     assert response.status == 400
     assert "Pod" in (await response.json())["error"]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
+async def test_containers_nesting_a_thousand_deep_are_a_400_not_a_500(client: TestClient, verb: str) -> None:  # type: ignore[type-arg]
+    # Inside the request decoder's 1,024 levels, past the standard library encoder's stack.
+    body = json.dumps(_body(verb, lambda p: p["spec"]["containers"][0]["args"].append("DEEP")))
+    body = body.replace('"DEEP"', "[" * 1000 + "]" * 1000)
+    response = await client.post(f"/{verb}", data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 400
+    assert "spec.containers nests deeper than" in (await response.json())["error"]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
+async def test_containers_nesting_up_to_the_limit_are_served(client: TestClient, verb: str) -> None:  # type: ignore[type-arg]
+    deepest = _body(verb, lambda p: p["spec"]["containers"][0]["args"].append(_nested(MAX_CONTAINER_DEPTH - 3)))
+    assert _container_depth(deepest["Pod"]) == MAX_CONTAINER_DEPTH
+    assert (await client.post(f"/{verb}", json=deepest)).status == 200
+    beyond = _body(verb, lambda p: p["spec"]["containers"][0]["args"].append(_nested(MAX_CONTAINER_DEPTH - 2)))
+    response = await client.post(f"/{verb}", json=beyond)
+    assert response.status == 400
+    assert f"spec.containers nests deeper than {MAX_CONTAINER_DEPTH} levels" in (await response.json())["error"]
 
 
 @pytest.mark.parametrize(
