@@ -51,7 +51,12 @@ Prints one JSON line per measurement, then a summary table.
   (``settled``: the Events and watch traffic a fast wave leaves behind are counted too, the same
   tail for both), and the idle control plane's CPU per second beforehand (a slower wave accrues
   more of that background). The final placement is checked against the ledger's invariants (no
-  GPU above budget whatever the device plugin picked).
+  GPU above budget whatever the device plugin picked). ``--extender floor`` puts the floor
+  extender (``bench/floor``, Go) in the extender's place: the same wire (mutual TLS, HTTP/1.1,
+  JSON, the same verbs and scheduler configuration) with nothing behind it (every node passes,
+  every score is 0, bind only creates the Binding): what the extender protocol alone costs a wave,
+  the most any extender could keep of the stock rate on the machine (``floor-h2``: the same,
+  offering HTTP/2, which kube-scheduler's extender client then uses: one connection for every call).
 
 ``--quick`` shrinks everything (1,000 nodes, 10,000 pods; 100 nodes and 400 pods on the control
 plane) for a smoke run.
@@ -103,11 +108,14 @@ from vramguard.policy import ClassChoice, default_policy
 JSON = dict[str, Any]
 PARTS = ("latency", "lag", "scrape", "memory", "tls", "verbs", "throughput")
 SCHEDULER = "vramguard"
+"""The scheduler name of the pods the benchmark schedules (the default policy's)."""
 IDLE_SAMPLE_SECONDS = 5.0
+"""How long the throughput benchmark samples the idle control plane's CPU use."""
 SETTLE_SECONDS = 4.0
 """How long after a wave's last binding its CPU is still counted (``cpu_ms_per_pod_settled``)."""
-"""How long the throughput benchmark samples the idle control plane's CPU use."""
-"""The scheduler name of the pods the benchmark schedules (the default policy's)."""
+FLOOR_SOURCE = Path(__file__).resolve().parent / "floor"
+"""The floor extender (Go): the extender wire with no checks behind it (``--extender floor``)."""
+EXTENDERS = ("vramguard", "floor", "floor-h2")
 EXTENDER_ONLY = (
     "import sys\n"
     "from vramguard.cli import main\n"
@@ -812,8 +820,16 @@ async def bench_verbs(nodes: int = 500, pods: int = 1000, names: int = 230) -> l
 # --------------------------------------------------------------------------- throughput
 
 
+def build_floor(out_dir: Path) -> Path:
+    """Build the floor extender (:data:`FLOOR_SOURCE`) into ``out_dir``; return the executable."""
+    binary = out_dir / "floor-extender"
+    subprocess.run(["go", "build", "-o", str(binary), "."], cwd=FLOOR_SOURCE, check=True)
+    return binary
+
+
 def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeout_s: float, *,
-                     webhook: bool, verbs: list[str] | None = None, start: str = "pause") -> list[JSON]:
+                     webhook: bool, verbs: list[str] | None = None, start: str = "pause",
+                     extender: str = "vramguard") -> list[JSON]:
     """Pods/s onto the real control plane, the stock scheduler and the extender's alternated on one
     cluster; see the module docstring.
 
@@ -822,13 +838,19 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
     alternate (stock first in even repeats, the extender's first in odd ones), so both see the same
     machine load. ``webhook``: start the admission webhook too; by default the extender runs alone.
     ``verbs``: configure the extender's scheduler to call only these (what each verb costs a wave);
-    ``None``: as shipped. ``start``: how each wave starts (:class:`WaveGate`).
+    ``None``: as shipped. ``start``: how each wave starts (:class:`WaveGate`). ``extender``:
+    ``floor`` runs the floor extender in the extender's place (no webhook), ``floor-h2`` the same
+    offering HTTP/2.
     """
     # Imported here: the e2e harness is only needed for this part.
     from e2e import services as e2e_services  # noqa: PLC0415
     from e2e.cluster import Cluster  # noqa: PLC0415
 
-    command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
+    if extender.startswith("floor"):
+        work_dir.mkdir(parents=True, exist_ok=True)
+        command: list[str] | None = [str(build_floor(work_dir)), *(["--http2"] if extender == "floor-h2" else [])]
+    else:
+        command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
     records: list[JSON] = []
     with Cluster.up(work_dir / "throughput", second_scheduler=True, vramguard="auto",
                     vramguard_command=command, extender_verbs=verbs) as cluster:
@@ -846,13 +868,14 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
                                       lambda: cpu_seconds(pids), start))
         shipped = "shipped" if verbs is None else ",".join(verbs)
         for run in runs:
-            records.append({"bench": "throughput", "vramguard_services": services, "extender_verbs": shipped, **run})
+            records.append({"bench": "throughput", "extender": extender, "vramguard_services": services,
+                            "extender_verbs": shipped, **run})
         # The extender's own view of its verbs, over every wave it served, and the schedulers' view
         # of their cycles: where the extender's share of a scheduling cycle goes.
         figures = _verb_figures(cluster.ops_url("extender"), cluster.ssl_context())
         verb_ms = figures["mean_ms"]
-        records.append({"bench": "throughput", "phase": "extender-verbs", "nodes": nodes, "pods": pods,
-                        "extender_verbs": shipped, **figures})
+        records.append({"bench": "throughput", "phase": "extender-verbs", "extender": extender, "nodes": nodes,
+                        "pods": pods, "extender_verbs": shipped, **figures})
         state = cluster.state
         assert state is not None
         for process, label in (("kube-scheduler", "kube-scheduler"),
@@ -864,8 +887,8 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
                 cycle["extender_round_trips_ms"] = round(
                     cycle["algorithm_ms"] - cycle.get("filter_plugins_ms", 0.0) - cycle.get("score_plugins_ms", 0.0), 2)
                 cycle["extender_handlers_ms"] = round(verb_ms.get("filter", 0.0) + verb_ms.get("prioritize", 0.0), 2)
-            records.append({"bench": "throughput", "phase": "cycle", "scheduler": label, "nodes": nodes,
-                            "pods": pods, "extender_verbs": shipped, **cycle})
+            records.append({"bench": "throughput", "phase": "cycle", "extender": extender, "scheduler": label,
+                            "nodes": nodes, "pods": pods, "extender_verbs": shipped, **cycle})
     rates = {name: [r["pods_per_s"] for r in runs if r["scheduler"] == name and r.get("pods_per_s")]
              for name in schedulers}
     if all(rates.values()):
@@ -873,7 +896,7 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         extended = statistics.median(rates["kube-scheduler + extender"])
         per_repeat = [round(e / s, 2) for s, e in zip(rates["kube-scheduler"], rates["kube-scheduler + extender"],
                                                       strict=False)]
-        records.append({"bench": "throughput", "phase": "ratio", "nodes": nodes, "pods": pods,
+        records.append({"bench": "throughput", "phase": "ratio", "extender": extender, "nodes": nodes, "pods": pods,
                         "extender_verbs": shipped, "wave_start": start, "repeats": repeats,
                         "stock_pods_per_s_median": stock,
                         "extender_pods_per_s_median": extended, "ratio": round(extended / stock, 2),
@@ -1171,7 +1194,7 @@ def verb_figures(text: str) -> JSON:
                     for route in sums if counts.get(route) and route in verbs},
         "requests": {route.lstrip("/"): int(counts[route]) for route in verbs if route in counts},
         "tls_connections": {route.lstrip("/"): int(connections[route]) for route in verbs if route in connections},
-        "nodes_per_filter": round(judged / counts["/filter"], 1) if counts.get("/filter") else None,
+        "nodes_per_filter": round(judged / counts["/filter"], 1) if counts.get("/filter") and judged else None,
     }
 
 
@@ -1270,7 +1293,8 @@ def summary_table(records: list[JSON]) -> str:
             lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms (requests {r.get('requests')}, "
                          f"new TLS connections {r.get('tls_connections')}) |")
         elif r.get("bench") == "throughput" and "ratio" in r:
-            lines.append(f"| throughput with / without the extender (verbs: {r.get('extender_verbs')}), median of "
+            lines.append(f"| throughput with / without the extender ({r.get('extender', 'vramguard')}, verbs: "
+                         f"{r.get('extender_verbs')}), median of "
                          f"{r['repeats']} | {r['ratio']} "
                          f"(per repeat {r['ratios_per_repeat']}) |")
     return "\n".join(lines)
@@ -1295,6 +1319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extender-verbs", default=None,
                         help="comma-separated verbs the extender's scheduler calls, of filter, prioritize, bind, "
                              "preempt (throughput; default: as shipped)")
+    parser.add_argument("--extender", choices=EXTENDERS, default="vramguard",
+                        help="what serves the extender's verbs (throughput): vramguard, or the floor extender "
+                             "(bench/floor, Go, needs go): the same wire with no checks behind it (floor-h2: "
+                             "offering HTTP/2 as well)")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -1344,7 +1372,8 @@ def main(argv: list[str] | None = None) -> int:
             work = args.work_dir or Path(tmp)
             verbs = [v.strip() for v in args.extender_verbs.split(",") if v.strip()] if args.extender_verbs else None
             for record in bench_throughput(nodes, pods, args.repeats, work, args.throughput_timeout,
-                                           webhook=args.with_webhook, verbs=verbs, start=args.wave_start):
+                                           webhook=args.with_webhook, verbs=verbs, start=args.wave_start,
+                                           extender=args.extender):
                 emit(record)
                 records.append(record)
     emit({"bench": "machine", "load_average_after": [round(v, 1) for v in os.getloadavg()]})
