@@ -7,10 +7,10 @@ Go's encoding/json without JSON tags: field names are PascalCase (``Pod``, ``Nod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_CONTAINER_DEPTH = 254
 """How deep a pod's containers may nest arrays and objects: orjson's own limit, so that the check
@@ -78,6 +78,17 @@ def _nests_too_deep(value: Any) -> bool:
     return False
 
 
+def _checked_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    problem = pod_problem(pod)
+    if problem is not None:
+        raise ValueError(problem)
+    return pod
+
+
+ApiPod = Annotated[dict[str, Any], AfterValidator(_checked_pod)]
+"""A Pod in a request body: refused (a 400 naming the field) when :func:`pod_problem` finds one."""
+
+
 class ExtenderArgs(_Wire):
     """The body of ``filter`` and ``prioritize``.
 
@@ -85,18 +96,10 @@ class ExtenderArgs(_Wire):
     otherwise it sends whole ``Nodes``, which the extender refuses (:data:`NODE_CACHE_REQUIRED`).
     """
 
-    Pod: dict[str, Any]
+    Pod: ApiPod
     Nodes: Any = None
     """Only whether it is there matters: whole Nodes are refused unread."""
     NodeNames: list[str] | None = None
-
-    @field_validator("Pod")
-    @classmethod
-    def _pod_types(cls, pod: dict[str, Any]) -> dict[str, Any]:
-        problem = pod_problem(pod)
-        if problem is not None:
-            raise ValueError(problem)
-        return pod
 
     def whole_nodes(self) -> bool:
         """Whether the candidates came as whole Nodes (``nodeCacheCapable: false``), not names."""
@@ -195,14 +198,9 @@ class ExtenderPreemptionArgs(_Wire):
     """The body of ``preempt``: the pod and the scheduler's victims per candidate node, as UIDs
     (``NodeNameToMetaVictims``) when the extender is node-cache capable, else as pods."""
 
-    Pod: dict[str, Any]
+    Pod: ApiPod
     NodeNameToVictims: dict[str, Victims | None] | None = None
     NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
-
-    @field_validator("Pod")
-    @classmethod
-    def _pod_types(cls, pod: dict[str, Any]) -> dict[str, Any]:
-        return ExtenderArgs._pod_types(pod)
 
     def proposed(self) -> dict[str, tuple[list[str], int]]:
         """Node -> (victim UIDs, PodDisruptionBudget violations), whichever form they came in."""
