@@ -107,7 +107,7 @@ def mark_unhelpable(
     choice = state.choose_class(pod)
     claims = state.claims_for(pod, choice)
     priority = pod_priority(pod)
-    headrooms = state.policy.headrooms()
+    rule = state.policy.budget_rule()
     failed = dict(outcome.failed)
     unresolvable = dict(outcome.unresolvable)
     checks = EVICTION_CHECKS_PER_FILTER
@@ -123,7 +123,7 @@ def mark_unhelpable(
             if checks <= 0 or inventory is None:
                 continue
             checks -= 1
-            if choose_victims(inventory, headrooms, _holders(state, node, priority), claims) is not None:
+            if choose_victims(inventory, rule, _holders(state, node, priority), claims) is not None:
                 continue
         # The reason unchanged (nodes failing alike keep one line of the scheduler's event); the
         # scheduler's own message says that preemption does not help on such nodes.
@@ -140,7 +140,7 @@ def preempt(
     claims = state.claims_for(pod, choice)
     priority = pod_priority(pod)
     ledger = state.ledger
-    headrooms = state.policy.headrooms()
+    rule = state.policy.budget_rule()
     accepted: dict[str, tuple[list[str], int]] = {}
     for node, (uids, violations) in proposed.items():
         inventory = ledger.inventory(node)
@@ -150,7 +150,7 @@ def preempt(
         if not verdict.ok and verdict.rule is not Rule.VRAM_BUDGET:
             continue  # refused for a reason no eviction changes
         holders = _holders(state, node, priority)
-        chosen = choose_victims(inventory, headrooms, holders, claims)
+        chosen = choose_victims(inventory, rule, holders, claims)
         if chosen is None:
             continue
         if not chosen:

@@ -180,19 +180,40 @@ CASES = [
         Fraction(92, 100),
         warnings=["relies on vLLM's default --gpu-memory-utilization (0.92"],
     ),
+    # vllm/config/cache.py: 0.9 up to v0.19.1, 0.92 from v0.20.0 (the released wheels).
     Case(
         "vllm-default-old-image",
-        pod(container(image="vllm/vllm-openai:v0.20.2", args=["--model", "m"])),
+        pod(container(image="vllm/vllm-openai:v0.19.1", args=["--model", "m"])),
         "vllm",
         Fraction(9, 10),
         warnings=["default --gpu-memory-utilization (0.9 of"],
     ),
     Case(
+        "vllm-default-0.20.0-image",
+        pod(container(image="vllm/vllm-openai:v0.20.0", args=["--model", "m"])),
+        "vllm",
+        Fraction(92, 100),
+    ),
+    # v0.34.0: without the flag the extensible KV cache takes what is free (resolved utilization 1.0).
+    Case(
+        "vllm-default-extensible-cache",
+        pod(container(image="vllm/vllm-openai:v0.34.0", args=["--model", "m"])),
+        "vllm",
+        Fraction(1),
+        evidence=["vLLM default --gpu-memory-utilization: the whole device (image tag v0.34.0"],
+    ),
+    Case(
+        "vllm-default-tag-with-digest",
+        pod(container(image="vllm/vllm-openai:v0.19.1@sha256:" + "ab" * 32, args=["--model", "m"])),
+        "vllm",
+        Fraction(9, 10),
+    ),
+    Case(
         "vllm-default-unknown-version",
         pod(container(image="vllm/vllm-openai:latest", args=["m"])),
         "vllm",
-        Fraction(92, 100),
-        evidence=["vLLM default --gpu-memory-utilization 0.92 (image version unknown"],
+        Fraction(1),
+        evidence=["vLLM default --gpu-memory-utilization: the whole device (image version unknown"],
     ),
     Case(
         "vllm-tensor-parallel-matches",
@@ -286,12 +307,19 @@ CASES = [
         Fraction(1, 2),
         errors=["-tp two is not a positive integer"],
     ),
+    # v1/worker/utils.py request_memory: free >= utilization x total at start, even with kv bytes.
     Case(
-        "vllm-kv-cache-bytes-unknown",
+        "vllm-kv-cache-bytes-needs-utilization-free",
         pod(container(command=["vllm", "serve", "--kv-cache-memory-bytes", "8G"])),
         "vllm",
-        None,
-        warnings=["ignores --gpu-memory-utilization"],
+        Fraction(92, 100),
+        warnings=["relies on vLLM's default --gpu-memory-utilization (0.92"],
+    ),
+    Case(
+        "vllm-kv-cache-bytes-with-utilization",
+        pod(container(command=["vllm", "serve", "--kv-cache-memory-bytes", "8G", "--gpu-memory-utilization", "0.2"])),
+        "vllm",
+        Fraction(1, 5),
     ),
     Case(
         "vllm-config-file-unknown",
@@ -329,11 +357,11 @@ CASES = [
         gpus=2,
     ),
     Case(
-        "sglang-default-unknown",
+        "sglang-default-whole-device",
         pod(container(command=["python3", "-m", "sglang.launch_server", "--model-path", "m"])),
         "sglang",
-        None,
-        warnings=["default --mem-fraction-static"],
+        Fraction(1),
+        warnings=["computed --mem-fraction-static"],
     ),
     # TGI
     Case(
@@ -406,11 +434,36 @@ CASES = [
         Fraction(1, 5),
     ),
     Case(
-        "jax-no-prealloc-unknown",
+        # xla/pjrt/gpu/gpu_helpers.cc: allow_growth keeps the fraction (default 0.75) as the cap.
+        "jax-no-prealloc-grows-up-to-the-fraction",
         pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})),
         "jax",
+        Fraction(3, 4),
+        evidence=["JAX default memory fraction 0.75"],
+    ),
+    Case(
+        "jax-platform-allocator-unknown",
+        pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})),
+        "jax",
         None,
-        warnings=["allocates on demand"],
+        warnings=["platform allocator has no cap"],
+    ),
+    # jaxlib/xla_client.py generate_pjrt_gpu_plugin_options raises when both are set.
+    Case(
+        "jax-both-variables-refused",
+        pod(container(command=["python", "train.py"],
+                      env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5", "XLA_CLIENT_MEM_FRACTION": "0.5"})),
+        "jax",
+        Fraction(1, 2),
+        errors=["jaxlib refuses to start"],
+    ),
+    # jaxlib reads the value with float(): XLA's "0.75+" form does not reach it.
+    Case(
+        "jax-plus-form-refused",
+        pod(container(command=["python", "train.py"], env={"XLA_CLIENT_MEM_FRACTION": "0.75+"})),
+        "jax",
+        None,
+        errors=["is not a number"],
     ),
     Case(
         "jax-shell-assignment",
@@ -663,12 +716,20 @@ def test_claim_above_mps_limit_needs_device_size() -> None:
     assert "more than its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (16.0 GiB)" in problem
 
 
-def test_several_engines_count_the_largest() -> None:
+def test_several_engines_in_one_container_add_up() -> None:
     script = "vllm serve a --gpu-memory-utilization 0.2 & vllm serve b --gpu-memory-utilization 0.4; wait"
     demand = derive_pod_demand(pod(container(command=["bash", "-c", script])))
-    assert demand.containers[0].reservation is not None
-    assert demand.containers[0].reservation.fraction == Fraction(2, 5)
-    assert any("2 engine processes" in w for w in demand.warnings)
+    reservation = demand.containers[0].reservation
+    assert reservation is not None
+    assert reservation.fraction == Fraction(3, 5)
+    assert [a.name for a in reservation.allowances].count("CUDA context") == 2  # one per process
+    assert any("2 engine processes" in w and "summed" in w for w in demand.warnings)
+
+
+def test_engines_that_together_claim_more_than_the_gpu_are_an_error() -> None:
+    script = "vllm serve a --gpu-memory-utilization 0.6 & vllm serve b --gpu-memory-utilization 0.6"
+    demand = derive_pod_demand(pod(container(command=["bash", "-c", script])))
+    assert any("together claim 1.2 of the GPU" in e for e in demand.errors)
 
 
 def test_configurable_gpu_resources() -> None:

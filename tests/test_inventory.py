@@ -115,7 +115,7 @@ CASES = [
             {"nvidia.com/gpu": "0", "nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "1"},
         ),
         [
-            ("1g.10gb#0", "NVIDIA H100 80GB HBM3", 10**10 // MiB, "mig", 1, "nvidia.com/mig-1g.10gb"),
+            ("1g.10gb#0", "NVIDIA H100 80GB HBM3", 9728, "mig", 1, "nvidia.com/mig-1g.10gb"),
             ("3g.40gb#0", "NVIDIA H100 80GB HBM3", 40448, "mig", 1, "nvidia.com/mig-3g.40gb"),
             ("3g.40gb#1", "NVIDIA H100 80GB HBM3", 40448, "mig", 1, "nvidia.com/mig-3g.40gb"),
         ],
@@ -146,9 +146,9 @@ def test_devices_from_labels(obj: dict[str, Any], expected: list[tuple[str, str,
     assert summary(read_inventory(obj).devices) == expected
 
 
-def test_memory_of_a_profile_is_decimal_gigabytes_when_unlabelled() -> None:
-    inventory = read_inventory(node({"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-3g.40gb.count": "1"}))
-    assert inventory.devices[0].memory_bytes == 40 * 10**9
+def test_memory_of_an_unlabelled_profile_is_nvmls_size_not_its_name() -> None:
+    inventory = read_inventory(node({"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.18gb.count": "1"}))
+    assert inventory.devices[0].memory_bytes == 16 * 2**30  # H200's 1g.18gb: 16.00 GiB, not 18 GB
 
 
 def test_junk_labels_are_noted_not_raised() -> None:
@@ -187,7 +187,18 @@ def test_human_product(label: str, human: str) -> None:
 
 @pytest.mark.parametrize(
     ("profile", "size"),
-    [("3g.40gb", 40 * 10**9), ("1g.18gb", 18 * 10**9), ("1g.10gb+me", 10 * 10**9), ("weird", None)],
+    [
+        # NVML's sizes (nvidia-smi -lgip): A100 80GB 3g.40gb 39.25 GiB, H200 1g.18gb 16.00 GiB (under
+        # its name's 18 GB), H100 1g.10gb+me as its profile (the A100 80GB's 9.50 GiB is smaller).
+        ("3g.40gb", 40192 * 2**20),
+        ("1g.18gb", 16 * 2**30),
+        ("1g.10gb+me", 9728 * 2**20),
+        ("1g.10gb.me", 9728 * 2**20),
+        ("7g.141gb", int(139.75 * 2**30)),
+        # Unlisted: nine tenths of the name's decimal gigabytes.
+        ("7g.180gb", 162 * 10**9),
+        ("weird", None),
+    ],
 )
 def test_mig_profile_bytes(profile: str, size: int | None) -> None:
     assert mig_profile_bytes(profile) == size

@@ -274,7 +274,7 @@ def test_node_that_loses_a_resource_reports_its_pods() -> None:
 def test_new_headroom_changes_budgets() -> None:
     ledger = ledger_with(NodeInventory("n", devices(1, 4)))
     ledger.reserve("n", pod("a"), [claim(850)])
-    ledger.set_headrooms(dict.fromkeys(TENTH, Fraction(1, 5)))
+    ledger.set_budget_rule(dict.fromkeys(TENTH, Fraction(1, 5)))
     assert ledger.budget("n", "0") == 800
     assert ledger.check_invariants() == ["n GPU 0 (Test GPU): may hold 850 B (850 B), budget 800 B (800 B)"]
 
@@ -416,6 +416,6 @@ def test_generation_changes_with_every_change_and_never_repeats() -> None:
 def test_empty_node_check_follows_the_budget() -> None:
     ledger = ledger_with(NodeInventory("n", devices(1, 4)), NodeInventory("m", devices(1, 4)))
     assert ledger.fits("n", [claim(850)]).ok and ledger.fits("m", [claim(850)]).ok
-    ledger.set_headrooms(dict.fromkeys(TENTH, Fraction(1, 5)))
+    ledger.set_budget_rule(dict.fromkeys(TENTH, Fraction(1, 5)))
     assert ledger.fits("n", [claim(850)]).unresolvable
     assert ledger.fits("m", [claim(800)]).ok

@@ -61,7 +61,7 @@ def mig_node(name: str) -> dict[str, Any]:
 
 
 def ledger_of(*nodes: dict[str, Any], policy: Policy = POLICY) -> Ledger:
-    ledger = Ledger(policy.headrooms())
+    ledger = Ledger(policy.budget_rule())
     for obj in nodes:
         ledger.upsert_node(read_inventory(obj))
     return ledger
@@ -223,7 +223,7 @@ def test_class_preference_shows_in_scores() -> None:
 
 def test_unknown_node_fails_resolvably() -> None:
     pod = pod_claims(demand(container(GIB)), BEST_EFFORT)
-    result = filter_node(Ledger(POLICY.headrooms()), "ghost", pod, BEST_EFFORT)
+    result = filter_node(Ledger(POLICY.budget_rule()), "ghost", pod, BEST_EFFORT)
     assert (result.verdict, result.message) == (Verdict.FAIL, "node ghost is not known to vramguard yet")
 
 
@@ -330,7 +330,7 @@ def test_choose_gpus_spreads_replicas_of_one_container() -> None:
     claims = pod_claims(demand(container(gib(60), gpus=2)), GUARANTEED, "a")
     assignment = choose_gpus(ledger, "n", claims, GUARANTEED)
     assert assignment is not None and assignment.containers == {"vllm": ("0", "1")}
-    assert choose_gpus(Ledger(POLICY.headrooms()), "ghost", claims, GUARANTEED) is None
+    assert choose_gpus(Ledger(POLICY.budget_rule()), "ghost", claims, GUARANTEED) is None
 
 
 def test_apply_intended_rebuilds_claims_from_the_recorded_decision() -> None:
@@ -349,7 +349,7 @@ def test_filter_rechecks_a_reserved_pod_without_counting_it_twice() -> None:
 
 def test_node_offering_a_shared_mig_instance_is_not_isolation() -> None:
     gpu = Gpu("7g.80gb#0", 0, "H100", 80 * 10**9, "time-slicing", 2, "nvidia.com/mig-7g.80gb", "7g.80gb")
-    ledger = Ledger(POLICY.headrooms())
+    ledger = Ledger(POLICY.budget_rule())
     ledger.upsert_node(NodeInventory("n", (gpu,)))
     pod = pod_claims(demand(container(GIB, resource="nvidia.com/mig-7g.80gb")), GUARANTEED)
     assert filter_node(ledger, "n", pod, GUARANTEED).message == (

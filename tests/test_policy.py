@@ -10,6 +10,7 @@ import pytest
 
 from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.demand.model import Vram
+from vramguard.inventory import Gpu
 from vramguard.policy import Policy, PolicyError, PolicyFile, default_policy, load_policy, parse_vram_limit
 from vramguard.quantity import GiB
 
@@ -30,7 +31,10 @@ def test_default_policy_follows_the_decision_tree() -> None:
         "shared": ("time-slicing", "mps"),
     }
     assert policy.enforcement == "audit"  # installing vramguard refuses nothing for a class rule
-    assert all(c.headroom_fraction == Fraction(1, 10) for c in policy.classes.values())
+    assert all(c.headroom is None for c in policy.classes.values())  # margins are the budget's now
+    rule = policy.budget_rule()
+    assert rule.exclusive == 0  # a pod alone on a GPU is never refused for its own share
+    assert set(rule.margins.values()) == {Fraction(3, 100)}
     assert policy.classes["burstable"].require_mps_limit
     assert policy.gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
     assert policy.gpu_resource_prefixes == ("nvidia.com/mig-",)
@@ -40,7 +44,9 @@ def test_default_policy_follows_the_decision_tree() -> None:
 def test_defaults_of_a_minimal_policy() -> None:
     policy = Policy.from_yaml(MINIMAL)
     shared = policy.classes["shared"]
-    assert (shared.headroom_fraction, shared.scoring, shared.unknown_vram) == (Fraction(1, 10), "binpack", "whole-gpu")
+    assert (shared.headroom, shared.scoring, shared.unknown_vram) == (None, "binpack", "whole-gpu")
+    assert policy.margin_for("time-slicing") == Fraction(3, 100)
+    assert policy.demand_options().allowances.amount("cuda_context", "vllm") == 512 * 2**20
     assert (shared.max_vram, shared.require_mps_limit, shared.allow_implicit_defaults) == (None, False, True)
     assert policy.enforcement == "warn"
     assert policy.quotas == {}
@@ -208,17 +214,55 @@ def test_choose_class_accepts_missing_labels() -> None:
     assert default_policy().choose_class(None, None).name == "best-effort"
 
 
-def test_headroom_of_a_strategy_is_the_most_careful_class_allowed_on_it() -> None:
+def test_an_old_policys_headroom_is_the_margin_of_shared_devices() -> None:
     policy = Policy.from_yaml("""
 default_class: relaxed
 classes:
   relaxed: {sharing: [time-slicing], headroom: 0.05}
   careful: {sharing: [time-slicing, mps], headroom: 0.2}
 """)
-    assert policy.headroom_for("time-slicing") == Fraction(1, 5)
-    assert policy.headroom_for("mps") == Fraction(1, 5)
-    assert policy.headroom_for("none") == Fraction(1, 20)  # no class allows it: the default's
-    assert set(policy.headrooms()) == {"none", "time-slicing", "mps", "mig"}
+    assert policy.margin_for("time-slicing") == Fraction(1, 5)  # the most careful class allowed there
+    assert policy.margin_for("mps") == Fraction(1, 5)
+    assert policy.margin_for("none") == Fraction(3, 100)  # no class sets one: the default margin
+    rule = policy.budget_rule()
+    assert set(rule.margins) == {"none", "time-slicing", "mps", "mig"}
+    exclusive = Gpu("0", 0, "H100", 80 * 2**30, "none", 1, "nvidia.com/gpu")
+    shared = Gpu("0", 0, "H100", 80 * 2**30, "time-slicing", 4, "nvidia.com/gpu")
+    assert rule.margin(exclusive) == 0  # an exclusive device keeps no margin, old file or new
+    assert rule.margin(shared) == Fraction(1, 5)
+
+
+def test_budget_margins_win_over_an_old_headroom() -> None:
+    policy = Policy.from_yaml("""
+default_class: a
+classes: {a: {sharing: [time-slicing], headroom: 0.2}}
+budget: {margins: {time-slicing: 0.05}, exclusive_margin: 0.01}
+""")
+    assert policy.margin_for("time-slicing") == Fraction(1, 20)
+    assert policy.budget_rule().exclusive == Fraction(1, 100)
+
+
+def test_allowances_per_engine_and_product() -> None:
+    policy = Policy.from_yaml("""
+default_class: a
+classes: {a: {sharing: [time-slicing]}}
+allowances:
+  cuda_context: 600Mi
+  engines: {vllm: {cuda_graphs: 2Gi}}
+  products: {"NVIDIA H200": {cuda_context: 1Gi}}
+""")
+    table = policy.demand_options().allowances
+    assert table.amount("cuda_context", "sglang") == 600 * 2**20
+    assert table.amount("cuda_graphs", "vllm") == 2 * 2**30
+    assert table.amount("cuda_graphs", "sglang") == 2**30  # the shipped default
+    assert table.by_product("cuda_context") == (("NVIDIA H200", 2**30),)
+
+
+def test_a_bad_allowance_names_its_key() -> None:
+    with pytest.raises(PolicyError, match=r"allowances.engines.vllm.cuda_graphs"):
+        Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {engines: {vllm: {cuda_graphs: lots}}}")
+    with pytest.raises(PolicyError, match=r"unknown key 'cuda_graph' in allowances \(allowed: cuda_context"):
+        Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {cuda_graph: 1Gi}")
 
 
 @pytest.mark.parametrize(

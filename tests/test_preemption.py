@@ -60,7 +60,7 @@ VICTIM_CASES = [
 @pytest.mark.parametrize(("holders", "pod", "victims"), VICTIM_CASES)
 def test_choose_victims(holders: list[Holder], pod: tuple[str, int], victims: tuple[str, ...] | None) -> None:
     evictable = [h if h.priority < pod[1] else Holder(h.pod, h.claims, h.priority, False) for h in holders]
-    chosen = choose_victims(INVENTORY, POLICY.headrooms(), evictable, claims_of(pod[0]))
+    chosen = choose_victims(INVENTORY, POLICY.budget_rule(), evictable, claims_of(pod[0]))
     assert (tuple(v.name for v in chosen) if chosen is not None else None) == victims
 
 

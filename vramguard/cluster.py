@@ -230,7 +230,7 @@ class ClusterState:
         self.policy_version = 0
         """Counts policy reloads (cached verdicts are per version)."""
         self.options = demand_options(policy)
-        self.ledger = Ledger(policy.headrooms())
+        self.ledger = Ledger(policy.budget_rule())
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self._inventories: dict[str, NodeInventory] = {}
         self._largest_node: int | None = None
@@ -289,14 +289,14 @@ class ClusterState:
     # -- policy -------------------------------------------------------------------------------
 
     def set_policy(self, policy: Policy) -> None:
-        """Apply a reloaded policy: budgets follow the new headrooms."""
+        """Apply a reloaded policy: budgets follow the new margins, claims the new allowances."""
         self.policy = policy
         self.policy_version += 1
         self.options = demand_options(policy)
         self._demands.clear()
         self._claims.clear()
         self._sums.clear()  # the quota's claims are re-derived per template under the new policy
-        self.ledger.set_headrooms(policy.headrooms())
+        self.ledger.set_budget_rule(policy.budget_rule())
 
     def choose_class(self, pod: Mapping[str, Any]) -> ClassChoice:
         """The class of a pod, from its labels and its namespace's."""

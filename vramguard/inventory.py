@@ -16,9 +16,10 @@ Where the facts come from (labels written by GPU Feature Discovery, see NVIDIA/k
   ``gpu.memory`` = memory of one MIG device), served as ``nvidia.com/gpu``.
 - ``nvidia.com/mig.strategy=mixed``: one resource per profile, ``nvidia.com/mig-<profile>``, with
   labels ``nvidia.com/mig-<profile>.count``, ``.memory``, ``.product``, ``.replicas``,
-  ``.sharing-strategy``. When ``.memory`` is missing the size comes from the profile's name in
-  decimal gigabytes (``3g.40gb`` -> 40 GB), which is below the real size of every known profile,
-  so the budget errs on the safe side.
+  ``.sharing-strategy``. When ``.memory`` is missing the size comes from :data:`MIG_INSTANCE_MIB`,
+  the instance sizes NVML reports per profile (the smallest among products sharing a profile name),
+  else from the name read as decimal gigabytes less a tenth: a name is not a size (an H200's
+  ``1g.18gb`` has 16 GiB, under 18 GB; an H100's ``1g.10gb`` 9.75 GiB, over 10 GB).
 
 The node's ``status.allocatable`` (else ``capacity``) says what the device plugin advertises right
 now; when it lists a resource, the device count follows it (``allocatable / replicas``), because
@@ -52,7 +53,7 @@ MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
 _FULL_GPU_LABELS = "nvidia.com/gpu"
-_MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:\+.*)?$")
+_MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:[+.].*)?$")
 _GB = 10**9
 
 
@@ -120,10 +121,39 @@ def human_product(label: str) -> str:
     return name.replace("-", " ").strip() or "unknown GPU"
 
 
+MIG_INSTANCE_MIB: Mapping[str, int] = {
+    # A100 40GB (NVIDIA go-nvml's A100 device data)
+    "1g.5gb": 4864, "2g.10gb": 9856, "3g.20gb": 19968, "4g.20gb": 19968, "7g.40gb": 40192,
+    # A100 80GB (nvidia-smi -lgip: 9.50 / 19.50 / 39.25 GiB) and H100 80GB (9.75 / 19.62 / 39.50 / 79.25 GiB)
+    "1g.10gb": 9728, "1g.20gb": 20096, "2g.20gb": 19968, "3g.40gb": 40192, "4g.40gb": 40192, "7g.80gb": 80384,
+    # H100 NVL (10.75 / 21.62 / 46.38 GiB, NVIDIA/gpu-operator#900, mig-parted#101)
+    "1g.12gb": 11008, "1g.24gb": 22144, "3g.47gb": 47488,
+    # H200 141GB (16.00 / 32.25 / 69.50 / 139.75 GiB, mig-parted#120) and GH200 144GB (17.50 / 35.25 GiB)
+    "1g.18gb": 16384, "1g.35gb": 33024, "2g.35gb": 33024, "3g.71gb": 71168, "4g.71gb": 71168, "7g.141gb": 143104,
+    "1g.36gb": 36096, "2g.36gb": 36096,
+    # B200 (20.50 / 44.25 GiB, mig-parted#166 and #187)
+    "1g.23gb": 20992, "1g.45gb": 45312, "2g.45gb": 45312,
+}
+"""MiB of a MIG instance per profile, where NVML's figures were published; the smallest when
+products share a name. Variants (``+me``, a ``.me`` or ``.shared`` resource suffix) have the size of
+their profile."""
+_UNLISTED_PROFILE_SHARE = (9, 10)
+"""An unlisted profile counts this share of its name's decimal gigabytes (the worst listed ratio of
+real size to name is 0.95: H200 ``1g.18gb``)."""
+
+
 def mig_profile_bytes(profile: str) -> int | None:
-    """The memory a MIG profile's name promises, in decimal GB (``3g.40gb`` -> 40 * 10**9)."""
+    """The memory of a MIG instance of ``profile``: NVML's size where known
+    (:data:`MIG_INSTANCE_MIB`), else nine tenths of the name's decimal GB; ``None`` for no profile."""
     match = _MIG_PROFILE.match(profile)
-    return int(match["gb"]) * _GB if match else None
+    if match is None:
+        return None
+    base = f"{match['slices']}g.{match['gb']}gb"
+    listed = MIG_INSTANCE_MIB.get(base)
+    if listed is not None:
+        return listed * MiB
+    numerator, denominator = _UNLISTED_PROFILE_SHARE
+    return int(match["gb"]) * _GB * numerator // denominator
 
 
 def read_inventory(

@@ -24,6 +24,7 @@ from vramguard.ledger_fast import Placed as _Placed
 from vramguard.ledger_rule import (
     FITS,
     MEASURED_TOLERANCE_BYTES,
+    BudgetRule,
     Claim,
     Fit,
     PodRef,
@@ -131,9 +132,9 @@ class DeviceUsage:
 class _Device:
     __slots__ = ("budget", "expected_bytes", "expected_slots", "gpu", "known_bytes", "known_slots", "whole")
 
-    def __init__(self, gpu: Gpu, headroom: Fraction) -> None:
+    def __init__(self, gpu: Gpu, margin: Fraction) -> None:
         self.gpu = gpu
-        self.budget = budget_of(gpu, headroom)
+        self.budget = budget_of(gpu, margin)
         self.whole = whole_share(gpu, self.budget)
         self.known_bytes = gpu.foreign_bytes
         self.known_slots = 0
@@ -141,11 +142,11 @@ class _Device:
         self.expected_slots = 0
 
     def claim_bytes(self, claim: Claim) -> int:
-        return claim.bytes_on(self.gpu.memory_bytes, self.whole)
+        return claim.bytes_on(self.gpu.memory_bytes, self.whole, self.gpu.product)
 
     @property
-    def size(self) -> tuple[int, int]:
-        return self.gpu.memory_bytes, self.whole
+    def size(self) -> tuple[int, int, str]:
+        return self.gpu.memory_bytes, self.whole, self.gpu.product
 
 
 class _Group:
@@ -284,9 +285,9 @@ class _Record:
 class Ledger:
     """Reservations per device across the cluster; see the module docstring for the rules."""
 
-    def __init__(self, headrooms: Mapping[Sharing, Fraction]) -> None:
-        """``headrooms``: the fraction kept free on devices of each sharing strategy."""
-        self._headrooms = dict(headrooms)
+    def __init__(self, rule: BudgetRule | Mapping[Sharing, Fraction]) -> None:
+        """``rule``: the margin each device keeps free (margins by sharing strategy apply to all devices)."""
+        self._rule = BudgetRule.of(rule)
         self._nodes: dict[str, _Node] = {}
         self._records: dict[str, _Record] = {}
         self._pods_on: dict[str, set[str]] = {}  # node name -> UIDs of pods recorded there
@@ -296,11 +297,12 @@ class Ledger:
 
     # -- nodes ---------------------------------------------------------------------------------
 
-    def set_headrooms(self, headrooms: Mapping[Sharing, Fraction]) -> None:
-        """Change the headrooms (a policy reload) and recompute every budget."""
-        if dict(headrooms) == self._headrooms:
+    def set_budget_rule(self, rule: BudgetRule | Mapping[Sharing, Fraction]) -> None:
+        """Change the margins (a policy reload) and recompute every budget."""
+        rule = BudgetRule.of(rule)
+        if rule == self._rule:
             return
-        self._headrooms = dict(headrooms)
+        self._rule = rule
         for node in list(self._nodes.values()):
             self._rebuild(node.inventory)
 
@@ -359,7 +361,7 @@ class Ledger:
         devices: dict[str, _Device] = {}
         by_resource: dict[str, list[_Device]] = {}
         for gpu in inventory.devices:
-            device = _Device(gpu, self._headrooms.get(gpu.sharing, Fraction(0)))
+            device = _Device(gpu, self._rule.margin(gpu))
             devices[gpu.id] = device
             by_resource.setdefault(gpu.resource, []).append(device)
         groups = {resource: _Group(resource, group, self._shape(group)) for resource, group in by_resource.items()}
@@ -869,7 +871,7 @@ def _check_group(group: _Group, new: list[_Placed], exclude: _Record | None, *, 
         problems.append(too_few_replicas(len(new), group.resource, group.slots, used_slots))
         return tuple(problems), ()
 
-    ours_by_size: dict[tuple[int, int], list[int]] = {}
+    ours_by_size: dict[tuple[int, int, str], list[int]] = {}
     for device in group.devices:
         gpu = device.gpu
         own_bytes, own_slots = own_known.get(gpu.id, (0, 0))

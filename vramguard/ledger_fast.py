@@ -10,8 +10,8 @@ The caches, and their invalidation:
 =========================  ==============================  ==========================================
 Cache                      Keyed by                        Invalid when
 =========================  ==============================  ==========================================
-``GroupCache.prefix``      device size (memory, whole)     the group's unknown claims change
-                                                           (:meth:`GroupCache.changed`, from the
+``GroupCache.prefix``      device size (memory, whole,     the group's unknown claims change
+                           product: allowances differ)     (:meth:`GroupCache.changed`, from the
                                                            ledger's accounting)
 ``GroupCache.summary``     the node's generation           the generation moves (every change to the
                                                            node's devices or holdings gives a new one)
@@ -83,7 +83,7 @@ class GroupCache:
     __slots__ = ("_prefix", "_summary")
 
     def __init__(self) -> None:
-        self._prefix: dict[tuple[int, int], list[int]] = {}
+        self._prefix: dict[tuple[int, int, str], list[int]] = {}
         self._summary: tuple[int, Summary | None] | None = None
 
     def prefix(self, device: _Device, unknown: list[tuple[str, Claim]]) -> list[int]:
@@ -162,7 +162,7 @@ class Query:
         self.by_resource = {r: tuple(c) for r, c in by_resource.items()}
         self.pinned = any(c.gpu is not None for c in claims)
         """Some claim names its device: the general check resolves it per node."""
-        self.ours: dict[tuple[str, tuple[int, int]], list[int]] = {}
+        self.ours: dict[tuple[str, tuple[int, int, str]], list[int]] = {}
         self.never: dict[tuple[int, str], Check] = {}
         self.unresolvable: dict[tuple[int, ...], bool] = {}
         """Per kind of node (its groups' shapes): whether the pod fails it empty."""

@@ -5,14 +5,17 @@ checks pods against it; :mod:`vramguard.ledger_fast` answers the same question f
 case, and the differential tests hold it to the answers of the general check built on this module.
 
 **Budget.** Each device (a physical GPU, or a MIG instance) has a budget of
-``floor(memory * (1 - headroom))`` bytes (:func:`budget_of`). The headroom is a property of the
-device, not of the pod asking: it is the policy's headroom for the device's sharing strategy, the
-largest among the classes allowed on such devices (:meth:`vramguard.policy.Policy.headroom_for`). So
-the budget of a GPU is fixed whatever the order pods arrive in, and the most careful class that may
-use it is honoured.
+``floor(memory * (1 - margin))`` bytes (:func:`budget_of`). The margin is a property of the
+device, not of the pod asking (:class:`BudgetRule`, from the policy's ``budget``): a device that one
+pod owns (one replica, not shared by DRA) keeps none by default, since a pod alone on a GPU must never
+be refused for its own share; a shared device keeps its sharing strategy's margin, for what no
+allowance models (fragmentation, the driver's own reservations). So the budget of a GPU is fixed
+whatever the order pods arrive in.
 
 **Claims.** A pod holds one :class:`Claim` per device replica it gets: a container asking for
-``nvidia.com/gpu: 2`` makes two claims, each worth its per-GPU reservation. A claim may have
+``nvidia.com/gpu: 2`` makes two claims, each worth its per-GPU reservation: the engine's share *and*
+its allowances (CUDA contexts, graphs, communication buffers; see
+:mod:`vramguard.demand.allowances`), which may differ per GPU product. A claim may have
 several candidate amounts (an init container and an app container sharing a replica); it holds the
 largest on the device it lands on. A claim without an amount (``None``) holds a whole device:
 its budget, or on an MPS device the share the device plugin gives one replica (:func:`whole_share`).
@@ -34,8 +37,8 @@ A node never holds more claims of a resource than it has replicas of it.
 
 **Measured use.** The agent reports what each pod's processes use on each device. A pod holds, on
 every device it is measured on, the larger of its claims there and what it uses (use within
-:data:`MEASURED_TOLERANCE_BYTES` of the claims is the CUDA context and allocator slack the headroom
-is for, and is not counted): the part above its claims is *over-use* (:func:`over_use`), counted on
+:data:`MEASURED_TOLERANCE_BYTES` of the claims is allocator slack, and is not counted): the part
+above its claims is *over-use* (:func:`over_use`), counted on
 that device as known bytes. A declaration is a floor, not a ceiling: ``vramguard.io/vram: 1Mi`` on a
 pod using 20 GiB holds 20 GiB once the agent has measured it. A pod measured on a device where none
 of its claims is known to be (no placement reported) holds its use there on top of its claims,
@@ -49,20 +52,46 @@ plugin picks for the pod's unknown claims too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from vramguard.demand.model import Vram
-from vramguard.inventory import Gpu
+from vramguard.inventory import Gpu, Sharing
 
 MEASURED_TOLERANCE_BYTES = 512 * 1024 * 1024
-"""Use above a pod's claims on a device that is still not over-use: one CUDA context and allocator
-slack, which the budget's headroom covers."""
+"""Use above a pod's claims (their allowances included) on a device that is still not over-use:
+allocator slack, which a shared device's margin covers."""
 
 
-def budget_of(gpu: Gpu, headroom: Fraction) -> int:
-    """The bytes the ledger lets pods hold on ``gpu``: its memory less the headroom, rounded down."""
-    keep = 1 - headroom
+@dataclass(frozen=True, slots=True)
+class BudgetRule:
+    """The margin each device keeps free: by sharing strategy, and for devices one pod owns."""
+
+    margins: Mapping[Sharing, Fraction]
+    exclusive: Fraction | None = Fraction(0)
+    """The margin of a device with one replica that no DRA driver shares; ``None``: its strategy's."""
+
+    @classmethod
+    def of(cls, rule: BudgetRule | Mapping[Sharing, Fraction]) -> BudgetRule:
+        """``rule`` itself, or margins by strategy applied to every device alike."""
+        return rule if isinstance(rule, BudgetRule) else cls(dict(rule), None)
+
+    def margin(self, gpu: Gpu) -> Fraction:
+        """The fraction of ``gpu``'s memory its budget keeps free."""
+        if self.exclusive is not None and gpu.replicas == 1 and gpu.dra_sharing in (None, "exclusive"):
+            return self.exclusive
+        return self.margins.get(gpu.sharing, Fraction(0))
+
+    def budget(self, gpu: Gpu) -> int:
+        """:func:`budget_of` ``gpu`` under this rule."""
+        return budget_of(gpu, self.margin(gpu))
+
+
+def budget_of(gpu: Gpu, margin: Fraction) -> int:
+    """The bytes the ledger lets pods hold on ``gpu``: its memory less the margin, rounded down."""
+    keep = 1 - margin
     return gpu.memory_bytes * keep.numerator // keep.denominator
 
 
@@ -85,7 +114,7 @@ def worst_case(known_bytes: int, free_slots: int, unknown_largest_first: list[in
 def over_budget_cause(gpu: Gpu) -> str:
     """Who can put a device over its budget before a pod vramguard places: pods bound without
     vramguard, and on a DRA device the claims of pods with ResourceClaims (the scheduler fills a
-    device's memory to 100%, the budget keeps the headroom)."""
+    device's memory to 100%, the budget keeps the margin)."""
     if gpu.dra_sharing is not None:
         return "claims of pods with ResourceClaims or pods bound without vramguard"
     return "pods bound without vramguard"
@@ -109,16 +138,17 @@ class Claim:
     """The device id the claim is really on, when known."""
     intended: str | None = None
     """The device vramguard chose at bind; used for scoring, never to relax the accounting."""
-    _last: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
-    # A cache of the fast path (see vramguard.ledger_fast): the last (memory, whole, bytes).
+    _last: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    # A cache of the fast path (see vramguard.ledger_fast): the last (memory, whole, bytes, product).
 
-    def bytes_on(self, memory_bytes: int, whole: int) -> int:
-        """Bytes this claim holds on a device of ``memory_bytes`` whose whole share is ``whole``."""
+    def bytes_on(self, memory_bytes: int, whole: int, product: str = "") -> int:
+        """Bytes this claim holds on a device of ``memory_bytes`` whose whole share is ``whole``,
+        allowances for ``product`` included."""
         last = self._last
-        if last and last[0] == memory_bytes and last[1] == whole:
-            return last[2]
-        amount = max(whole if v is None else v.on_device(memory_bytes) for v in self.vram)
-        last[:] = (memory_bytes, whole, amount)
+        if last and last[0] == memory_bytes and last[1] == whole and last[3] == product:
+            return last[2]  # type: ignore[no-any-return]
+        amount = max(whole if v is None else v.on_device(memory_bytes, product, whole) for v in self.vram)
+        last[:] = (memory_bytes, whole, amount, product)
         return amount
 
 

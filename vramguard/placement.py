@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from fractions import Fraction
 
 from vramguard.codecs import VRAM_ANNOTATION, ClassFindingRecord, Placement
 from vramguard.demand.model import PodDemand, Vram
@@ -126,14 +127,18 @@ class Refusal:
         return {"rule": str(self.rule), "enforced": self.enforced, "message": self.message}
 
 
+NO_MARGIN = Fraction(0)
+
+
 def pod_refusals(
-    demand: PodDemand, choice: ClassChoice, mig_prefixes: Sequence[str], gpu_memory: int | None = None
+    demand: PodDemand, choice: ClassChoice, mig_prefixes: Sequence[str], gpu_memory: int | None = None,
+    margin: Fraction = NO_MARGIN,
 ) -> list[Refusal]:
     """What refuses the pod on every node: VRAM unknown in a class that rejects it, a MIG resource
     in a class without MIG (a class rule: enforced only in ``enforce``), a reservation above the
-    budget of a GPU of ``gpu_memory`` bytes (the VRAM budget, every mode)."""
+    budget of a GPU of ``gpu_memory`` bytes that keeps ``margin`` free (the VRAM budget, every mode;
+    pass the smallest margin any device keeps, so that the refusal holds on every one)."""
     refusals: list[Refusal] = []
-    headroom = choice.qos.headroom_fraction
     for container in demand.containers:
         vram = container.reservation
         if vram is None and choice.qos.unknown_vram == "reject":
@@ -148,13 +153,14 @@ def pod_refusals(
                 choice.enforcement == "enforce",
             ))
         if gpu_memory is not None and vram is not None:
-            budget = gpu_memory - -(-gpu_memory * headroom.numerator // headroom.denominator)
-            need = vram.on_device(gpu_memory)
+            budget = gpu_memory - -(-gpu_memory * margin.numerator // margin.denominator)
+            need = vram.on_device(gpu_memory, whole=budget)
             if need > budget:
+                kept = f" (keeping {float(margin):.0%} free)" if margin else ""
                 refusals.append(Refusal(Rule.VRAM_BUDGET, (
-                    f"container {container.name}: needs {format_bytes(need)} per GPU, more than the "
-                    f"{format_bytes(budget)} VRAM budget of a {format_bytes(gpu_memory)} GPU "
-                    f"(class {choice.name} keeps {float(headroom):.0%} free)"
+                    f"container {container.name}: needs {format_bytes(need)} per GPU "
+                    f"({vram.describe()}), more than the {format_bytes(budget)} VRAM budget of a "
+                    f"{format_bytes(gpu_memory)} GPU{kept}"
                 )))
     return refusals
 
@@ -396,6 +402,7 @@ def _kind_refusal_text(
     )
     if any(None in c.vram for c in claims):
         text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
+    text += _ceiling_note(claims)
     if counting:
         text += "; counting pods whose GPU is not known yet"
     return text
@@ -481,12 +488,23 @@ def describe_fit(fit: Fit, claims: Sequence[Claim]) -> str:
         text = _shortfall_text(first)
         if whole:
             text += f"; its VRAM is unknown, so it takes a whole GPU (declare {VRAM_ANNOTATION})"
+        text += _ceiling_note(claims)
         if first.unknown_pods:
             text += f"; counting {_pods(first.unknown_pods)} whose GPU is not known yet"
         if len(shortfalls) > 1:
             text += "; also " + ", ".join(_short_label(s.device) for s in shortfalls[1:])
         parts.insert(0, text)
     return "; ".join(parts)
+
+
+def _ceiling_note(claims: Sequence[Claim]) -> str:
+    """Why a ceiling engine needs more than its share: it counts at least half a budget."""
+    if not any(v is not None and v.ceiling for c in claims for v in c.vram):
+        return ""
+    return (
+        "; its engine's fraction caps the whole GPU's use (TGI; vLLM before v0.9.1; SGLang's and newer "
+        "vLLM's defaults), so it counts at least half a GPU's budget and never shares one with another such"
+    )
 
 
 def _short_label(device: Gpu) -> str:

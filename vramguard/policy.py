@@ -3,8 +3,8 @@
 A pod's class comes from its label ``vramguard.io/qos-class`` when its namespace's class allows
 that class (``allows_pod_classes``), else from its namespace's label of the same name, else from
 ``default_class``. A class says which sharing strategies its pods may use
-(``none``, ``time-slicing``, ``mps``, ``mig``), how much of each GPU to keep free (``headroom``),
-how to rank nodes (``binpack`` | ``spread``), and what to do when a pod's VRAM is unknown
+(``none``, ``time-slicing``, ``mps``, ``mig``), how to rank nodes (``binpack`` | ``spread``),
+and what to do when a pod's VRAM is unknown
 (``whole-gpu`` | ``reject``); the webhook reads ``max_vram_per_gpu``, ``require_mps_limit`` and
 ``allow_implicit_defaults``.
 
@@ -31,8 +31,11 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
+from vramguard.demand.allowances import KINDS, AllowanceTable
+from vramguard.demand.derive import DemandOptions
 from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
+from vramguard.ledger_rule import BudgetRule
 from vramguard.quantity import QuantityError, parse_bytes
 from vramguard.workloads import WorkloadKind
 
@@ -83,8 +86,9 @@ class QosClass(_Strict):
     description: str = ""
     sharing: tuple[Sharing, ...] = Field(min_length=1)
     """Sharing strategies of the GPUs its pods may be placed on."""
-    headroom: Decimal = Field(default=Decimal("0.10"), ge=0, lt=1)
-    """Fraction of each GPU kept free (runtime overhead, fragmentation, CUDA contexts)."""
+    headroom: Decimal | None = Field(default=None, ge=0, lt=1)
+    """Deprecated (see :meth:`Policy.budget_rule`): read as the margin of the shared devices of the
+    strategies the class allows. Allowances now count what it stood for (CUDA contexts, graphs)."""
     scoring: Scoring = "binpack"
     unknown_vram: UnknownVram = "whole-gpu"
     max_vram_per_gpu: Quantity | None = None
@@ -117,14 +121,68 @@ class QosClass(_Strict):
         return value
 
     @property
-    def headroom_fraction(self) -> Fraction:
-        """The headroom as an exact fraction (``0.1`` -> 1/10)."""
-        return Fraction(self.headroom)
-
-    @property
     def max_vram(self) -> Vram | None:
         """``max_vram_per_gpu`` parsed, or ``None``."""
         return parse_vram_limit(self.max_vram_per_gpu) if self.max_vram_per_gpu is not None else None
+
+
+Margin = Annotated[Decimal, Field(ge=0, lt=1)]
+
+DEFAULT_MARGIN = Decimal("0.03")
+"""What a shared device keeps free by default: what no allowance models (allocator fragmentation,
+the memory the driver keeps, about 0.5 to 0.75 GiB between NVML's and CUDA's totals on 80 GB GPUs)."""
+
+
+class BudgetSettings(_Strict):
+    """How much of each device pods may hold: the device's memory less a margin."""
+
+    margins: dict[Sharing, Margin] = Field(default_factory=dict)
+    """Margin of shared devices per sharing strategy (default 0.03 each)."""
+    exclusive_margin: Margin = Decimal(0)
+    """Margin of a device one pod owns (one replica, not shared by DRA): none by default, so a pod
+    alone on a GPU is never refused for its own share."""
+
+
+class AllowanceAmounts(_Strict):
+    """Bytes per process per GPU of each allowance; unset: the level above decides."""
+
+    cuda_context: Quantity | None = None
+    """One CUDA context per process per GPU (default 512Mi)."""
+    cuda_graphs: Quantity | None = None
+    """CUDA graphs, where the engine version keeps them outside its share (default 1Gi)."""
+    communication: Quantity | None = None
+    """NCCL and custom all-reduce buffers of a process with parallel peers (default 1Gi)."""
+
+    @field_validator("cuda_context", "cuda_graphs", "communication")
+    @classmethod
+    def _bytes(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_bytes(value)
+            except QuantityError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    def as_bytes(self) -> dict[str, int]:
+        """The amounts that are set, in bytes."""
+        return {key: parse_bytes(value) for key in KINDS if (value := getattr(self, key)) is not None}
+
+
+class AllowanceSettings(AllowanceAmounts):
+    """The allowances counted beside every engine's share (see :mod:`vramguard.demand.allowances`)."""
+
+    engines: dict[str, AllowanceAmounts] = Field(default_factory=dict)
+    """Per engine (``vllm``, ``sglang``, ``tgi``, ``jax``, ``tensorrt-llm``)."""
+    products: dict[str, AllowanceAmounts] = Field(default_factory=dict)
+    """Per GPU product as GPU Feature Discovery names it (``NVIDIA H100 80GB HBM3``); wins over engines."""
+
+    def table(self) -> AllowanceTable:
+        """The amounts as the demand model reads them."""
+        return AllowanceTable.of(
+            self.as_bytes(),
+            {engine: amounts.as_bytes() for engine, amounts in self.engines.items()},
+            {product: amounts.as_bytes() for product, amounts in self.products.items()},
+        )
 
 
 class DirectPlacement(_Strict):
@@ -182,6 +240,10 @@ class Policy(_Strict):
     binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
     direct_placement: DirectPlacement = Field(default_factory=DirectPlacement)
     """Requesters allowed to place GPU pods directly (``spec.nodeName``) past the ledger (webhook)."""
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    """Each device's budget: its memory less a margin (shared devices) or none (exclusive ones)."""
+    allowances: AllowanceSettings = Field(default_factory=AllowanceSettings)
+    """What processes hold beside their engine's share, per process per GPU."""
     workload_kinds: tuple[WorkloadKind, ...] = Field(default_factory=shipped_workload_kinds)
     """Custom resources that run pods, with their pod templates and replica fields (see
     :mod:`vramguard.workloads`). Omitted: the shipped policy's list, which the shipped webhook
@@ -291,19 +353,26 @@ class Policy(_Strict):
             namespace_name, self.classes[namespace_name], source, "; ".join(problems) or None, mode
         )
 
-    def headroom_for(self, sharing: Sharing) -> Fraction:
-        """The headroom of GPUs shared by ``sharing``: the largest among classes allowed on them.
+    def margin_for(self, sharing: Sharing) -> Fraction:
+        """The margin of shared devices of ``sharing``: ``budget.margins`` when it names the strategy;
+        else, for a policy written before margins existed, the largest ``headroom`` set by a class
+        allowed on such devices (the old meaning, now for shared devices only); else the default."""
+        explicit = self.budget.margins.get(sharing)
+        if explicit is not None:
+            return Fraction(explicit)
+        old = [c.headroom for c in self.classes.values() if c.headroom is not None and sharing in c.sharing]
+        return Fraction(max(old)) if old else Fraction(DEFAULT_MARGIN)
 
-        A GPU's budget must not depend on which pod asks, or two classes could fill it to different
-        levels; the most careful class that may use such a GPU sets it for everyone. A strategy no
-        class allows still hosts pods placed by others, so it takes the default class's headroom.
-        """
-        allowed = [c.headroom_fraction for c in self.classes.values() if sharing in c.sharing]
-        return max(allowed) if allowed else self.classes[self.default_class].headroom_fraction
+    def budget_rule(self) -> BudgetRule:
+        """Every device's margin, for the ledger."""
+        margins = {sharing: self.margin_for(sharing) for sharing in SHARING_STRATEGIES}
+        return BudgetRule(margins, Fraction(self.budget.exclusive_margin))
 
-    def headrooms(self) -> dict[Sharing, Fraction]:
-        """:meth:`headroom_for` of every sharing strategy, for the ledger."""
-        return {sharing: self.headroom_for(sharing) for sharing in SHARING_STRATEGIES}
+    def demand_options(self) -> DemandOptions:
+        """What the demand model needs of the policy: which resources are GPUs, the allowances."""
+        return DemandOptions(
+            frozenset(self.gpu_resources), tuple(self.gpu_resource_prefixes), self.allowances.table()
+        )
 
     def quota_bytes(self, namespace: str) -> int | None:
         """The namespace's VRAM quota in bytes, or ``None`` when it has none."""
@@ -350,6 +419,12 @@ def _allowed_keys(parent: tuple[int | str, ...]) -> list[str]:
         model = QosClass
     elif parent == ("direct_placement",):
         model = DirectPlacement
+    elif parent == ("budget",):
+        model = BudgetSettings
+    elif parent == ("allowances",):
+        model = AllowanceSettings
+    elif len(parent) == 3 and parent[0] == "allowances":
+        model = AllowanceAmounts
     return list(model.model_fields)
 
 

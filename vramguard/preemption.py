@@ -22,6 +22,7 @@ from fractions import Fraction
 
 from vramguard.inventory import NodeInventory, Sharing
 from vramguard.ledger import Claim, Ledger, PodRef
+from vramguard.ledger_rule import BudgetRule
 from vramguard.placement import PodClaims
 
 
@@ -41,21 +42,22 @@ def held_bytes(inventory: NodeInventory, claims: Sequence[Claim]) -> int:
     """What ``claims`` hold on the node: each at its size on the largest device of its resource."""
     total = 0
     for claim in claims:
-        sizes = [claim.bytes_on(d.memory_bytes, d.memory_bytes) for d in inventory.devices_for(claim.resource)]
+        devices = inventory.devices_for(claim.resource)
+        sizes = [claim.bytes_on(d.memory_bytes, d.memory_bytes, d.product) for d in devices]
         total += max(sizes, default=0)
     return total
 
 
 def choose_victims(
     inventory: NodeInventory,
-    headrooms: Mapping[Sharing, Fraction],
+    rule: BudgetRule | Mapping[Sharing, Fraction],
     holders: Sequence[Holder],
     pod: PodClaims,
 ) -> tuple[PodRef, ...] | None:
     """The pods to evict so ``pod`` fits ``inventory``'s budgets: ``()`` when it fits already,
     ``None`` when evicting every evictable holder is still not enough."""
     node = inventory.node
-    scratch = Ledger(headrooms)
+    scratch = Ledger(rule)
     scratch.upsert_node(inventory)
     for holder in holders:
         if not holder.evictable:

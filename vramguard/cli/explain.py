@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.admission import workload_pods
-from vramguard.demand import ContainerDemand, DemandOptions
+from vramguard.demand import ContainerDemand
 from vramguard.demand.objects import load_each_document
 from vramguard.dra.fields import memory_text
 from vramguard.dra.review import ClaimReview, DraContext, review_pod_claims
@@ -102,7 +102,7 @@ def explain_object(
     policy = policy if policy is not None else default_policy()
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
-    options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
+    options = policy.demand_options()
     parts = object_parts(obj, policy.workload_kinds, workload_pods, runtimes)
     namespace = str(metadata.get("namespace") or "default")
     report: dict[str, Any] = {
@@ -137,7 +137,9 @@ def explain_object(
         if demand.wants_gpu:
             report["class"] = report["class"] or choice.name
             report["enforcement"] = report["enforcement"] or choice.enforcement
-            refusals = pod_refusals(demand, choice, policy.gpu_resource_prefixes, gpu_memory)
+            refusals = pod_refusals(
+                demand, choice, policy.gpu_resource_prefixes, gpu_memory, min(policy.budget_rule().margins.values())
+            )
             report["refusals"].extend({**r.to_json(), **named} for r in refusals)
         if dra is not None:
             review = review_pod_claims(part.template, namespace, demand, dra)
@@ -207,24 +209,35 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
 def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dict[str, Any]:
     vram = container.reservation
     fraction = float(vram.fraction) if vram is not None and vram.fraction is not None else None
+    share: int | None
     if vram is None:
-        size = None
+        share = None
     elif vram.bytes is not None:
-        size = vram.bytes
+        share = vram.bytes
     elif gpu_memory is not None and vram.fraction is not None:
         product = vram.fraction * gpu_memory
-        size = -(-product.numerator // product.denominator)  # ceil: what a person expects to see
+        share = -(-product.numerator // product.denominator)  # ceil: what a person expects to see
     else:
-        size = None
+        share = None
+    held = () if vram is None or vram.ceiling else vram.allowances
+    allowances: list[dict[str, Any]] = [
+        {"name": a.name, "bytes": a.bytes_for(""), "processes": a.count, "source": a.source} for a in held
+    ]
+    total = share + sum(a.bytes_for("") for a in held) if share is not None else None
     return {
         "name": container.name,
         "resource": container.resource,
         "engine": container.engine,
+        "engine_version": container.engine_version,
         "gpus": container.gpus,
         "vram_fraction_per_gpu": fraction,
-        "vram_bytes_per_gpu": size,
+        "share_bytes_per_gpu": share,
+        "ceiling": vram.ceiling if vram is not None else False,
+        "allowances": allowances,
+        "vram_bytes_per_gpu": total,
         "sm_percent": container.sm_percent,
         "evidence": list(container.evidence),
+        "rules": list(container.rules),
     }
 
 
@@ -253,6 +266,8 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
             for row in rows:
                 cells = [row[i].ljust(widths[i]) for i in range(5)]
                 lines.append("  " + "  ".join(cells) + "  " + row[5])
+            for c in report["containers"]:
+                lines.extend(f"    {c['name']}: {line}" for line in _breakdown(c))
         lines.extend(f"  {_claim_line(claim)}" for claim in report.get("claims", ()))
         if len(report.get("templates", ())) > 1:
             lines.append("  pods at full scale: " + ", ".join(
@@ -271,9 +286,39 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
 
 
 def _vram_text(container: Mapping[str, Any]) -> str:
-    fraction, size = container["vram_fraction_per_gpu"], container["vram_bytes_per_gpu"]
-    if fraction is None and size is None:
-        return "unknown"
-    if fraction is None:
-        return format_bytes(size)
-    return f"{fraction:g}" + (f" ({format_bytes(size)})" if size is not None else "")
+    fraction, share, total = (
+        container["vram_fraction_per_gpu"], container["share_bytes_per_gpu"], container["vram_bytes_per_gpu"]
+    )
+    if fraction is None and share is None:
+        return "unknown: a whole GPU"
+    extra = sum(a["bytes"] for a in container["allowances"])
+    if total is not None:
+        return format_bytes(total)
+    return f"{fraction:g}" + (f" + {format_bytes(extra)}" if extra else "")
+
+
+def _breakdown(container: Mapping[str, Any]) -> list[str]:
+    """What the container's VRAM per GPU is made of: the share, each allowance, the sum, with sources."""
+    fraction, share = container["vram_fraction_per_gpu"], container["share_bytes_per_gpu"]
+    if fraction is None and share is None:
+        return []
+    text = f"{fraction:g} of the GPU" if fraction is not None else ""
+    if share is not None:
+        text = f"{text} = {format_bytes(share)}" if text else format_bytes(share)
+    version = f" {container['engine_version']}" if container.get("engine_version") else ""
+    if container["ceiling"]:
+        text += ", a ceiling on the whole device's use (at least half its budget)"
+    lines = [f"share {text}" + (f" ({container['engine']}{version})" if container["engine"] else "")]
+    for allowance in container["allowances"]:
+        times = f"{allowance['processes']} x " if allowance["processes"] != 1 else ""
+        each = allowance["bytes"] // max(allowance["processes"], 1)
+        lines.append(f"+ {allowance['name']} {times}{format_bytes(each)}: {allowance['source']}")
+    if container["allowances"]:
+        total = container["vram_bytes_per_gpu"]
+        extra = sum(a["bytes"] for a in container["allowances"])
+        lines.append(
+            f"= {format_bytes(total)} per GPU" if total is not None
+            else f"= {fraction:g} of the GPU + {format_bytes(extra)} per GPU"
+        )
+    lines.extend(f"rule: {rule}" for rule in container.get("rules", ()))
+    return lines

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
     """Place the pods of ``objects`` on its Nodes, in order."""
     plan = Plan()
-    ledger = Ledger(policy.headrooms())
+    ledger = Ledger(policy.budget_rule())
     for obj in objects:
         if obj.get("kind") == "Node":
             inventory = read_inventory(

@@ -9,9 +9,18 @@ from typing import Any
 
 from vramguard import engines
 from vramguard.codecs import VRAM_ANNOTATION, is_vramguard_key, vram_annotation
+from vramguard.demand.allowances import DEFAULT_TABLE, AllowanceTable, with_allowances
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
-from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand, claim_conflicts
+from vramguard.demand.model import (
+    Allowance,
+    ContainerDemand,
+    EngineClaim,
+    Parallel,
+    PodDemand,
+    Vram,
+    claim_conflicts,
+)
 from vramguard.demand.mps import read_mps
 from vramguard.engines import jax
 from vramguard.engines.base import Findings, parse_positive_int
@@ -44,6 +53,8 @@ class DemandOptions:
 
     gpu_resources: frozenset[str] = frozenset(DEFAULT_GPU_RESOURCES)
     gpu_resource_prefixes: tuple[str, ...] = DEFAULT_GPU_RESOURCE_PREFIXES
+    allowances: AllowanceTable = DEFAULT_TABLE
+    """The bytes of each allowance an engine's processes hold beside its share (the policy's)."""
 
     def is_gpu(self, resource: str) -> bool:
         """Whether ``resource`` names a GPU device (a whole GPU, a replica or a MIG instance)."""
@@ -106,7 +117,7 @@ def derive_container_demand(
     raw_image = container.get("image")
     image = raw_image if isinstance(raw_image, str) else ""
 
-    claim = _engine_claim(container, env, image, name, found)
+    claim = _engine_claim(container, env, image, name, found, options.allowances)
     if claim is not None:
         found.evidence.extend(claim.evidence)
         found.warnings.extend(claim.warnings)
@@ -142,6 +153,8 @@ def derive_container_demand(
         implicit_default=claim.implicit_default if claim is not None else False,
         default_warning=claim.default_warning if claim is not None else None,
         env_only=claim.env_only if claim is not None else False,
+        engine_version=claim.version if claim is not None else None,
+        rules=claim.overheads.rules if claim is not None else (),
         evidence=tuple(found.evidence),
         warnings=tuple(dict.fromkeys(found.warnings)),
         errors=tuple(dict.fromkeys(found.errors)),
@@ -186,7 +199,7 @@ def _check_parallel(
     )
 
 
-_ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "jax": "JAX"}
+_ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "jax": "JAX", "tensorrt-llm": "TensorRT-LLM"}
 
 
 def engine_title(engine: str) -> str:
@@ -242,7 +255,8 @@ def _device_count(raw: Any) -> int | None:
 
 
 def _engine_claim(
-    container: Mapping[str, Any], env: ContainerEnv, image: str, name: str, found: Findings
+    container: Mapping[str, Any], env: ContainerEnv, image: str, name: str, found: Findings,
+    table: AllowanceTable,
 ) -> EngineClaim | None:
     command, args = container_argvs(container, env)
     candidates: list[Sequence[str]] = []
@@ -262,17 +276,42 @@ def _engine_claim(
         if claim is not None:
             claims.append(claim)
     if not claims:
-        return jax.claim(env, name) if jax.applies(env) else None
+        claims = [jax.claim(env, name)] if jax.applies(env) else []
+    if not claims:
+        return None
     if any(_starts_ray(invocation.argv) for invocation in processes):
         claims = [
             replace(c, parallel=replace(c.parallel, ray=True)) if c.parallel is not None else c for c in claims
         ]
-    if len(claims) > 1:
-        found.warn(
-            f"starts {len(claims)} engine processes; vramguard counts the largest claim, declare "
-            f"{VRAM_ANNOTATION} if they run at the same time"
-        )
-    return claims[0] if len(claims) == 1 else max(claims, key=_claim_size)
+    claims = [replace(c, vram=with_allowances(c.vram, c.engine, c.overheads, table)) for c in claims]
+    return claims[0] if len(claims) == 1 else _together(claims, found)
+
+
+def _together(claims: Sequence[EngineClaim], found: Findings) -> EngineClaim:
+    """Several engine processes in one container, counted as running at once: their shares and
+    allowances add up (a script may start them in the background, or choose one by a condition
+    vramguard cannot evaluate; the sum is the worst case of both)."""
+    found.warn(
+        f"starts {len(claims)} engine processes; vramguard counts them as running together "
+        f"(their VRAM summed); if only one runs, declare {VRAM_ANNOTATION}"
+    )
+    first = max(claims, key=_claim_size)
+    vrams = [c.vram for c in claims]
+    if any(v is None for v in vrams):
+        return replace(first, vram=None)
+    fraction = sum((v.fraction for v in vrams if v is not None and v.fraction is not None), Fraction(0))
+    extra = tuple(
+        Allowance(f"{engine_title(c.engine)} process share", c.vram.bytes, "another engine process in the container")
+        for c in claims if c.vram is not None and c.vram.bytes is not None
+    )
+    allowances = tuple(a for v in vrams if v is not None for a in v.allowances)
+    if fraction > 1:
+        found.error(f"its engine processes together claim {float(fraction):g} of the GPU, more than all of it")
+    if fraction == 0:
+        vram = Vram(bytes=extra[0].bytes, allowances=extra[1:] + allowances)
+    else:
+        vram = Vram(fraction=min(fraction, Fraction(1)), allowances=extra + allowances)
+    return replace(first, vram=vram, implicit_default=any(c.implicit_default for c in claims))
 
 
 def _starts_ray(argv: Sequence[str]) -> bool:

@@ -12,43 +12,110 @@ from vramguard.quantity import MiB, QuantityError, format_bytes, parse_bytes
 
 
 @dataclass(frozen=True, slots=True)
+class Allowance:
+    """Memory a container's processes hold on each GPU outside the engine's share, by cause.
+
+    ``bytes`` is the amount per process on a GPU of any product; ``by_product`` overrides it for
+    named products (a policy setting), and ``count`` is the processes per GPU it applies to.
+    """
+
+    name: str
+    """What it is for: ``CUDA context``, ``CUDA graphs``, ``communication buffers``, ..."""
+    bytes: int
+    source: str = ""
+    """Where the rule and its default come from (the engine's file and version, or the policy key)."""
+    count: int = 1
+    by_product: tuple[tuple[str, int], ...] = ()
+
+    def bytes_for(self, product: str) -> int:
+        """The allowance on a device of ``product`` (an empty name: the default amount)."""
+        for name, amount in self.by_product:
+            if name == product:
+                return amount * self.count
+        return self.bytes * self.count
+
+    def describe(self, product: str = "") -> str:
+        """``CUDA context 512.0 MiB`` (``2 x`` when it counts several processes)."""
+        times = f"{self.count} x " if self.count != 1 else ""
+        return f"{self.name} {times}{format_bytes(self.bytes_for(product) // self.count)}"
+
+
+@dataclass(frozen=True, slots=True)
 class Vram:
-    """VRAM per GPU: either a fraction of the device's total memory or an exact byte count."""
+    """VRAM per GPU: a share (a fraction of the device's memory, or an exact byte count) and the
+    allowances held beside it.
+
+    A *ceiling* share caps the device's total use, everyone's included (TGI's
+    ``--cuda-memory-fraction``): the engine's own overheads are inside it, and it counts at least
+    just over half of a device's budget, so that no two ceiling engines ever share a device (the
+    second to start would find the first's memory taken and get none of its own).
+    """
 
     fraction: Fraction | None = None
     bytes: int | None = None
+    allowances: tuple[Allowance, ...] = ()
+    ceiling: bool = False
 
     def __post_init__(self) -> None:
         if (self.fraction is None) == (self.bytes is None):
             raise ValueError("Vram needs exactly one of fraction or bytes")
 
-    def on_device(self, device_bytes: int) -> int:
-        """Whole bytes this claim takes on a device of ``device_bytes`` total memory.
-
-        A fraction is rounded down: rounding up would let three claims of 0.3 exceed a budget of
-        0.9 by a byte or two and refuse a pod that the exact arithmetic admits.
-        """
+    def share_on(self, device_bytes: int) -> int:
+        """The share alone on a device of ``device_bytes``: a fraction is rounded down (rounding up
+        would let three claims of 0.3 exceed a budget of 0.9 by a byte or two)."""
         if self.bytes is not None:
             return self.bytes
         assert self.fraction is not None
         return int(self.fraction * device_bytes)
 
+    def on_device(self, device_bytes: int, product: str = "", whole: int | None = None) -> int:
+        """Whole bytes this claim holds on a device of ``device_bytes`` memory: the share and the
+        allowances (for ``product``). ``whole``: the device's budget (or MPS share), which a ceiling
+        share counts at least half of, plus one byte."""
+        share = self.share_on(device_bytes)
+        if self.ceiling:
+            return share if whole is None else max(share, whole // 2 + 1)
+        for allowance in self.allowances:
+            share += allowance.bytes_for(product)
+        return share
+
+    @property
+    def allowance_bytes(self) -> int:
+        """The allowances' default amounts, summed (0 for a ceiling share: they are inside it)."""
+        return 0 if self.ceiling else sum(a.bytes_for("") for a in self.allowances)
+
+    def plain(self) -> Vram:
+        """The share alone, without allowances or the ceiling rule."""
+        if not self.allowances and not self.ceiling:
+            return self
+        return Vram(self.fraction, self.bytes)
+
     def exceeds(self, other: Vram, device_bytes: int | None) -> bool | None:
         """Whether this claim is larger than ``other``; ``None`` when it depends on an unknown size."""
+        if device_bytes is not None:
+            return self.on_device(device_bytes) > other.on_device(device_bytes)
+        mine, theirs = self.allowance_bytes, other.allowance_bytes
         if self.fraction is not None and other.fraction is not None:
-            return self.fraction > other.fraction
-        if self.bytes is not None and other.bytes is not None:
-            return self.bytes > other.bytes
-        if device_bytes is None:
+            if self.fraction >= other.fraction and mine >= theirs:
+                return self.fraction > other.fraction or mine > theirs
+            if self.fraction <= other.fraction and mine <= theirs:
+                return False
             return None
-        return self.on_device(device_bytes) > other.on_device(device_bytes)
+        if self.bytes is not None and other.bytes is not None:
+            return self.bytes + mine > other.bytes + theirs
+        return None
 
     def describe(self) -> str:
-        """Human form: ``0.3 of the GPU`` or ``16.0 GiB``."""
+        """Human form: ``0.3 of the GPU``, ``16.0 GiB``, ``0.3 of the GPU + 1.5 GiB``."""
         if self.fraction is not None:
-            return f"{float(self.fraction):g} of the GPU"
-        assert self.bytes is not None
-        return format_bytes(self.bytes)
+            text = f"{float(self.fraction):g} of the GPU"
+        else:
+            assert self.bytes is not None
+            text = format_bytes(self.bytes)
+        if self.ceiling:
+            return f"{text}, a ceiling on the whole device's use"
+        extra = self.allowance_bytes
+        return f"{text} + {format_bytes(extra)}" if extra else text
 
 
 LEAST_VRAM_BYTES = MiB
@@ -108,6 +175,27 @@ class Parallel:
 
 
 @dataclass(frozen=True, slots=True)
+class Overheads:
+    """What an engine's processes hold on each GPU besides its share, as the engine's source says;
+    the policy's allowances give the bytes (:mod:`vramguard.demand.allowances`)."""
+
+    processes: int = 1
+    """Processes of the engine on each of its GPUs, each with its own CUDA context."""
+    graphs: str | None = None
+    """Why CUDA graphs are held outside the share (the rule and its source); ``None``: inside it, or none."""
+    communication: str | None = None
+    """Why communication buffers (NCCL, custom all-reduce) are held: the engine has peers."""
+    reserve_bytes: int = 0
+    """Bytes the engine keeps for itself outside its share by its own estimate (SGLang)."""
+    reserve_source: str = ""
+    rules: tuple[str, ...] = ()
+    """The engine's memory rules that applied, each with its source (for ``explain``)."""
+
+
+NO_OVERHEADS = Overheads()
+
+
+@dataclass(frozen=True, slots=True)
 class EngineClaim:
     """What an inference or training engine inside the container will allocate, per GPU."""
 
@@ -124,6 +212,9 @@ class EngineClaim:
     """The warning (among ``warnings``) that says so, which a class forbidding defaults replaces."""
     env_only: bool = False
     """The engine was recognised only from environment variables (JAX), which any container can set."""
+    overheads: Overheads = NO_OVERHEADS
+    version: str | None = None
+    """The engine version the rules were chosen for (from the image tag), or ``None`` when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +240,9 @@ class ContainerDemand:
     """The warning (among ``warnings``) that the claim is the engine's default (see :class:`EngineClaim`)."""
     env_only: bool = False
     """The engine was recognised only from environment variables (see :attr:`EngineClaim.env_only`)."""
+    engine_version: str | None = None
+    rules: tuple[str, ...] = ()
+    """The engine's memory rules that decided the claim, each with its source (for ``explain``)."""
     evidence: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
@@ -183,16 +277,18 @@ def claim_conflicts(
     problems: list[str] = []
     if claim is None or (declared is None and mps_limit is None):
         return problems
-    for bound, label in (
-        (declared, f"its {VRAM_ANNOTATION} declaration"),
-        (Vram(bytes=mps_limit) if mps_limit is not None else None, "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+    # A declaration is compared with the engine's share; the MPS limit also bounds the allowances,
+    # since it counts CUDA's own allocations (the context) of the client process.
+    for bound, label, held in (
+        (declared, f"its {VRAM_ANNOTATION} declaration", claim.plain()),
+        (Vram(bytes=mps_limit) if mps_limit is not None else None, "its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", claim),
     ):
         if bound is None:
             continue
-        if claim.exceeds(bound, device_bytes):
+        if held.exceeds(bound, device_bytes):
             size = f" on a {format_bytes(device_bytes)} GPU" if device_bytes else ""
             problems.append(
-                f"container {name}: {engine} claims {_claim_text(claim, device_bytes)}"
+                f"container {name}: {engine} claims {_claim_text(held, device_bytes)}"
                 f"{size}, more than {label} ({bound.describe()})"
             )
     return problems

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim
-from vramguard.engines import sglang, tgi, vllm
+from vramguard.engines import sglang, tgi, trtllm, vllm
 from vramguard.engines.base import Options
 from vramguard.engines.launchers import image_repository, is_python, program, python_module
 
@@ -69,6 +69,7 @@ COMMAND_ENGINES: tuple[CommandEngine, ...] = (
     CommandEngine(vllm.NAME, vllm.arguments, vllm.claim, frozenset({vllm.PROGRAM})),
     CommandEngine(sglang.NAME, sglang.arguments, sglang.claim, frozenset({sglang.PROGRAM})),
     CommandEngine(tgi.NAME, tgi.arguments, tgi.claim, frozenset({tgi.LAUNCHER, *tgi.ENTRYPOINT_SCRIPTS})),
+    CommandEngine(trtllm.NAME, trtllm.arguments, trtllm.claim, frozenset({trtllm.PROGRAM, trtllm.LAUNCHER})),
     # NVIDIA Dynamo's workers take the flags of the engine they wrap.
     CommandEngine(vllm.NAME, _module_arguments(frozenset({"dynamo.vllm"})), _wrapped(vllm.claim)),
     CommandEngine(sglang.NAME, _module_arguments(frozenset({"dynamo.sglang"})), _wrapped(sglang.claim)),

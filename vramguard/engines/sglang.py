@@ -1,18 +1,29 @@
 """SGLang: ``python -m sglang.launch_server`` / ``sglang serve``.
 
-``--mem-fraction-static`` is the share of GPU memory for weights and the KV cache pool; without it
-SGLang computes a default from the GPU's size and the parallel layout, which the spec cannot show.
+``--mem-fraction-static`` is the share of GPU memory for weights and the KV cache pool, taken of
+the memory *free* after distributed start-up (``model_runner.py`` ``profile_max_num_token`` in
+v0.5.5; ``mem_cache/kv_cache_configurator.py`` in v0.5.23: ``rest = available -
+pre_model_load_memory x (1 - mem_fraction_static)``). So it is at most the fraction of the device's
+total, and CUDA graphs and prefill activations live outside it, in memory SGLang assumes is its own.
+vramguard counts that reserve as SGLang itself estimates it (``server_args.py`` v0.5.5,
+``arg_groups/memory_hook.py`` v0.5.23)::
+
+    512 + max(chunked_prefill_size, 2048) x 1.5 + tp x pp / 8 x 1024 + cuda_graph_max_bs x 2  MiB
+
+Without the flag, SGLang computes the fraction as ``(gpu_mem - reserve) / gpu_mem`` (about 0.83 on an
+H100 and 0.90 on an H200 at TP 1): it sizes itself to the whole device, so it counts as one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 
-from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
-from vramguard.demand.model import EngineClaim, Vram
-from vramguard.engines.base import Findings, Options, parallel_layout
+from vramguard.demand.model import EngineClaim, Overheads, Vram
+from vramguard.engines.base import Findings, Options, parallel_layout, parse_positive_int
 from vramguard.engines.launchers import program, python_module
+from vramguard.quantity import MiB
 
 NAME = "sglang"
 PROGRAM = "sglang"
@@ -25,6 +36,22 @@ DATA = ("--dp-size", "--dp", "--data-parallel-size")
 DP_ATTENTION = ("--enable-dp-attention",)
 NODES = ("--nnodes",)
 """Multi-node serving: ``--tp`` is the total over ``--nnodes`` pods (``--node-rank`` 0 to n-1)."""
+CHUNKED_PREFILL = ("--chunked-prefill-size",)
+GRAPH_BATCH = ("--cuda-graph-max-bs",)
+NO_GRAPHS = ("--disable-cuda-graph",)
+DEFAULT_CHUNKED_PREFILL = 8192
+DEFAULT_GRAPH_BATCH = 256
+"""SGLang's defaults for GPUs of 60 to 160 GiB at TP below 4 (``memory_hook.py``, v0.5.23); larger
+GPUs default to 16384 and 512: set the flags to count those exactly."""
+SOURCE = "sglang v0.5.x, srt/server_args.py and arg_groups/memory_hook.py"
+WHOLE_DEVICE_RULE = (
+    "without --mem-fraction-static SGLang computes (gpu memory - its reserve) / gpu memory of the "
+    f"memory free at start, plus the reserve: the whole device ({SOURCE})"
+)
+STATIC_RULE = (
+    "--mem-fraction-static is of the memory free after start-up, at most that fraction of the device; "
+    f"CUDA graphs and activations are outside it, in SGLang's own reserve ({SOURCE})"
+)
 
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
@@ -38,7 +65,7 @@ def arguments(argv: Sequence[str]) -> list[str] | None:
 
 
 def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim:
-    """What SGLang started with ``args`` will reserve on each of its GPUs."""
+    """What SGLang started with ``args`` will hold on each of its GPUs."""
     del env, image
     found = Findings.for_container(container)
     options = Options(args)
@@ -46,14 +73,51 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     parallel = parallel_layout(options, sizes, found, NODES)
     fraction_flag = options.last(MEM_FRACTION)
     vram: Vram | None = None
+    overheads = Overheads(rules=(WHOLE_DEVICE_RULE,))
+    implicit = fraction_flag is None
     if fraction_flag is None:
-        found.warn(
-            "relies on SGLang's default --mem-fraction-static, which depends on the GPU's size; "
-            f"set it explicitly or declare {VRAM_ANNOTATION}"
+        found.evidence.append("SGLang computed default --mem-fraction-static: the whole device")
+        found.relies_on_default(
+            f"container {container} relies on SGLang's computed --mem-fraction-static, which with its "
+            "reserve takes the whole GPU; set it explicitly to share the GPU"
         )
+        vram = Vram(fraction=Fraction(1), ceiling=True)
     else:
         fraction = found.fraction(fraction_flag)
-        vram = Vram(fraction=fraction) if fraction is not None else None
+        if fraction is not None:
+            vram = Vram(fraction=fraction)
+            tp_pp = _size(options, TENSOR) * _size(options, PIPELINE)
+            overheads = Overheads(
+                communication=_peers(tp_pp), reserve_bytes=reserve_bytes(options, tp_pp),
+                reserve_source=f"SGLang's own estimate of its activations and CUDA graphs ({SOURCE})",
+                rules=(STATIC_RULE,),
+            )
     return EngineClaim(
-        NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors)
+        NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
+        default_warning=found.default_warning, overheads=overheads,
     )
+
+
+def reserve_bytes(options: Options, tp_pp: int) -> int:
+    """SGLang's reserve outside its static share, by its own formula, from the flags (defaults for a
+    GPU of 60 to 160 GiB where a flag is absent or unreadable)."""
+    chunked = _value(options, CHUNKED_PREFILL, DEFAULT_CHUNKED_PREFILL)
+    graphs = 0 if options.has(NO_GRAPHS) else _value(options, GRAPH_BATCH, DEFAULT_GRAPH_BATCH) * 2
+    mebibytes = 512 + Fraction(max(chunked, 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
+    return int(mebibytes * MiB)
+
+
+def _value(options: Options, names: Sequence[str], default: int) -> int:
+    flag = options.last(names)
+    value = parse_positive_int(flag.value) if flag is not None and flag.value is not None else None
+    return value if value is not None else default
+
+
+def _size(options: Options, names: Sequence[str]) -> int:
+    return _value(options, names, 1)
+
+
+def _peers(tp_pp: int) -> str | None:
+    if tp_pp <= 1:
+        return None
+    return f"tensor x pipeline parallel size {tp_pp}: NCCL buffers beside the static share"

@@ -3,6 +3,13 @@
 ``--cuda-memory-fraction`` (or env ``CUDA_MEMORY_FRACTION``; the flag wins, as clap reads the
 environment only for absent flags) defaults to 1.0: the whole GPU. ``--num-shard`` (env
 ``NUM_SHARD``) is the number of GPUs; without it TGI shards over every GPU it can see.
+
+The fraction is a **ceiling on the device**, not a share of its own: at warm-up TGI sizes its KV
+cache from ``max(0, free - (1 - fraction x wiggle room) x total)``
+(``server/text_generation_server/utils/import_utils.py`` ``get_cuda_free_memory``, called from
+``models/flash_causal_lm.py``; v3.0.0-v3.3.7), where *free* counts every process on the device. So
+it fills the device up to that fraction of its total, co-tenants included: started after them it
+gets the fraction less what they hold, and a second TGI at 0.45 beside a first gets nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from vramguard.demand.commandline import ContainerEnv
-from vramguard.demand.model import EngineClaim, Parallel, Vram
+from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
 from vramguard.engines.base import Findings, Options, env_flag
 from vramguard.engines.launchers import program
 
@@ -24,6 +31,12 @@ MEMORY_FRACTION_ENV = "CUDA_MEMORY_FRACTION"
 NUM_SHARD = ("--num-shard",)
 NUM_SHARD_ENV = "NUM_SHARD"
 DEFAULT_FRACTION = Fraction(1)
+CEILING_RULE = (
+    "TGI's --cuda-memory-fraction caps the whole device's use, co-tenants included (its context and "
+    "CUDA graphs are inside it); it counts at least half a device, so that no two share one "
+    "(text-generation-inference v3.x, server/text_generation_server/utils/import_utils.py "
+    "get_cuda_free_memory)"
+)
 
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
@@ -47,15 +60,15 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
             f"container {container} relies on TGI's default --cuda-memory-fraction (1.0: the whole "
             "GPU); set it explicitly to share the GPU"
         )
-        vram = Vram(fraction=DEFAULT_FRACTION)
+        vram = Vram(fraction=DEFAULT_FRACTION, ceiling=True)
     else:
         fraction = found.fraction(flag)
-        vram = Vram(fraction=fraction) if fraction is not None else None
+        vram = Vram(fraction=fraction, ceiling=True) if fraction is not None else None
     shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
     count = found.count(shards) if shards is not None else None
     parallel = Parallel(count, (shards.evidence(),)) if shards is not None and count is not None else None
     return EngineClaim(
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
-        default_warning=found.default_warning,
+        default_warning=found.default_warning, overheads=Overheads(rules=(CEILING_RULE,)),
     )
 

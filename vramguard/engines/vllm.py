@@ -1,9 +1,32 @@
 """vLLM: ``vllm serve``, ``python -m vllm.entrypoints.openai.api_server``, the ``vllm-openai`` image.
 
-vLLM pre-allocates ``--gpu-memory-utilization`` × the device's *total* memory on every GPU it uses,
-whatever else runs there. It uses tensor × pipeline × prefill-context parallel × local data parallel
-GPUs, in total over the ``--nnodes`` pods (or the Ray cluster) it spans. Its argument parser
-accepts ``_`` for ``-`` in option names, and the last occurrence wins.
+vLLM pre-allocates ``--gpu-memory-utilization`` x the device's *total* memory on every GPU it uses
+(``torch.cuda.mem_get_info`` total, ``vllm/v1/worker/gpu_worker.py``). It uses tensor x pipeline x
+prefill-context parallel x local data parallel GPUs, in total over the ``--nnodes`` pods (or the Ray
+cluster) it spans. Its argument parser accepts ``_`` for ``-`` in option names, and the last
+occurrence wins. What else it holds depends on the version (read in the released wheels):
+
+============  =================================================================================
+v0.9.0.x and  the budget is device-wide, ``total x utilization - peak`` with the peak counting
+before        every process (``gpu_worker.py`` ``determine_available_memory``): a ceiling engine
+v0.9.1        per-instance: ``requested = total x utilization`` from a snapshot taken at start
+v0.9.1 to     CUDA graphs are captured after the KV cache is allocated (``v1/executor/abstract.py``),
+v0.19.1       outside the share (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, from v0.18.0,
+              defaults to 0)
+v0.11.0       NCCL and custom all-reduce buffers are allocated before the snapshot: outside the
+              share when tensor x pipeline parallel > 1 (inside it before)
+v0.20.0       graphs estimated inside the share (the variable defaults to 1; ``=0`` puts them
+              outside again); the default utilization becomes 0.92 (``config/cache.py``; 0.9 before)
+v0.34.0       without ``--gpu-memory-utilization`` the extensible KV cache sizes itself from the
+              memory free after graph capture (``resolved_gpu_memory_utilization`` = 1.0): the
+              whole device, unless ``--kv-cache-memory-bytes`` is given (then 0.92)
+============  =================================================================================
+
+``--enforce-eager`` captures no graphs. At start-up vLLM refuses to run when the free memory is
+below ``total x utilization`` ("Free memory on device ... is less than desired GPU memory
+utilization", ``request_memory`` in ``v1/worker/utils.py``), even with ``--kv-cache-memory-bytes``
+(from v0.10.2): so that amount is what a pod needs free to start, and what vramguard counts.
+An image tag that names no version takes the conservative end of every rule, and says so.
 """
 
 from __future__ import annotations
@@ -13,16 +36,25 @@ from fractions import Fraction
 
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
-from vramguard.demand.model import EngineClaim, Parallel, Vram
-from vramguard.engines.base import Findings, Options, parallel_layout
+from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
+from vramguard.engines.base import Findings, Options, parallel_layout, parse_positive_int
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 
 NAME = "vllm"
 PROGRAM = "vllm"
 """The console script: ``vllm serve``."""
 MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"})
-DEFAULT_SINCE_0_21 = Fraction(92, 100)
-DEFAULT_BEFORE_0_21 = Fraction(9, 10)
+Version = tuple[int, int, int]
+PER_INSTANCE_SINCE: Version = (0, 9, 1)
+COMMUNICATION_OUTSIDE_SINCE: Version = (0, 11, 0)
+GRAPHS_INSIDE_SINCE: Version = (0, 20, 0)
+DEFAULT_092_SINCE: Version = (0, 20, 0)
+EXTENSIBLE_CACHE_SINCE: Version = (0, 34, 0)
+DEFAULT_BEFORE_0_20 = Fraction(9, 10)
+DEFAULT_SINCE_0_20 = Fraction(92, 100)
+GRAPHS_VARIABLE = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+EAGER = ("--enforce-eager",)
+SOURCE = "vllm/v1/worker/gpu_worker.py"
 UTILIZATION = ("--gpu-memory-utilization",)
 KV_CACHE_BYTES = ("--kv-cache-memory-bytes", "--kv-cache-memory")
 PARALLEL_SIZES = (
@@ -56,23 +88,18 @@ def arguments(argv: Sequence[str]) -> list[str] | None:
 
 
 def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim:
-    """What vLLM started with ``args`` in an image ``image`` will reserve on each of its GPUs."""
-    del env  # vLLM reads no environment variable for its memory share
+    """What vLLM started with ``args`` in an image ``image`` will hold on each of its GPUs."""
     found = Findings.for_container(container)
     options = Options(args, underscores=True)
     parallel = _parallel(options, found)
+    tag = image_tag(image)
+    version = version_from_tag(tag)
     vram: Vram | None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
     utilization = options.last(UTILIZATION)
-    if kv_bytes is not None:
-        found.evidence.append(kv_bytes.evidence())
-        found.warn(
-            f"{kv_bytes.name} sizes the KV cache directly, so vLLM ignores --gpu-memory-utilization "
-            f"and its total VRAM is unknown; declare it with the {VRAM_ANNOTATION} annotation"
-        )
-        vram = None
-    elif utilization is not None:
+    rules: list[str] = []
+    if utilization is not None:
         fraction = found.fraction(utilization)
         vram = Vram(fraction=fraction) if fraction is not None else None
     elif options.has(("--config",)):
@@ -84,12 +111,59 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         )
         vram = None
     else:
-        vram = Vram(fraction=_implicit_default(image, found))
+        vram = _implicit_default(tag, version, kv_bytes is not None, found)
         implicit = True
+    if kv_bytes is not None:
+        found.evidence.append(kv_bytes.evidence())
+        rules.append(
+            f"{kv_bytes.name} sizes the KV cache, yet vLLM still refuses to start unless utilization x total "
+            "is free (v1/worker/utils.py request_memory): that is what it needs and what is counted"
+        )
+    if vram is not None and not vram.ceiling and version is not None and version < PER_INSTANCE_SINCE:
+        rules.append(
+            f"image tag {tag}: before v0.9.1 the budget is device-wide (total x utilization less every "
+            f"process's use, {SOURCE}): a ceiling on the device, co-tenants included"
+        )
+        vram = Vram(fraction=vram.fraction, ceiling=True)
+    overheads = _overheads(options, env, tag, version, rules)
     return EngineClaim(
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
-        default_warning=found.default_warning,
+        default_warning=found.default_warning, overheads=overheads,
+        version=".".join(map(str, version)) if version is not None else None,
     )
+
+
+def _overheads(
+    options: Options, env: ContainerEnv, tag: str | None, version: Version | None, rules: list[str]
+) -> Overheads:
+    """The version's rules for what vLLM holds outside its share (see the module's table)."""
+    known = f"image tag {tag}" if version is not None else "image version unknown, the conservative rule"
+    graphs: str | None = None
+    if options.has(EAGER):
+        rules.append("--enforce-eager: no CUDA graphs")
+    else:
+        variable = (env.literal(GRAPHS_VARIABLE) or "").strip()
+        if version is None or version < GRAPHS_INSIDE_SINCE:
+            if variable == "1" and version is not None and version >= (0, 18, 0):
+                rules.append(f"{GRAPHS_VARIABLE}=1: CUDA graphs estimated inside the share")
+            else:
+                graphs = f"{known}: CUDA graphs captured after the KV cache is sized, outside the share ({SOURCE})"
+        elif variable == "0":
+            graphs = f"{GRAPHS_VARIABLE}=0: CUDA graphs outside the share ({SOURCE})"
+        else:
+            rules.append(f"{known}: CUDA graphs estimated inside the share (v0.20.0 and later)")
+    size = 1
+    for names in (_SIZES[0], _SIZES[1]):
+        flag = options.last(names)
+        value = parse_positive_int(flag.value) if flag is not None and flag.value is not None else None
+        size *= value or 1
+    communication: str | None = None
+    if size > 1 and (version is None or version >= COMMUNICATION_OUTSIDE_SINCE):
+        communication = (
+            f"{known}: tensor x pipeline parallel {size}, NCCL and all-reduce buffers are allocated before the "
+            f"memory snapshot, outside the share (v0.11.0 and later, {SOURCE})"
+        )
+    return Overheads(graphs=graphs, communication=communication, rules=tuple(rules))
 
 
 def _parallel(options: Options, found: Findings) -> Parallel | None:
@@ -99,17 +173,24 @@ def _parallel(options: Options, found: Findings) -> Parallel | None:
     return parallel_layout(options, sizes, found, NODES, ray)
 
 
-def _implicit_default(image: str, found: Findings) -> Fraction:
-    version = version_from_tag(image_tag(image))
-    if version is None:
-        default, why = DEFAULT_SINCE_0_21, "image version unknown, assuming v0.21.0 or later"
-    elif version < (0, 21, 0):
-        default, why = DEFAULT_BEFORE_0_21, f"image tag {image_tag(image)} is before v0.21.0"
+def _implicit_default(tag: str | None, version: Version | None, kv_bytes: bool, found: Findings) -> Vram:
+    """vLLM's default utilization for the image's version: 0.9, 0.92, or from v0.34.0 the whole
+    device (the extensible KV cache), unless ``--kv-cache-memory-bytes`` is given."""
+    if version is not None and version < DEFAULT_092_SINCE:
+        vram, why = Vram(fraction=DEFAULT_BEFORE_0_20), f"image tag {tag} is before v0.20.0"
+    elif kv_bytes or (version is not None and version < EXTENSIBLE_CACHE_SINCE):
+        vram, why = Vram(fraction=DEFAULT_SINCE_0_20), (
+            f"image tag {tag}" if version is not None else "image version unknown, with --kv-cache-memory-bytes"
+        )
     else:
-        default, why = DEFAULT_SINCE_0_21, f"image tag {image_tag(image)}"
-    found.evidence.append(f"vLLM default --gpu-memory-utilization {float(default):g} ({why})")
+        why = f"image tag {tag}, the extensible KV cache" if version is not None else (
+            "image version unknown, assuming v0.34.0 or later: the extensible KV cache takes what is free"
+        )
+        vram = Vram(fraction=Fraction(1), ceiling=True)
+    share = "the whole device" if vram.ceiling else f"{float(vram.fraction or 0):g} of the GPU"
+    found.evidence.append(f"vLLM default --gpu-memory-utilization: {share} ({why})")
     found.relies_on_default(
         f"container {found.container} relies on vLLM's default --gpu-memory-utilization "
-        f"({float(default):g} of the GPU); set it explicitly"
+        f"({share}); set it explicitly"
     )
-    return default
+    return vram
