@@ -23,7 +23,7 @@ The rule, per device, from the most to the least that is known:
    pods declare.
 
 "Used" is NVML's used memory, which (with the v2 query) leaves out the driver's reserve: the
-budget's headroom covers that. A device whose used memory is unknown, or that is lost, is left
+shared devices' margin covers that. A device whose used memory is unknown, or that is lost, is left
 out of the report, so the extender keeps the labels' sizes for it.
 
 **Placements** are reported per pod UID and container, only for containers whose every GPU device

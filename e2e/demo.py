@@ -122,11 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"node {DRA_NODE.name}: 1 x NVIDIA H100 80GB HBM3 ({DRA_NODE.model.memory_mib} MiB) in a "
                   "ResourceSlice of the NVIDIA DRA driver (gpu.nvidia.com, --consumable-shares=unlimited: a claim "
                   "without capacity.requests consumes 0), nvidia.com/gpu mapped to it by the DeviceClass "
-                  "gpu.nvidia.com; vramguard keeps 10% headroom per GPU")
+                  "gpu.nvidia.com; vramguard keeps 3% of a shared GPU free and counts each engine's CUDA context")
         else:
             gpu_nodes.create_gpu_node(cluster.core_v1(), NODE)
             print(f"node {NODE.name}: 1 x NVIDIA H100 80GB HBM3 ({NODE.model.memory_mib} MiB), time-sliced, "
-                  f"advertised as nvidia.com/gpu: {NODE.replicas}; vramguard keeps 10% headroom per GPU")
+                  f"advertised as nvidia.com/gpu: {NODE.replicas}; vramguard keeps 3% of a shared GPU free "
+                  "and counts each engine's CUDA context")
         first = act(cluster, "Act 1", "0.20")
         time.sleep(1.0)  # let the deletions reach the extender's watch
         second = act(cluster, "Act 2", "0.30")

@@ -117,9 +117,10 @@ def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: 
         assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
         annotations = core_v1.read_namespaced_pod(name, namespace).metadata.annotations or {}
         assert FINDINGS_ANNOTATION not in annotations
-    # ...and an over-budget placement is refused: the VRAM arithmetic holds in every mode.
+    # ...and an over-budget placement is refused: the VRAM arithmetic holds in every mode (0.99 of a
+    # MIG instance it owns, plus its CUDA context, is more than the instance).
     core_v1.create_namespaced_pod(namespace, gpu_pod("greedy", unique, "nvidia.com/mig-1g.10gb", 1,
-                                                     args=vllm("0.95")))
+                                                     args=vllm("0.99")))
     message = wait_for("greedy refused", lambda: scheduling_message(core_v1, namespace, "greedy"))
     assert "VRAM budget" in message, message
     assert audit_placements(cluster, namespace) == {}

@@ -153,12 +153,14 @@ def test_under_requesting_claim_is_refused_in_enforce_with_the_number_to_write(d
     dra_test.dra_node("a100", "A100-80GB", "memory")
     dra_test.template("gpu-8gi", "8Gi")
     message = dra_test.refusal("vllm-short", "0.90", template="gpu-8gi")
+    # vLLM v0.21.0: 0.90 of the device (73728Mi) and its CUDA context (512Mi, the shipped allowance;
+    # graphs are inside its share from v0.20.0).
     assert (
-        "claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi; "
-        "set capacity.requests.memory: 72Gi" in message
+        "claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi + 512Mi = 74240Mi; "
+        "set capacity.requests.memory: 74240Mi" in message
     ), message
-    dra_test.template("gpu-72gi", "72Gi")
-    dra_test.pod("vllm-enough", "0.90", template="gpu-72gi")
+    dra_test.template("gpu-enough", "74240Mi")
+    dra_test.pod("vllm-enough", "0.90", template="gpu-enough")
     verdicts = dra_test.settle(["vllm-enough"], bound=1)
     assert verdicts["vllm-enough"][0] == dra_test.nodes[0]
 

@@ -5,6 +5,12 @@ at most 2 ms with pauses between them in which the event loop serves the verbs, 
 text: a scrape never holds a filter up. They are aggregated per node and product by default (five
 numbers a node); ``per_gpu`` adds the four series per GPU (labels node, gpu, product, sharing), which
 at thousands of nodes is megabytes a scrape.
+
+The same rendering adds the demand model's error in the field (:mod:`vramguard.accuracy`): per
+engine and engine version (labels ``engine``, ``version`` only, so a handful of series whatever the
+number of pods), the bytes predicted for and measured on the pods the agents measure, how many
+pod-devices that is, and how many pods use more than predicted. The pods themselves are listed by
+``vramguard audit``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vramguard.accuracy import ModelAccuracy
 from vramguard.cluster import ClusterState
 from vramguard.io.kube import trim_c_heap
 
@@ -37,7 +44,7 @@ filter arriving meanwhile waits at most one budget, and runs its own slices back
 
 # (name, help) of the per-node and per-GPU families, in exposition order.
 NODE_FAMILIES = (
-    ("vramguard_node_budget_bytes", "VRAM budget of a node's GPUs of one product (memory less headroom)."),
+    ("vramguard_node_budget_bytes", "VRAM budget of a node's GPUs of one product (memory less its margin)."),
     ("vramguard_node_reserved_bytes", "VRAM a node's GPUs of one product may hold in the worst case."),
     ("vramguard_node_free_bytes", "Budget left on a node's GPUs of one product in the worst case (sum over GPUs)."),
     ("vramguard_node_largest_free_bytes", "Largest budget left on any one of a node's GPUs of one product."),
@@ -47,13 +54,24 @@ NODE_FAMILIES = (
 )
 NODE_PODS = ("vramguard_node_pods", "Pods known or intended on a node's GPUs.")
 GPU_FAMILIES = (
-    ("vramguard_gpu_budget_bytes", "VRAM budget of a GPU (memory less headroom)."),
+    ("vramguard_gpu_budget_bytes", "VRAM budget of a GPU (memory less its margin)."),
     ("vramguard_gpu_reserved_bytes", "VRAM a GPU may hold in the worst case, whatever replica the plugin picked."),
     ("vramguard_gpu_free_bytes", "Budget left on a GPU in the worst case."),
     ("vramguard_gpu_pods", "Pods known or intended on a GPU."),
 )
 NAMESPACE_RESERVED = ("vramguard_namespace_reserved_bytes",
                       "VRAM held by a namespace's bound GPU pods (for chargeback).")
+MODEL_FAMILIES = (
+    ("vramguard_model_predicted_bytes",
+     "VRAM the demand model predicts (reservation, allowances included) for the pods the agents measure, "
+     "summed per engine and engine version (declared: a vramguard.io/vram declaration or MPS limit)."),
+    ("vramguard_model_measured_bytes",
+     "VRAM the agents measure those pods using, summed per engine and engine version."),
+    ("vramguard_model_measured_pod_devices", "Pods times devices measured, per engine and engine version."),
+    ("vramguard_model_pods_over_prediction",
+     "Pods measured using more than predicted on a device (beyond the ledger's tolerance), per engine "
+     "and engine version; vramguard audit lists them."),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +123,12 @@ def render_ledger(state: ClusterState, *, per_gpu: bool = False,
     pods: list[_Row] = []
     gpus: list[_Row] = []
     by_namespace: dict[str, int] = {}
+    accuracy = ModelAccuracy()
     for start in range(0, len(nodes), step):
         chunk = nodes[start:start + step]
         for node in chunk:
             rows.extend(_node_rows(state, node))
+            accuracy.add_node(state, node)
             pods.append(_Row(f'node="{_label(node)}"', (len(state.ledger.pods_on(node)),)))
             if per_gpu:
                 gpus.extend(_gpu_rows(state, node))
@@ -121,6 +141,12 @@ def render_ledger(state: ClusterState, *, per_gpu: bool = False,
     tables.append((NODE_PODS, pods, 0))
     tables.extend((family, gpus, column) for column, family in enumerate(GPU_FAMILIES) if per_gpu)
     tables.append((NAMESPACE_RESERVED, namespaces, 0))
+    model = [
+        _Row(f'engine="{_label(engine)}",version="{_label(version)}"',
+             (totals.predicted_bytes, totals.measured_bytes, totals.pod_devices, totals.pods_over))
+        for (engine, version), totals in sorted(accuracy.engines.items())
+    ]
+    tables.extend((family, model, column) for column, family in enumerate(MODEL_FAMILIES))
     pieces: list[bytes] = []
     lines = step * 10
     for (name, help_text), table, column in tables:

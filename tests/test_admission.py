@@ -37,7 +37,7 @@ from vramguard.inventory import read_inventory
 from vramguard.ledger import Ledger
 from vramguard.placement import pod_claims
 from vramguard.policy import ClassChoice, DirectPlacement, Policy, default_policy
-from vramguard.quantity import GiB, MiB
+from vramguard.quantity import GiB, MiB, format_bytes
 
 POLICY = Policy.from_yaml(
     """
@@ -69,6 +69,9 @@ schedulers: [vramguard, default-scheduler]
 RULES = AdmissionRules(POLICY)
 VLLM = "vllm/vllm-openai:v0.21.0"
 GB80 = 80 * GiB
+CUDA_CONTEXT = 512 * MiB
+"""What vLLM v0.21.0 holds beside its share on each GPU with no parallel peers (its CUDA graphs are
+inside the share from v0.20.0)."""
 
 
 def offer(*sizes: int, sharing: tuple[str, ...] = ("time-slicing",), replicas: int = 1) -> ResourceOffer:
@@ -138,8 +141,9 @@ DENIED = [
     ),
     pytest.param(
         pod(vllm("vllm", "--gpu-memory-utilization", "0.5", env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})),
-        "container vllm: vllm claims 0.5 of the GPU = 40.0 GiB on a 80.0 GiB GPU, more than its "
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (16.0 GiB)",
+        # The MPS limit bounds the CUDA context too: CUDA counts it against the client's limit.
+        f"container vllm: vllm claims 0.5 of the GPU + 512.0 MiB = {format_bytes(GB80 // 2 + CUDA_CONTEXT)} on a "
+        "80.0 GiB GPU, more than its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (16.0 GiB)",
         id="claim-above-mps-limit-on-the-gpu-size",
     ),
     pytest.param(
@@ -168,12 +172,13 @@ DENIED = [
     ),
     pytest.param(
         labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.9")), "small"),
-        "container vllm: reserves 72.0 GiB per GPU (0.9 x 80.0 GiB), above class small's max_vram_per_gpu 40Gi",
+        f"container vllm: reserves {format_bytes(int(Fraction(9, 10) * GB80) + CUDA_CONTEXT)} per GPU "
+        "(0.9 x 80.0 GiB + 512.0 MiB), above class small's max_vram_per_gpu 40Gi",
         id="max-vram-bytes-limit",
     ),
     pytest.param(
         labelled(pod(vllm("vllm", "--gpu-memory-utilization", "0.6")), "capped"),
-        "container vllm: reserves 0.6 of the GPU per GPU, above class capped's max_vram_per_gpu 0.5",
+        "container vllm: reserves 0.6 of the GPU + 512.0 MiB per GPU, above class capped's max_vram_per_gpu 0.5",
         id="max-vram-fraction-limit",
     ),
     pytest.param(
@@ -290,12 +295,13 @@ def test_non_blocking_findings_are_warnings_in_every_mode(obj: dict[str, Any], s
 
 
 def test_size_dependent_problems_deny_only_when_true_on_every_gpu() -> None:
-    # 0.5 of a 24 GiB GPU is 12 GiB (fits the 16 GiB MPS limit), of an 80 GiB GPU 40 GiB (does not).
+    # 0.5 of a 24 GiB GPU is 12 GiB and the CUDA context 0.5 GiB (fits the 16 GiB MPS limit), of an
+    # 80 GiB GPU 40 GiB and the context (does not).
     obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.5", env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"}))
     mixed = {"nvidia.com/gpu": offer(24 * GiB, GB80)}
     decision = review(obj, offers=mixed)
     assert decision.allowed
-    assert any("40.0 GiB on a 80.0 GiB GPU" in w for w in decision.warnings)
+    assert any(f"{format_bytes(GB80 // 2 + CUDA_CONTEXT)} on a 80.0 GiB GPU" in w for w in decision.warnings)
     assert not review(obj, offers={"nvidia.com/gpu": offer(GB80)}).allowed
 
 
@@ -304,8 +310,11 @@ def test_max_vram_on_mixed_gpu_sizes_warns_only() -> None:
     offers = {"nvidia.com/gpu": offer(GB80, 141 * GiB, sharing=("none",))}
     decision = review(obj, offers=offers)
     assert decision.allowed
-    assert "container vllm: reserves 56.4 GiB per GPU (0.4 x 141.0 GiB), above class small's max_vram_per_gpu 40Gi" \
-        in decision.notes
+    held = format_bytes(int(Fraction(4, 10) * 141 * GiB) + CUDA_CONTEXT)
+    assert (
+        f"container vllm: reserves {held} per GPU (0.4 x 141.0 GiB + 512.0 MiB), above class small's "
+        "max_vram_per_gpu 40Gi"
+    ) in decision.notes
 
 
 def test_max_vram_needs_a_size_to_compare_a_fraction_with_bytes() -> None:
@@ -506,7 +515,11 @@ def test_quota_counts_fractions_on_the_largest_gpu() -> None:
     obj = pod(vllm("vllm", "--gpu-memory-utilization", "0.5"))
     offers = {"nvidia.com/gpu": offer(24 * GiB, GB80)}
     decision = review(obj, namespace="team-a", offers=offers, usage=NamespaceUsage(121 * GiB, 3))
-    assert decision.message is not None and "would hold 161Gi of its 160Gi" in decision.message
+    # 0.5 of the 80 GiB GPU (not of the 24 GiB one) and the CUDA context beside it.
+    this_pod = GB80 // 2 + CUDA_CONTEXT
+    assert decision.message is not None
+    assert f"would hold {quantity_text(121 * GiB + this_pod)} of its 160Gi" in decision.message
+    assert f"(this pod {quantity_text(this_pod)}," in decision.message
 
 
 def test_quota_counts_unknown_vram_as_the_whole_gpu() -> None:
@@ -562,7 +575,10 @@ def test_claims_bytes() -> None:
                                    container("b", resource="nvidia.com/gpu.shared"),
                                    annotations={"vramguard.io/vram.b": "10Gi"}))
     claims = quota_claims(demand)
-    assert claims_bytes(claims, {"nvidia.com/gpu": offer(GB80)}) == (40 * GiB + 10 * GiB, ())
+    # Per GPU of a: 0.25 of it, the CUDA context and the communication buffers (tensor parallel 2);
+    # b's declaration is a total.
+    per_gpu = GB80 // 4 + CUDA_CONTEXT + GiB
+    assert claims_bytes(claims, {"nvidia.com/gpu": offer(GB80)}) == (2 * per_gpu + 10 * GiB, ())
     assert claims_bytes(claims, {}) == (10 * GiB, ("nvidia.com/gpu",))
 
 
@@ -719,9 +735,13 @@ def direct(utilization: str, uid: str, **spec: Any) -> dict[str, Any]:
     return obj
 
 
+# n1's GPU is time-sliced (shared): its budget keeps 3% free. The bound pod holds 0.8 of it, the new one
+# needs 0.5; each with its CUDA context.
+N1_BUDGET = GB80 * 97 // 100
 DIRECT_DENIAL = (
     "spec.nodeName n1 places the pod past the scheduler and it does not fit there: GPU 0 (NVIDIA A100 SXM4 "
-    "80GB): 8.0 GiB of 72.0 GiB VRAM budget free, pod needs 40.0 GiB per GPU"
+    f"80GB): {format_bytes(N1_BUDGET - int(Fraction(8, 10) * GB80) - CUDA_CONTEXT)} of {format_bytes(N1_BUDGET)} "
+    f"VRAM budget free, pod needs {format_bytes(GB80 // 2 + CUDA_CONTEXT)} per GPU"
 )
 DIRECT = {
     "fits": ("CREATE", "bob", (), (), ()),
@@ -811,7 +831,9 @@ def test_extender_claims_agree_with_admission_on_env_only_engines() -> None:
     classes = DISTRUSTING.policy.classes
     trusted = pod_claims(demand, ClassChoice("trusting", classes["trusting"], "pod"))
     distrusted = pod_claims(demand, ClassChoice("capped", classes["capped"], "pod"))
-    assert trusted.claims[0].vram == (Vram(fraction=Fraction(1, 100)),)
+    (held,) = trusted.claims[0].vram
+    assert held is not None and held.plain() == Vram(fraction=Fraction(1, 100))
+    assert held.allowance_bytes == CUDA_CONTEXT
     assert distrusted.claims[0].vram == (None,)  # a whole GPU
     rejected = pod_claims(demand, ClassChoice("strict", classes["strict"], "pod"))
     assert rejected.refusal is not None and "VRAM unknown" in rejected.refusal

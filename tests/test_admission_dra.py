@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -18,14 +19,38 @@ from tests.dra_objects import (
     vllm_claim_pod,
     vllm_extended_resource_pod,
 )
-from vramguard.admission import AUDIT_WOULD_DENY_KEY, AdmissionRules, ClusterView, Code, Decision, Subject
+from vramguard.admission import (
+    AUDIT_WOULD_DENY_KEY,
+    AdmissionRules,
+    ClusterView,
+    Code,
+    Decision,
+    Subject,
+    quantity_text,
+)
 from vramguard.cluster import ClusterState
 from vramguard.codecs import ENFORCE_LABEL
+from vramguard.dra.fields import memory_text
 from vramguard.policy import default_policy
+from vramguard.quantity import GiB, MiB
 
 NS = "gpu-share-memory"
+VLLM_ALLOWANCES = 512 * MiB + GiB
+"""What the pods' vLLM (v0.10.1) holds on its GPU beside its share: its CUDA context, and its CUDA
+graphs (outside the share before v0.20.0). A claim's memory must cover them too."""
+
+
+def reserved(utilization: str) -> int:
+    """What the pods' vLLM reserves on the tests' 80Gi GPU at ``utilization``."""
+    return int(Fraction(utilization) * 80 * GiB) + VLLM_ALLOWANCES
+
+
+RESERVED_09 = memory_text(reserved("0.9"))
+RESERVED_03 = memory_text(reserved("0.3"))
+PLUS = f" + {memory_text(VLLM_ALLOWANCES)}"
 MESSAGE = (
-    "claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi; set capacity.requests.memory: 72Gi"
+    f"claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi{PLUS} = {RESERVED_09}; "
+    f"set capacity.requests.memory: {RESERVED_09}"
 )
 
 
@@ -67,20 +92,29 @@ def template(memory: str | None, name: str = "gpu-4gi") -> dict[str, Any]:
     ("mode", "memory", "utilization", "violation"),
     [
         pytest.param("memory", "8Gi", "0.9", MESSAGE, id="under-request-refused"),
-        pytest.param("memory", "72Gi", "0.9", None, id="enough-memory"),
+        pytest.param("memory", RESERVED_09, "0.9", None, id="enough-memory"),
         pytest.param("memory", None, "0.9", None, id="memory-mode-default-is-whole-gpu"),
-        pytest.param("memory", "24Gi", "0.3", None, id="thirty-percent-fits-24Gi"),
+        pytest.param("memory", RESERVED_03, "0.3", None, id="thirty-percent-and-its-allowances-fit"),
+        pytest.param(
+            "memory",
+            "24Gi",
+            "0.3",
+            f"claim gpu requests 24Gi of memory but vLLM will reserve 0.30 x 80Gi{PLUS} = {RESERVED_03}; "
+            f"set capacity.requests.memory: {RESERVED_03}",
+            id="thirty-percent-alone-is-short-of-the-allowances",
+        ),
         pytest.param(
             "unlimited",
             None,
             "0.3",
             "claim gpu sets no capacity.requests.memory, so it consumes 0 of a device shared without memory accounting "
-            "(unlimited mode), but vLLM will reserve 0.30 x 80Gi = 24Gi; set capacity.requests.memory: 24Gi",
+            f"(unlimited mode), but vLLM will reserve 0.30 x 80Gi{PLUS} = {RESERVED_03}; "
+            f"set capacity.requests.memory: {RESERVED_03}",
             id="unlimited-consumes-zero",
         ),
         pytest.param(
             4,
-            "24Gi",
+            RESERVED_03,
             "0.3",
             None,
             id="share-count-with-memory-request",
@@ -102,8 +136,8 @@ def test_warn_mode_keeps_the_number_to_write() -> None:
     decision = review(state("memory", template("8Gi")), vllm_claim_pod(), mode="warn")
     assert decision.allowed
     assert decision.warnings[:2] == (
-        "would deny: claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi = 72Gi",
-        "to fix it: set capacity.requests.memory: 72Gi",
+        f"would deny: claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 80Gi{PLUS} = {RESERVED_09}",
+        f"to fix it: set capacity.requests.memory: {RESERVED_09}",
     )
 
 
@@ -117,8 +151,8 @@ def test_named_claim() -> None:
     shared = claim("shared-gpu", NS, memory="16Gi")
     decision = review(state("memory", shared), vllm_claim_pod(claim_name="shared-gpu", utilization="0.3"))
     assert decision.violations == (
-        "claim gpu requests 16Gi of memory but vLLM will reserve 0.30 x 80Gi = 24Gi; "
-        "set capacity.requests.memory: 24Gi",
+        f"claim gpu requests 16Gi of memory but vLLM will reserve 0.30 x 80Gi{PLUS} = {RESERVED_03}; "
+        f"set capacity.requests.memory: {RESERVED_03}",
     )
 
 
@@ -133,7 +167,10 @@ def test_unknown_template_is_a_note() -> None:
 def test_request_narrowed_by_the_container() -> None:
     two = claim_template(name="gpu-4gi", namespace=NS, memory="8Gi")
     two["spec"]["spec"]["devices"]["requests"].append(
-        {"name": "big", "exactly": {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "72Gi"}}}}
+        {
+            "name": "big",
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": RESERVED_09}}},
+        }
     )
     assert review(state("memory", two), vllm_claim_pod(request="big")).allowed
     assert not review(state("memory", two), vllm_claim_pod(request="gpu")).allowed
@@ -188,8 +225,8 @@ def test_pod_without_claims_or_gpus() -> None:
 
 EXTENDED = (
     "nvidia.com/gpu on DRA device class gpu.nvidia.com consumes 0 of memory on a device shared without memory "
-    "accounting (unlimited mode) but vLLM will reserve 0.90 x 80Gi = 72Gi; use a ResourceClaim with "
-    "capacity.requests.memory: 72Gi"
+    f"accounting (unlimited mode) but vLLM will reserve 0.90 x 80Gi{PLUS} = {RESERVED_09}; use a ResourceClaim with "
+    f"capacity.requests.memory: {RESERVED_09}"
 )
 PLUGIN_NODE = {"metadata": {"name": "node-a"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}}
 
@@ -261,7 +298,7 @@ async def test_webhook_checks_claims_once_its_dra_watches_run() -> None:
 )
 def test_claims_of_other_devices(selector: str, note: str | None) -> None:
     nic_template = claim_template(name="nic", namespace=NS, device_class_name="nic.example.com")
-    cluster = state("unlimited", template("72Gi"), nic_template)
+    cluster = state("unlimited", template(RESERVED_09), nic_template)
     cluster.dra.classes.replace([device_class(), device_class("nic.example.com", selector, None)])
     pod = vllm_claim_pod()
     pod["spec"]["resourceClaims"].append({"name": "nic", "resourceClaimTemplateName": "nic"})
@@ -328,7 +365,8 @@ def test_resource_missing_is_not_said_where_dra_serves_it(served: bool, missing:
         pytest.param(
             "70Gi",
             False,
-            f"namespace {NS} would hold 142Gi of its 100Gi VRAM quota (this pod 72Gi, 1 other pod(s) 70Gi)",
+            f"namespace {NS} would hold {quantity_text(70 * GiB + reserved('0.9'))} of its 100Gi VRAM quota "
+            f"(this pod {quantity_text(reserved('0.9'))}, 1 other pod(s) 70Gi)",
             id="claims-count-for-the-quota",
         ),
         pytest.param("70Gi", True, None, id="the-pods-own-claim-is-not-counted-twice"),
@@ -344,7 +382,7 @@ def test_quota_counts_dra_claims(existing: str, exclude_own: bool, violation: st
     cluster.dra.watched = True
     cluster.dra.slices.replace([resource_slice(devices=[gpu_device(memory="80Gi", mode="memory")])])
     cluster.dra.classes.replace([device_class()])
-    cluster.dra.templates.replace([template("72Gi")])
+    cluster.dra.templates.replace([template(RESERVED_09)])
     owner = "vllm-0" if exclude_own else "other"
     cluster.dra.claims.replace(
         [allocated(claim("held", NS, memory=existing), [result(memory=existing, share="s1")], pods=(owner,))]

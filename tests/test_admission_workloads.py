@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vramguard.admission import AdmissionRules, ClusterView, NamespaceUsage, ResourceOffer, Subject
+from vramguard.admission import AdmissionRules, ClusterView, NamespaceUsage, ResourceOffer, Subject, quantity_text
 from vramguard.policy import ENFORCE_LABEL, Policy, default_policy
 from vramguard.quantity import GiB
 
@@ -80,7 +80,8 @@ def test_an_invalid_inferenceservice_is_refused() -> None:
 
 
 def test_quota_counts_every_template_at_full_scale() -> None:
-    # 2 leaders + 2 workers of 8 GPUs at 0.92 of 80Gi: 4 x 8 x 73.6Gi.
+    # 2 leaders + 2 workers of 8 GPUs, each the whole 80Gi (vllm-openai:latest names no version, so vLLM
+    # is read as its newest, whose default takes the whole device): 4 x 8 x 80Gi.
     decision = review(corpus("lws-vllm-ray.yaml"), quota="1000Gi")
     assert not decision.allowed
     assert "LeaderWorkerSet leader: namespace serving would hold" in str(decision.message)
@@ -123,15 +124,19 @@ def test_the_demand_cache_tells_groups_of_different_sizes_apart() -> None:
     assert verdict(corpus("lws-vllm-nnodes.yaml"))
 
 
+FULL_SCALE = quantity_text(2 * 8 * GB80 + 2 * 8 * GB80)
+"""lws-vllm-ray.yaml at full scale: leaders 2 x 8 GPUs of vLLM's default on an unknown version (the whole
+80Gi device), workers (no engine of their own: a whole device each, as their pods will be counted)
+2 x 8 x 80Gi."""
+
+
 def test_quota_counts_the_templates_together() -> None:
-    # Each template fits on its own: leaders 2 x 8 x 73.6Gi = 1177.6Gi, workers (no engine of their
-    # own: a whole 80Gi device each, as their pods will be counted) 2 x 8 x 80Gi = 1280Gi; together
-    # they do not.
+    # Each template fits on its own (1280Gi each); together they do not.
     decision = review(corpus("lws-vllm-ray.yaml"), quota="2000Gi")
     assert not decision.allowed
     assert decision.message is not None
     assert "LeaderWorkerSet leader:" not in decision.message
-    assert "namespace serving would hold 2457.6Gi of its 2000Gi VRAM quota (LeaderWorkerSet at full scale" in (
+    assert f"namespace serving would hold {FULL_SCALE} of its 2000Gi VRAM quota (LeaderWorkerSet at full scale" in (
         decision.message
     )
 
@@ -144,6 +149,6 @@ def test_whole_quota_in_modes_that_admit(mode: str) -> None:
     decision = rules("2000Gi").review(subject, view)
     assert decision.allowed
     if mode == "warn":
-        assert decision.warnings[0].startswith("would deny: namespace serving would hold 2457.6Gi")
+        assert decision.warnings[0].startswith(f"would deny: namespace serving would hold {FULL_SCALE} ")
     else:
-        assert "namespace serving would hold 2457.6Gi" in decision.audit_annotations["would-deny"]
+        assert f"namespace serving would hold {FULL_SCALE} " in decision.audit_annotations["would-deny"]

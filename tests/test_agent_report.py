@@ -211,13 +211,13 @@ def fill(ledger: Ledger, pods: list[str]) -> int:
 
 
 def test_the_report_lets_the_ledger_place_more_than_the_conservative_rule() -> None:
-    headrooms: dict[Sharing, Fraction] = {"time-slicing": Fraction(1, 10)}
-    conservative = Ledger(headrooms)
+    margins: dict[Sharing, Fraction] = {"time-slicing": Fraction(1, 10)}
+    conservative = Ledger(margins)
     conservative.upsert_node(read_inventory(time_sliced_node(None)))
     assert fill(conservative, ["vllm-a", "vllm-b", "trainer", "new"]) == 3  # a 4th might join two on one GPU
 
     view = h100_view()
-    informed = Ledger(headrooms)
+    informed = Ledger(margins)
     inventory = read_inventory(time_sliced_node(view.report.encode()))
     assert inventory.notes == ()
     assert [(d.memory_bytes, d.foreign_bytes) for d in inventory.devices] == [(H100_BYTES, 0),

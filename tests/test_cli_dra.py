@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,26 @@ from vramguard.cli.kubectl_vram import ClusterSnapshot
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.dra import ClaimRequest, DeviceRequest, read_device_class, read_resource_slices
 from vramguard.dra.allocate import DraBook
+from vramguard.dra.fields import memory_text
 from vramguard.policy import default_policy
+from vramguard.quantity import GiB, MiB
 
 NS = "gpu-share-memory"
-GiB = 1 << 30
+H100 = 81559 * MiB
+VLLM_ALLOWANCES = 512 * MiB + GiB
+"""What the pods' vLLM (v0.10.1) holds on its GPU beside its share: its CUDA context, and its CUDA
+graphs (outside the share before v0.20.0)."""
+PLUS = f" + {memory_text(VLLM_ALLOWANCES)}"
+
+
+def reserved(utilization: str, device: int) -> int:
+    """What the pods' vLLM reserves at ``utilization`` on a device of ``device`` bytes."""
+    return int(Fraction(utilization) * device) + VLLM_ALLOWANCES
+
+
+CLAIM_03 = memory_text(reserved("0.30", H100))
+"""The memory admission requires of a claim of a 0.30 vLLM on an H100 (rounded up to a MiB)."""
+CLAIM_03_BYTES = int(CLAIM_03.removesuffix("Mi")) * MiB
 
 
 def write(tmp_path: Path, *objects: dict[str, Any]) -> str:
@@ -69,29 +86,31 @@ def test_explain_shows_claim_memory_next_to_the_reservation(tmp_path: Path, caps
     (entry,) = report["claims"]
     assert entry["memory_request_bytes"] == 8 * GiB
     assert entry["consumed_bytes"] == 8 * GiB
-    assert entry["reserved_bytes"] == int(0.9 * 81559 * (1 << 20))
+    need = reserved("0.9", H100)
+    assert entry["reserved_bytes"] == need
     assert entry["device"] == "gpu-0 (NVIDIA H100 80GB HBM3)"
     assert report["refusals"] == [
         {
             "rule": "claim-memory",
-            "message": "claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 81559Mi = 73404Mi; "
-            "set capacity.requests.memory: 73404Mi",
+            "message": f"claim gpu requests 8Gi of memory but vLLM will reserve 0.90 x 81559Mi{PLUS} = "
+            f"{memory_text(need)}; set capacity.requests.memory: {memory_text(need)}",
             "enforced": True,
         }
     ]
     assert main(["explain", path]) == 1
     text = capsys.readouterr().out
     assert (
-        "claim gpu: requests 8Gi, consumes 8Gi of 81559Mi on gpu-0 (NVIDIA H100 80GB HBM3); vllm reserves 73404Mi"
-        in text
+        "claim gpu: requests 8Gi, consumes 8Gi of 81559Mi on gpu-0 (NVIDIA H100 80GB HBM3); "
+        f"vllm reserves {memory_text(need)}" in text
     )
 
 
 def test_explain_with_gpu_memory_stand_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, claim_template(namespace=NS, memory="72Gi"), vllm_claim_pod())
+    need = reserved("0.9", 80 * GiB)
+    path = write(tmp_path, claim_template(namespace=NS, memory=memory_text(need)), vllm_claim_pod())
     assert main(["explain", "-o", "json", "--gpu-memory", "80Gi", path]) == 0
     (report,) = json.loads(capsys.readouterr().out)
-    assert report["refusals"] == [] and report["claims"][0]["reserved_bytes"] == 72 * GiB
+    assert report["refusals"] == [] and report["claims"][0]["reserved_bytes"] == need
     # Without devices nothing can be sized: a warning, not a refusal.
     assert main(["explain", "-o", "json", path]) == 0
     (report,) = json.loads(capsys.readouterr().out)
@@ -102,9 +121,10 @@ def test_explain_with_gpu_memory_stand_in(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_plan_four_pods_on_one_h100_three_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Claims as admission requires them (0.30 x 81559Mi rounded up): three allocated, the fourth pending."""
+    """Claims as admission requires them (0.30 x 81559Mi and vLLM's allowances, rounded up): three
+    allocated, the fourth pending."""
     path = write(
-        tmp_path, H100_SLICE, claim_template("gpu-24g", NS, memory="24468Mi"), deployment(4, "0.30", "gpu-24g")
+        tmp_path, H100_SLICE, claim_template("gpu-26g", NS, memory=CLAIM_03), deployment(4, "0.30", "gpu-26g")
     )
     assert main(["plan", "-o", "json", path]) == 1
     plan = json.loads(capsys.readouterr().out)
@@ -112,9 +132,9 @@ def test_plan_four_pods_on_one_h100_three_fit(tmp_path: Path, capsys: pytest.Cap
     assert all(p["claims"] == {"gpu/gpu": ["gpu-0"]} and p["findings"] == [] for p in plan["placed"])
     (pending,) = plan["pending"]
     assert pending["pod"] == f"{NS}/vllm-3"
-    assert "not free (most free: 8155Mi)" in pending["reasons"]["node-a"]["message"]
+    assert f"not free (most free: {memory_text(H100 - 3 * CLAIM_03_BYTES)})" in pending["reasons"]["node-a"]["message"]
     (gpu,) = plan["gpus"]
-    assert gpu["reserved"] == 3 * 24468 * (1 << 20) and gpu["dra"] is True
+    assert gpu["reserved"] == 3 * CLAIM_03_BYTES and gpu["dra"] is True
 
 
 def test_plan_under_requested_claims_overcommit_and_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,7 +180,7 @@ def test_plan_extended_resource_path(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_plan_existing_allocation_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     taken = allocated(claim("old", NS, memory="70Gi"), [result(memory="70Gi", share="s1")], pods=("old",))
     path = write(
-        tmp_path, H100_SLICE, taken, claim_template("gpu-24g", NS, memory="24468Mi"), deployment(1, "0.30", "gpu-24g")
+        tmp_path, H100_SLICE, taken, claim_template("gpu-26g", NS, memory=CLAIM_03), deployment(1, "0.30", "gpu-26g")
     )
     assert main(["plan", "-o", "json", path]) == 1
     plan = json.loads(capsys.readouterr().out)
@@ -247,8 +267,11 @@ def live(pod: dict[str, Any], node: str = "node-a", **status: Any) -> dict[str, 
 
 def test_audit_lists_claims_short_of_their_workload() -> None:
     short = allocated(claim("vllm-0-gpu-x7k9m", NS, memory="8Gi"), [result(memory="8Gi", share="s1")], pods=("vllm-0",))
+    need = reserved("0.9", 80 * GiB)
     enough = allocated(
-        claim("vllm-1-gpu-abcde", NS, memory="72Gi"), [result(memory="72Gi", share="s2")], pods=("vllm-1",)
+        claim("vllm-1-gpu-abcde", NS, memory=memory_text(need)),
+        [result(memory=memory_text(need), share="s2")],
+        pods=("vllm-1",),
     )
     erc = extended_resource_claim("vllm-2", NS, memory="0", share="s3")
     pods = [
@@ -285,11 +308,11 @@ def test_audit_lists_claims_short_of_their_workload() -> None:
     ]
     assert report.claims[0].message() == (
         f"claim {NS}/vllm-0-gpu-x7k9m consumes 8Gi of gpu-0 (NVIDIA H100 80GB HBM3) on node node-a "
-        "but vLLM will reserve 0.90 x 80Gi = 72Gi"
+        f"but vLLM will reserve 0.90 x 80Gi{PLUS} = {memory_text(need)}"
     )
     assert not report.clean
     assert "Allocated DRA claims short of their workload's memory: 2" in report.to_text()
-    assert report.to_json()["claims"][0]["reserved_bytes"] == 72 * GiB
+    assert report.to_json()["claims"][0]["reserved_bytes"] == need
     # The pods themselves are reviewed as admission would: vllm-0's template asks 8Gi.
     assert any(f.name == "vllm-0" and f.outcome == "warned" for f in report.objects)
 

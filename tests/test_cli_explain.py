@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from vramguard.cli import main
+from vramguard.quantity import GiB, MiB
+
+CUDA_CONTEXT = 512 * MiB
+"""What vLLM v0.21.0 holds beside its share on each GPU (its CUDA graphs are inside the share)."""
 
 SEED = """
 apiVersion: apps/v1
@@ -57,6 +61,12 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     reports = json.loads(out)
     assert code == 1  # the CronJob has an error
     assert [r["kind"] for r in reports] == ["Deployment", "CronJob", "Service"]
+    container = reports[0]["containers"][0]
+    assert [(a["name"], a["bytes"], a["processes"]) for a in container.pop("allowances")] == [
+        ("CUDA context", CUDA_CONTEXT, 1)
+    ]
+    (rule,) = container["rules"]
+    assert rule.startswith("image tag v0.21.0: CUDA graphs estimated inside the share")
     assert reports[0] == {
         "kind": "Deployment",
         "name": "chat",
@@ -72,11 +82,15 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
                 "name": "vllm",
                 "resource": "nvidia.com/gpu",
                 "engine": "vllm",
+                "engine_version": "0.21.0",
                 "gpus": 1,
                 "vram_fraction_per_gpu": 0.2,
-                "vram_bytes_per_gpu": 17179869184,
+                "share_bytes_per_gpu": 16 * GiB,
+                "ceiling": False,
+                "vram_bytes_per_gpu": 16 * GiB + CUDA_CONTEXT,
                 "sm_percent": None,
                 "evidence": ["--gpu-memory-utilization 0.2"],
+                "rules": container["rules"],
             }
         ],
         "errors": [],
@@ -105,7 +119,10 @@ def test_bytes_round_up_and_null_without_gpu_memory(
     assert report["containers"][0]["vram_fraction_per_gpu"] == 0.92
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps({"kind": "List", "items": [pod]})))
     _, out, _ = run(capsys, "explain", "-o", "json", "--gpu-memory", "81559Mi", "-")
-    assert json.loads(out)[0]["containers"][0]["vram_bytes_per_gpu"] == 78679145186  # ceil(0.92 × 81559 MiB)
+    (container,) = json.loads(out)[0]["containers"]
+    share = -(-92 * 81559 * MiB // 100)  # ceil(0.92 x 81559 MiB) = 78679145186
+    assert container["share_bytes_per_gpu"] == share
+    assert container["vram_bytes_per_gpu"] == share + CUDA_CONTEXT
 
 
 def test_text_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,7 +131,9 @@ def test_text_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(manifest))
     assert code == 1
     assert "Deployment team-a/chat" in out
-    assert "0.2 (16.0 GiB)" in out
+    assert "16.5 GiB" in out  # the share and the CUDA context
+    assert "vllm: share 0.2 of the GPU = 16.0 GiB (vllm 0.21.0)" in out
+    assert "vllm: + CUDA context 512.0 MiB: " in out
     assert "error: container train" in out
 
 
@@ -160,7 +179,7 @@ spec:
   containers:
   - name: vllm
     image: vllm/vllm-openai:v0.21.0
-    args: [--model, m, --gpu-memory-utilization, "0.95"]
+    args: [--model, m, --gpu-memory-utilization, "1.0"]
     resources: {limits: {nvidia.com/gpu: 1}}
 """
 
@@ -176,7 +195,15 @@ def test_explain_names_the_refusing_rule(tmp_path: Path, capsys: pytest.CaptureF
         "rule": "class-rule", "enforced": True,
         "message": "container vllm: class shared does not allow MIG GPUs (nvidia.com/mig-1g.10gb)",
     }]
-    assert [(r["rule"], r["enforced"]) for r in reports["too-big"]["refusals"]] == [("vram-budget", True)]
+    # The budget holds in every mode; the stand-in DRA device of --gpu-memory cannot hold it either (the
+    # namespace's audit mode only records that).
+    assert [(r["rule"], r["enforced"]) for r in reports["too-big"]["refusals"]] == [
+        ("vram-budget", True), ("extended-resource-memory", False)
+    ]
     code, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(manifest))
     assert "refusal [class-rule, refused]: container vllm: class shared does not allow MIG GPUs" in out
-    assert "refusal [vram-budget, refused]: container vllm: needs 76.0 GiB per GPU, more than the 72.0 GiB" in out
+    # The whole GPU and the CUDA context: more than even a GPU the pod owns alone (no margin) holds.
+    assert (
+        "refusal [vram-budget, refused]: container vllm: needs 80.5 GiB per GPU (1 of the GPU + 512.0 MiB), more "
+        "than the 80.0 GiB VRAM budget of a 80.0 GiB GPU"
+    ) in out

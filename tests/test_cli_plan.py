@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,14 @@ import pytest
 import yaml
 
 from vramguard.cli import main
+from vramguard.quantity import MiB, format_bytes
+
+VLLM = "vllm/vllm-openai:v0.21.0"
+"""A vLLM whose --gpu-memory-utilization is its own share (from v0.9.1), with its CUDA graphs inside it
+(from v0.20.0): each pod holds its share and its CUDA context (512 MiB)."""
+H100_BYTES = 81559 * MiB
+H100_BUDGET = H100_BYTES * 97 // 100
+"""The H100 node's GPU is time-sliced (shared): the shipped policy keeps 3% of it free."""
 
 H100_NODE = {
     "apiVersion": "v1",
@@ -23,14 +32,16 @@ H100_NODE = {
 }
 
 
-def vllm_deployment(name: str, utilization: str, replicas: int, namespace: str = "team-a") -> dict[str, Any]:
+def vllm_deployment(
+    name: str, utilization: str, replicas: int, namespace: str = "team-a", image: str = VLLM
+) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"replicas": replicas, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{
             "name": "vllm",
-            "image": "vllm/vllm-openai:v0.9.0",
+            "image": image,
             "args": ["--model", "m", "--gpu-memory-utilization", utilization],
             "resources": {"limits": {"nvidia.com/gpu": 1}},
         }]}}},
@@ -54,11 +65,12 @@ def test_seed_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str], utili
     if plan["pending"]:
         (pending,) = plan["pending"]
         assert pending["pod"] == "team-a/vllm-3"
+        need = int(Fraction(utilization) * H100_BYTES) + 512 * MiB
         assert pending["reasons"]["h100-1"] == {
             "unresolvable": False,
             "rule": "vram-budget",
-            "message": "GPU 0 (NVIDIA H100 80GB HBM3): 0.0 GiB of 71.7 GiB VRAM budget free, "
-            "pod needs 23.9 GiB per GPU",
+            "message": f"GPU 0 (NVIDIA H100 80GB HBM3): {format_bytes(H100_BUDGET - 3 * need)} of "
+            f"{format_bytes(H100_BUDGET)} VRAM budget free, pod needs {format_bytes(need)} per GPU",
         }
     (gpu,) = plan["gpus"]
     assert gpu["reserved"] <= gpu["budget"]
@@ -81,7 +93,7 @@ def test_bound_pods_count_first(tmp_path: Path, capsys: pytest.CaptureFixture[st
     bound: dict[str, Any] = {
         "kind": "Pod",
         "metadata": {"name": "old", "namespace": "team-b", "uid": "u-old",
-                     "annotations": {"vramguard.io/vram": "60Gi"}},
+                     "annotations": {"vramguard.io/vram": "62Gi"}},  # 62Gi + 0.2 of the GPU > its budget
         "spec": {"nodeName": "h100-1", "containers": [
             {"name": "app", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": 1}}}
         ]},
@@ -93,10 +105,26 @@ def test_bound_pods_count_first(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert plan["pending"][0]["pod"] == "team-a/vllm-0"
 
 
+def test_vllm_before_0_9_1_takes_a_gpu_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its --gpu-memory-utilization capped the whole GPU's use, everyone's included: a ceiling, which
+    counts over half the budget, so two never share a GPU (the second would find no memory of its own)."""
+    path = write(tmp_path, H100_NODE, vllm_deployment("vllm", "0.20", 4, image="vllm/vllm-openai:v0.9.0"))
+    assert main(["plan", path, "-o", "json"]) == 1
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["node"] for p in plan["placed"]] == ["h100-1"]
+    (gpu,) = plan["gpus"]
+    assert gpu["reserved"] == H100_BUDGET // 2 + 1
+
+
 def test_policy_file_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Four pods of 0.24 and a CUDA context each fit a GPU that keeps no margin, not the shipped 3%.
+    path = write(tmp_path, H100_NODE, vllm_deployment("vllm", "0.24", 4))
+    assert main(["plan", path, "-o", "json"]) == 1
+    assert len(json.loads(capsys.readouterr().out)["placed"]) == 3
     policy = tmp_path / "policy.yaml"
-    policy.write_text("default_class: loose\nclasses: {loose: {sharing: [time-slicing], headroom: 0}}")
-    path = write(tmp_path, H100_NODE, vllm_deployment("vllm", "0.25", 4))
+    policy.write_text(
+        "default_class: loose\nclasses: {loose: {sharing: [time-slicing]}}\nbudget: {margins: {time-slicing: 0}}"
+    )
     assert main(["plan", path, "--policy", str(policy), "-o", "json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["placed"]) == 4
 
@@ -140,7 +168,7 @@ A100_MIG = gpu_node("a100-mig", {
 
 def pod(name: str, resource: str, count: int, args: list[str], namespace: str = "ml") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": [{"name": "main", "image": "vllm/vllm-openai:v0.9.0", "args": args,
+            "spec": {"containers": [{"name": "main", "image": VLLM, "args": args,
                                      "resources": {"limits": {resource: count}}}]}}
 
 
@@ -179,7 +207,8 @@ def test_class_rules_follow_the_namespace_mode(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_over_budget_is_refused_by_the_shipped_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    greedy = pod("greedy", "nvidia.com/mig-1g.10gb", 1, ["--model", "m", "--gpu-memory-utilization", "0.95"])
+    # A MIG instance is one pod's alone (no margin): 0.99 of its 9.5 GiB and the CUDA context exceed it.
+    greedy = pod("greedy", "nvidia.com/mig-1g.10gb", 1, ["--model", "m", "--gpu-memory-utilization", "0.99"])
     path = write(tmp_path, A100_MIG, greedy)
     assert main(["plan", path]) == 1
     assert "a100-mig (never, vram-budget): MIG 1g.10gb #0" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import pytest
 
 from tests.dra_objects import claim_spec, device_class, gpu_device, resource_slice, vllm_claim_pod
 from vramguard.demand import Vram
+from vramguard.demand.model import Allowance
 from vramguard.dra import (
     ClaimUse,
     DeviceClassInfo,
@@ -188,6 +189,20 @@ def test_extended_resource_message() -> None:
         "accounting (unlimited mode) but vLLM will reserve 0.90 x 80Gi = 72Gi; use a ResourceClaim with "
         "capacity.requests.memory: 72Gi"
     )
+
+
+def test_arithmetic_shows_the_allowances_beside_the_share() -> None:
+    """The number to write covers what the engine holds beside its share (CUDA context, graphs), and the
+    arithmetic says so; a ceiling has its allowances inside its share."""
+    (device,) = _devices("memory")
+    context = Allowance("CUDA context", 512 * MiB)
+    fraction = Need("vllm", "vLLM", Vram(fraction=Fraction(9, 10), allowances=(context,)))
+    assert fraction.on(device) == 72 * GiB + 512 * MiB
+    assert fraction.arithmetic(device) == f"0.90 x 80Gi + 512Mi = {memory_text(72 * GiB + 512 * MiB)}"
+    exact = Need("engine", "the engine", Vram(bytes=16 * GiB, allowances=(context,)))
+    assert exact.arithmetic(device) == f"16Gi + 512Mi = {memory_text(16 * GiB + 512 * MiB)}"
+    ceiling = Need("tgi", "TGI", Vram(fraction=Fraction(1, 2), allowances=(context,), ceiling=True))
+    assert ceiling.arithmetic(device) == "0.50 x 80Gi = 40Gi"
 
 
 def test_no_needs_no_check() -> None:

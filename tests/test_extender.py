@@ -10,6 +10,7 @@ import asyncio
 import gc
 import json
 import time
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -29,6 +30,17 @@ from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.io.http import Readiness, create_operational_app
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
+from vramguard.quantity import MiB, format_bytes
+
+H100_BYTES = H100_MIB * MiB
+CUDA_CONTEXT = 512 * MiB
+"""What vLLM's process holds beside its share on each GPU (the builders' vLLM, v0.21.0, keeps its
+CUDA graphs inside the share)."""
+
+
+def vllm_bytes(utilization: str) -> int:
+    """What a one-GPU vLLM pod of the builders holds on an H100: its share and its CUDA context."""
+    return int(Fraction(utilization) * H100_BYTES) + CUDA_CONTEXT
 
 
 class FakeKube:
@@ -109,7 +121,9 @@ async def test_seed_fourth_pod_at_030_stays_pending_with_a_vram_reason() -> None
     assert results[:3] == ["h100"] * 3
     assert results[3].startswith("pending: ")
     message = json.loads(results[3].removeprefix("pending: "))["h100"]
-    assert message == "GPU (NVIDIA H100 80GB HBM3): VRAM budget free below the pod's 23.9 GiB per GPU"
+    assert message == (
+        f"GPU (NVIDIA H100 80GB HBM3): VRAM budget free below the pod's {format_bytes(vllm_bytes('0.30'))} per GPU"
+    )
     assert state.ledger.check_invariants() == []
 
 
@@ -205,7 +219,8 @@ async def test_pods_bound_by_others_count_and_unknown_takes_a_whole_gpu() -> Non
                "status": {"phase": "Running"}}
     _, verbs, _ = make([gpu_node("h100")], [foreign])
     outcome = await verbs.filter(vllm_pod("q", "0.05"), ["h100"])
-    assert outcome.failed and "VRAM budget free below the pod's 4.0 GiB per GPU" in outcome.failed["h100"]
+    expected = f"VRAM budget free below the pod's {format_bytes(vllm_bytes('0.05'))} per GPU"
+    assert outcome.failed and expected in outcome.failed["h100"]
 
 
 async def test_multi_gpu_node_is_accounted_whatever_the_plugin_picks() -> None:
@@ -473,8 +488,8 @@ def test_namespace_bytes_for_chargeback() -> None:
                        [vllm_pod("a", "0.25", node="h100", namespace="team-a"),
                         vllm_pod("b", "0.25", node="quad", namespace="team-a"),
                         vllm_pod("c", "0.5", node="h100", namespace="team-b")])
-    quarter = (H100_MIB << 20) // 4
-    assert state.ledger.namespace_bytes() == {"team-a": 2 * quarter, "team-b": 2 * quarter}
+    # Each pod holds its share and its CUDA context: two contexts for team-a, one for team-b.
+    assert state.ledger.namespace_bytes() == {"team-a": 2 * vllm_bytes("0.25"), "team-b": vllm_bytes("0.5")}
 
 
 def test_slim_objects_keep_what_the_extender_reads() -> None:
@@ -557,8 +572,8 @@ async def test_bind_reads_from_etcd_when_the_watch_cache_lags(cached: dict[str, 
     assert await verbs.bind("p", "default", "uid-p", "h100") == ""
     assert fake.reads == [{"resourceVersion": "0"}, None]
     fake.deliver("p")
-    # The claims are the current pod's (0.3), not the stale copy's.
-    assert (await verbs.filter(vllm_pod("q", "0.15"), ["h100"])).failed
+    # The claims are the current pod's (0.3), not the stale copy's (0.05, beside which 0.2 would fit).
+    assert (await verbs.filter(vllm_pod("q", "0.2"), ["h100"])).failed
     assert state.ledger.check_invariants() == []
 
 

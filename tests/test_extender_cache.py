@@ -26,7 +26,7 @@ async def test_cached_verdicts_follow_the_generation_of_each_node() -> None:
     _state, verbs, fake = make([gpu_node("a"), gpu_node("b")])
     pod = vllm_pod("p0", "0.45")
     assert (await verbs.filter(pod, ["a", "b"])).passing == ["a", "b"]
-    assert await schedule(verbs, fake, vllm_pod("big", "0.50"), ["a"]) == "a"
+    assert await schedule(verbs, fake, vllm_pod("big", "0.55"), ["a"]) == "a"  # 0.55 + 0.45 > 0.97
     outcome = await verbs.filter(vllm_pod("p1", "0.45"), ["a", "b"])
     assert outcome.passing == ["b"] and list(outcome.failed) == ["a"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,9 @@ from vramguard.policy import Policy, PolicyError, default_policy
 from vramguard.report import gpu_table, pods_table, render_table
 
 GiB = 1 << 30
+MiB = 1 << 20
+CUDA_CONTEXT = 512 * MiB
+"""What the pods' vLLM (v0.22.0: CUDA graphs inside its share) holds beside its share on its GPU."""
 
 
 def node(spec: gpu_nodes.GPUNodeSpec) -> dict[str, Any]:
@@ -54,7 +58,12 @@ def test_nodes_table_has_every_gpu_with_budget_reserved_free_pods() -> None:
     ts = rows[-1]
     assert ts.sharing == "time-slicing" and ts.replicas == 4
     assert ts.pods == ("default/a", "default/b")
-    assert ts.reserved_bytes == int(0.3 * ts.memory_bytes) + int(0.2 * ts.memory_bytes)
+    # Each pod: its share and its CUDA context.
+    share = int(Fraction(3, 10) * ts.memory_bytes) + int(Fraction(2, 10) * ts.memory_bytes)
+    assert ts.reserved_bytes == share + 2 * CUDA_CONTEXT
+    # A shared GPU keeps the default 3% margin; a GPU one pod owns keeps none.
+    assert ts.budget_bytes == ts.memory_bytes * 97 // 100
+    assert [r.budget_bytes for r in rows[:2]] == [r.memory_bytes for r in rows[:2]]
     assert ts.free_bytes == ts.budget_bytes - ts.reserved_bytes and not ts.over_budget
     table = gpu_table(rows)
     assert table.splitlines()[0].split() == ["NODE", "GPU", "PRODUCT", "SHARING", "BUDGET", "RESERVED", "FREE", "PODS"]
@@ -81,7 +90,8 @@ def test_pods_say_what_they_hold_and_why() -> None:
     a = holdings["a"].containers[0]
     assert a.engine == "vllm" and a.devices == ("0",)
     assert a.evidence == ("--gpu-memory-utilization 0.3",)
-    assert a.bytes_per_gpu == int(0.3 * 81559 * 2**20)
+    assert a.bytes_per_gpu == int(Fraction(3, 10) * 81559 * MiB) + CUDA_CONTEXT
+    assert a.vram == "0.3 of the GPU + 512.0 MiB"
     assert holdings["b"].containers[0].devices == ("?",)  # two GPUs: the device plugin's choice
     assert [h.name for h in pod_holdings(state, snap.bound_pods, "team")] == ["b"]
     table = pods_table(list(holdings.values()))

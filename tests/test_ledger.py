@@ -271,7 +271,7 @@ def test_node_that_loses_a_resource_reports_its_pods() -> None:
     assert ledger.check_invariants() == ["pod team-a/pod-a (a) asks for resources node n lacks"]
 
 
-def test_new_headroom_changes_budgets() -> None:
+def test_new_margins_change_budgets() -> None:
     ledger = ledger_with(NodeInventory("n", devices(1, 4)))
     ledger.reserve("n", pod("a"), [claim(850)])
     ledger.set_budget_rule(dict.fromkeys(TENTH, Fraction(1, 5)))

@@ -26,7 +26,7 @@ def test_worst_case_is_the_adversarys_best_pick(known: int, free: int, unknown: 
 
 
 @pytest.mark.parametrize(
-    ("gpu", "headroom", "budget", "whole"),
+    ("gpu", "margin", "budget", "whole"),
     [
         pytest.param(Gpu("0", 0, "H100", 81559 << 20, "time-slicing", 4, "g"), Fraction(1, 10),
                      76968728985, 76968728985, id="h100-time-sliced"),
@@ -34,6 +34,6 @@ def test_worst_case_is_the_adversarys_best_pick(known: int, free: int, unknown: 
         pytest.param(Gpu("0", 0, "H100", 999, "none", 1, "g"), Fraction(1, 3), 666, 666, id="rounded-down"),
     ],
 )
-def test_budget_and_whole_share(gpu: Gpu, headroom: Fraction, budget: int, whole: int) -> None:
-    assert budget_of(gpu, headroom) == budget
+def test_budget_and_whole_share(gpu: Gpu, margin: Fraction, budget: int, whole: int) -> None:
+    assert budget_of(gpu, margin) == budget
     assert whole_share(gpu, budget) == whole

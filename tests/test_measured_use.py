@@ -206,7 +206,7 @@ def worst_load(inventory: NodeInventory, pods: dict[str, list[Claim]]) -> dict[s
         for uid, devices in inventory.measured.items():
             if uid in pods:
                 for d, used in devices.items():
-                    # Use within the tolerance (a CUDA context) is the headroom's, not over-use.
+                    # Use within the tolerance (allocator slack) is the margin's, not over-use.
                     claimed = per_pod.get((uid, d), 0)
                     per_pod[(uid, d)] = claimed + over_use(claimed, used)
         load = dict.fromkeys(gpus, 0)

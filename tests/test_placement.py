@@ -23,7 +23,7 @@ from vramguard.placement import (
     score_node,
 )
 from vramguard.policy import ClassChoice, Policy, default_policy
-from vramguard.quantity import GiB
+from vramguard.quantity import GiB, MiB, format_bytes
 
 POLICY = default_policy()
 BEST_EFFORT = POLICY.choose_class({}, {})
@@ -89,7 +89,10 @@ def gib(n: float) -> Vram:
     return Vram(bytes=int(n * GiB))
 
 
-H100_BUDGET = 81559 * (1 << 20) * 9 // 10
+H100_BYTES = 81559 * MiB
+H100_BUDGET = H100_BYTES * 97 // 100
+"""A shared (time-sliced or MPS) H100's budget: the default policy keeps 3% of its memory free."""
+BUDGET = format_bytes(H100_BUDGET)
 
 
 def test_message_in_the_issues_style() -> None:
@@ -98,7 +101,7 @@ def test_message_in_the_issues_style() -> None:
     verdict = filter_node(ledger, "h100", pod_claims(demand(container(gib(24))), BEST_EFFORT, "b"), BEST_EFFORT)
     assert verdict.verdict is Verdict.FAIL
     assert verdict.message == (
-        "GPU 0 (NVIDIA H100 80GB HBM3): 8.0 GiB of 71.7 GiB VRAM budget free, pod needs 24.0 GiB per GPU"
+        f"GPU 0 (NVIDIA H100 80GB HBM3): 8.0 GiB of {BUDGET} VRAM budget free, pod needs 24.0 GiB per GPU"
     )
 
 
@@ -114,14 +117,18 @@ def test_seed_scenario_four_pods_at_030() -> None:
             assert assignment is not None
             assert ledger.reserve("h100", PodRef(claims.uid), assignment.claims).ok
     assert verdicts == [Verdict.PASS] * 3 + [Verdict.FAIL]
+    # A declaration is a total: no allowance on top of the 0.3.
+    share = int(Fraction(3, 10) * H100_BYTES)
     assert filter_node(ledger, "h100", pods[3], BEST_EFFORT).message == (
-        "GPU 0 (NVIDIA H100 80GB HBM3): 0.0 GiB of 71.7 GiB VRAM budget free, pod needs 23.9 GiB per GPU"
+        f"GPU 0 (NVIDIA H100 80GB HBM3): {format_bytes(H100_BUDGET - 3 * share)} of {BUDGET} VRAM budget free, "
+        f"pod needs {format_bytes(share)} per GPU"
     )
 
 
 FILTER_CASES = [
-    pytest.param(gfd_node("n"), demand(container(gib(72))), BEST_EFFORT, Verdict.UNRESOLVABLE,
-                 "GPU 0 (NVIDIA H100 80GB HBM3): 71.7 GiB of 71.7 GiB VRAM budget free, pod needs 72.0 GiB per GPU",
+    # 78 GiB: under the GPU's 79.6 GiB of memory, over its budget.
+    pytest.param(gfd_node("n"), demand(container(gib(78))), BEST_EFFORT, Verdict.UNRESOLVABLE,
+                 f"GPU 0 (NVIDIA H100 80GB HBM3): {BUDGET} of {BUDGET} VRAM budget free, pod needs 78.0 GiB per GPU",
                  id="bigger-than-any-budget"),
     pytest.param(gfd_node("n"), demand(container(gib(10))), GUARANTEED, Verdict.UNRESOLVABLE,
                  "class guaranteed does not allow time-slicing GPUs (node offers time-slicing)",
@@ -140,19 +147,22 @@ FILTER_CASES = [
                  GUARANTEED, Verdict.PASS, "", id="mig-for-guaranteed"),
     pytest.param(mig_node("n"), demand(container(gib(40), resource="nvidia.com/mig-3g.40gb")), GUARANTEED,
                  Verdict.UNRESOLVABLE,
-                 "MIG 3g.40gb #0 (NVIDIA H100 80GB HBM3): 35.5 GiB of 35.5 GiB VRAM budget free, pod needs "
-                 "40.0 GiB per GPU; also MIG 3g.40gb #1", id="mig-instance-too-small"),
+                 # A MIG instance is one pod's alone: its budget is its whole memory (40448 MiB).
+                 f"MIG 3g.40gb #0 (NVIDIA H100 80GB HBM3): {format_bytes(40448 * MiB)} of "
+                 f"{format_bytes(40448 * MiB)} VRAM budget free, pod needs 40.0 GiB per GPU; also MIG 3g.40gb #1",
+                 id="mig-instance-too-small"),
     pytest.param(gfd_node("n"), demand(container(None)), REJECTING, Verdict.UNRESOLVABLE,
                  "container vllm: VRAM unknown and class strict does not place such pods; declare it with the "
                  "annotation vramguard.io/vram (e.g. vramguard.io/vram.vllm: 16Gi)", id="unknown-vram-rejected"),
     pytest.param(gfd_node("n"), demand(container(None)), BEST_EFFORT, Verdict.PASS, "", id="unknown-vram-whole-gpu"),
-    pytest.param(gfd_node("n", replicas=2, sharing="mps"), demand(container(gib(36))), BURSTABLE,
-                 Verdict.UNRESOLVABLE, "GPU 0 (NVIDIA H100 80GB HBM3): pod needs 36.0 GiB per GPU, more than the "
-                 "35.8 GiB one of its 2 MPS replicas may use", id="mps-share-exceeded"),
+    # One replica's share is half the budget: 38.6 GiB.
+    pytest.param(gfd_node("n", replicas=2, sharing="mps"), demand(container(gib(39))), BURSTABLE,
+                 Verdict.UNRESOLVABLE, "GPU 0 (NVIDIA H100 80GB HBM3): pod needs 39.0 GiB per GPU, more than the "
+                 f"{format_bytes(H100_BUDGET // 2)} one of its 2 MPS replicas may use", id="mps-share-exceeded"),
     pytest.param(gfd_node("n", replicas=2, sharing="mps"), demand(container(None)), BURSTABLE, Verdict.PASS, "",
                  id="mps-unknown-takes-one-share"),
     pytest.param(gfd_node("n", count=2), demand(container(gib(40), gpus=2)), BEST_EFFORT, Verdict.UNRESOLVABLE,
-                 "GPU 0 (NVIDIA H100 80GB HBM3): 71.7 GiB of 71.7 GiB VRAM budget free, pod needs 80.0 GiB on it "
+                 f"GPU 0 (NVIDIA H100 80GB HBM3): {BUDGET} of {BUDGET} VRAM budget free, pod needs 80.0 GiB on it "
                  "(2 of its GPU replicas may be given the same GPU); also GPU 1", id="two-replicas-on-one-gpu"),
     pytest.param(gfd_node("n", count=1, replicas=1, sharing="none"), demand(container(gib(1), gpus=2)), GUARANTEED,
                  Verdict.UNRESOLVABLE, "pod needs 2 nvidia.com/gpu, node has 1 (1 free)",
@@ -241,7 +251,8 @@ def test_unknown_vram_takes_the_whole_gpu() -> None:
     result = filter_node(ledger, "n", pod_claims(demand(container(None)), BEST_EFFORT, "b"), BEST_EFFORT)
     assert result.verdict is Verdict.FAIL
     assert result.message == (
-        "GPU 0 (NVIDIA H100 80GB HBM3): 70.7 GiB of 71.7 GiB VRAM budget free, pod needs 71.7 GiB per GPU; "
+        f"GPU 0 (NVIDIA H100 80GB HBM3): {format_bytes(H100_BUDGET - GiB)} of {BUDGET} VRAM budget free, "
+        f"pod needs {BUDGET} per GPU; "
         "its VRAM is unknown, so it takes a whole GPU (declare vramguard.io/vram)"
     )
 
@@ -252,7 +263,8 @@ def test_message_counts_pods_of_unknown_placement() -> None:
     result = filter_node(ledger, "n", pod_claims(demand(container(gib(40))), BEST_EFFORT, "b"), BEST_EFFORT)
     assert result.verdict is Verdict.FAIL
     assert result.message == (
-        "GPU 0 (NVIDIA H100 80GB HBM3): 31.7 GiB of 71.7 GiB VRAM budget free, pod needs 40.0 GiB per GPU; "
+        f"GPU 0 (NVIDIA H100 80GB HBM3): {format_bytes(H100_BUDGET - 40 * GiB)} of {BUDGET} VRAM budget free, "
+        "pod needs 40.0 GiB per GPU; "
         "counting 1 pod whose GPU is not known yet; also GPU 1"
     )
 

@@ -260,7 +260,9 @@ allowances:
 
 def test_a_bad_allowance_names_its_key() -> None:
     with pytest.raises(PolicyError, match=r"allowances.engines.vllm.cuda_graphs"):
-        Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {engines: {vllm: {cuda_graphs: lots}}}")
+        Policy.from_yaml(
+            "default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {engines: {vllm: {cuda_graphs: lots}}}"
+        )
     with pytest.raises(PolicyError, match=r"unknown key 'cuda_graph' in allowances \(allowed: cuda_context"):
         Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {cuda_graph: 1Gi}")
 

@@ -42,6 +42,8 @@ def holder(name: str, fraction: str, priority: int = 0, *, evictable: bool = Tru
 
 
 INVENTORY = read_inventory(gpu_node("ts"))
+"""One H100 time-sliced 4 ways: a shared device, so its budget keeps the default 3% margin (0.97 of it).
+The holders' and the new pod's VRAM is declared: a total, with no allowance on top."""
 
 VICTIM_CASES = [
     pytest.param([holder("a", "0.2")], ("0.5", 10), (), id="fits-without-eviction"),
@@ -49,11 +51,11 @@ VICTIM_CASES = [
                  ("0.5", 10), ("c", "d"), id="evicts-the-pods-that-free-the-memory"),
     pytest.param([holder("hi", "0.4", 5), holder("lo", "0.4", 1)], ("0.5", 10), ("lo",),
                  id="most-important-reprieved-first"),
-    pytest.param([holder("a", "0.45", 20), holder("b", "0.45", 1)], ("0.5", 10), None,
+    pytest.param([holder("a", "0.5", 20), holder("b", "0.5", 1)], ("0.5", 10), None,
                  id="higher-priority-pods-stay-so-nothing-helps"),
     pytest.param([holder("a", "0.3", evictable=False), holder("b", "0.45")], ("0.5", 10), ("b",),
                  id="a-bind-in-flight-is-not-a-victim"),
-    pytest.param([holder("a", "0.1")], ("0.95", 10), None, id="bigger-than-the-budget"),
+    pytest.param([holder("a", "0.1")], ("0.98", 10), None, id="bigger-than-the-budget"),
 ]
 
 
@@ -71,7 +73,8 @@ def prioritized(name: str, utilization: str, priority: int, node: str | None = "
 
 
 def full_gpu() -> ClusterState:
-    """One H100 time-sliced 4 ways, all four replicas held: 0.1 + 0.1 + 0.35 + 0.35 of its memory."""
+    """One H100 time-sliced 4 ways, all four replicas held: 0.1 + 0.1 + 0.35 + 0.35 of its memory,
+    each with vLLM's CUDA context (512 MiB) beside it, against a budget of 0.97 of it."""
     pods = [prioritized("small-1", "0.1", 1), prioritized("small-2", "0.1", 1),
             prioritized("big-1", "0.35", 1), prioritized("big-2", "0.35", 1)]
     state, _, _ = make([gpu_node("ts"), gpu_node("other")], pods)
@@ -140,7 +143,8 @@ async def test_preempt_not_synced_is_503() -> None:
 @pytest.mark.parametrize(("utilization", "priority", "verdict"), [
     ("0.5", 1, "unresolvable"),
     ("0.5", 1000, "failed"),
-    ("0.95", 1000, "unresolvable"),
+    # 0.97 of the GPU is its whole budget, and the CUDA context (512 MiB) comes on top of vLLM's share.
+    ("0.97", 1000, "unresolvable"),
 ], ids=["equal-priority-nothing-helps", "lower-priority-victims-help", "bigger-than-the-budget"])
 async def test_filter_marks_vram_failures_no_eviction_cures(utilization: str, priority: int, verdict: str) -> None:
     state = full_gpu()
@@ -164,7 +168,7 @@ async def test_full_eviction_checks_are_capped_per_filter(monkeypatch: pytest.Mo
     """Past the cap a failure stays resolvable (preempt still drops the node): bounded filter work."""
     pods = []
     for node in ("a", "b"):
-        pods += [prioritized(f"{node}-high", "0.45", 500, node=node), prioritized(f"{node}-low", "0.45", 1, node=node)]
+        pods += [prioritized(f"{node}-high", "0.5", 500, node=node), prioritized(f"{node}-low", "0.45", 1, node=node)]
     state, verbs, _ = make([gpu_node("a"), gpu_node("b")], pods)
     pod = prioritized("new", "0.5", 100, node=None)
     outcome = await verbs.filter(pod, ["a", "b"])
@@ -201,7 +205,7 @@ async def test_lowest_priorities_kept_per_node_follow_its_holdings() -> None:
     pod there is replaced by one of lower priority (a new generation: eviction now helps), and for
     a holder the watch has not shown (in flight: its priority may come later, so the exact check
     decides)."""
-    high = prioritized("high", "0.45", 50)
+    high = prioritized("high", "0.5", 50)
     state, verbs, _ = make([gpu_node("ts")], [high])
     lowest = LowestPriorities()
     pod = prioritized("new", "0.5", 10, node=None)
@@ -213,7 +217,7 @@ async def test_lowest_priorities_kept_per_node_follow_its_holdings() -> None:
     assert await marked(lowest) == await marked(None) == ([], ["ts"])  # only a pod of higher priority
     assert lowest.lowest(state, "ts") == 50
     state.pods.delete(slim_pod(high))
-    state.pods.upsert(slim_pod(prioritized("low", "0.45", 1)))
+    state.pods.upsert(slim_pod(prioritized("low", "0.5", 1)))
     assert await marked(lowest) == await marked(None) == (["ts"], [])  # evicting it makes room
     state.ledger.reserve("ts", PodRef("uid-flying", "default", "flying"), claims_of("0.05", "uid-flying").claims)
     assert lowest.lowest(state, "ts") == -math.inf

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from tests import builders
 from tests.podspecs import container, pod
-from vramguard.admission import SUPPORTED_KINDS
+from vramguard.admission import SUPPORTED_KINDS, quantity_text
 from vramguard.codecs import ENFORCE_LABEL, QOS_CLASS_LABEL
 from vramguard.io.http import Readiness
 from vramguard.policy import Policy, PolicyFile, default_policy
+from vramguard.quantity import format_bytes
 from webhook.app import BODY_LIMIT, PolicySource, WebhookState, create_webhook_app
 
 POLICY_YAML = """
@@ -36,6 +38,8 @@ direct_placement: {allowed_groups: ["system:nodes"]}
 POLICY = Policy.from_yaml(POLICY_YAML)
 MiB = 1 << 20
 GiB = 1 << 30
+CUDA_CONTEXT = 512 * MiB
+"""What the pods' vLLM (v0.21.0: CUDA graphs inside its share) holds beside its share on each GPU."""
 
 Client = TestClient[web.Request, web.Application]
 ClientFactory = Callable[[web.Application], Awaitable[Client]]
@@ -304,16 +308,16 @@ async def test_wrong_method_and_path(client_for: Any) -> None:
 
 
 async def test_quota_holds_across_back_to_back_pods(client_for: Any) -> None:
-    # 0.5 of an 80 GiB GPU is 40 GiB: four pods fill the 160 GiB quota, the fifth is refused
-    # even though the pod watch has not shown any of them yet.
+    # 0.49375 of an 80 GiB GPU is 39.5 GiB, and vLLM's CUDA context 0.5 GiB: four pods fill the
+    # 160 GiB quota exactly, the fifth is refused even though the pod watch has not shown any of them yet.
     client = await client_for(make_state(namespaces={"team-a": {ENFORCE_LABEL: "enforce"}}))
     answers = []
     for i in range(5):
-        obj = vllm_pod("0.5", name=f"p{i}", namespace="team-a", uid=f"uid-{i}")
+        obj = vllm_pod("0.49375", name=f"p{i}", namespace="team-a", uid=f"uid-{i}")
         _, body = await post(client, admission_review(obj, namespace="team-a", uid=f"req-{i}"))
         answers.append(body["response"]["allowed"])
     assert answers == [True, True, True, True, False]
-    _, body = await post(client, admission_review(vllm_pod("0.5", namespace="team-a", uid="uid-9"),
+    _, body = await post(client, admission_review(vllm_pod("0.49375", namespace="team-a", uid="uid-9"),
                                                   namespace="team-a"))
     assert body["response"]["status"]["message"] == (
         "namespace team-a would hold 200Gi of its 160Gi VRAM quota (this pod 40Gi, 4 other pod(s) 160Gi)"
@@ -329,8 +333,11 @@ async def test_quota_counts_the_pods_the_watch_shows(client_for: Any) -> None:
     client = await client_for(state)
     _, body = await post(client, admission_review(vllm_pod("0.6", namespace="team-a", uid="new"),
                                                   namespace="team-a"))
+    # Only the three running pods of team-a count, each 0.5 of an 80 GiB GPU and its CUDA context.
+    others, this = 3 * (40 * GiB + CUDA_CONTEXT), 48 * GiB + CUDA_CONTEXT
     assert body["response"]["status"]["message"] == (
-        "namespace team-a would hold 168Gi of its 160Gi VRAM quota (this pod 48Gi, 3 other pod(s) 120Gi)"
+        f"namespace team-a would hold {quantity_text(others + this)} of its 160Gi VRAM quota "
+        f"(this pod {quantity_text(this)}, 3 other pod(s) {quantity_text(others)})"
     )
     state.cluster.pods.delete(running[0])
     _, body = await post(client, admission_review(vllm_pod("0.6", namespace="team-a", uid="new"),
@@ -392,29 +399,38 @@ async def test_namespace_lookup_failure_falls_back_to_the_default_mode(
 
 
 async def test_bound_pod_is_sized_on_its_node(client_for: Any) -> None:
-    # 0.5 of the bound node's 40 GiB GPU is 20 GiB; unbound it would count 40 GiB (the largest GPU).
+    # 0.4875 of the bound node's 40 GiB GPU is 19.5 GiB, 20 GiB with vLLM's CUDA context; unbound it
+    # would count 0.4875 of 80 GiB (the largest GPU) and the context.
     small = gpu_node("small", memory_mib=40960)
     state = make_state(namespaces={"team-a": {ENFORCE_LABEL: "enforce"}}, nodes=(small,),
-                       pods=tuple(vllm_pod("0.5", name=f"r{i}", namespace="team-a", uid=f"r{i}", node="small")
+                       pods=tuple(vllm_pod("0.4875", name=f"r{i}", namespace="team-a", uid=f"r{i}", node="small")
                                   for i in range(7)))
     client = await client_for(state)
     # The kubelet's mirror pods (system:nodes) are allow-listed past the node's ledger.
-    _, body = await post(client, admission_review(vllm_pod("0.5", namespace="team-a", uid="n", node="small"),
+    _, body = await post(client, admission_review(vllm_pod("0.4875", namespace="team-a", uid="n", node="small"),
                                                   namespace="team-a", groups=("system:nodes",)))
     assert body["response"]["allowed"] is True  # 8 x 20 GiB = 160 GiB
-    _, body = await post(client, admission_review(vllm_pod("0.5", namespace="team-a", uid="m"), namespace="team-a"))
-    assert body["response"]["status"]["message"].startswith("namespace team-a would hold 200Gi of its 160Gi")
+    _, body = await post(client, admission_review(vllm_pod("0.4875", namespace="team-a", uid="m"),
+                                                  namespace="team-a"))
+    unbound = 39 * GiB + CUDA_CONTEXT
+    assert body["response"]["status"]["message"].startswith(
+        f"namespace team-a would hold {quantity_text(160 * GiB + unbound)} of its 160Gi"
+    )
 
 
 # --------------------------------------------------------------------------- direct placement
 
 
+G1_BUDGET = 80 * GiB * 97 // 100
+"""One time-sliced (shared) 80 GiB GPU: its budget keeps 3% free."""
+G1_POD = int(Fraction(9, 10) * 80 * GiB) + CUDA_CONTEXT
+"""A 0.9 vLLM pod and its CUDA context: one fits the budget, two do not."""
 DIRECT = {
     "fits": ("enforce", ("system:authenticated",), 0, True, None),
     "over-budget-denied": ("enforce", ("system:authenticated",), 1, False,
                            "spec.nodeName g1 places the pod past the scheduler and it does not fit there: "
-                           "GPU 0 (NVIDIA A100 SXM4 80GB): 0.0 GiB of 72.0 GiB VRAM budget free, pod needs 72.0 GiB "
-                           "per GPU"),
+                           f"GPU 0 (NVIDIA A100 SXM4 80GB): {format_bytes(G1_BUDGET - G1_POD)} of "
+                           f"{format_bytes(G1_BUDGET)} VRAM budget free, pod needs {format_bytes(G1_POD)} per GPU"),
     "over-budget-warned": ("warn", ("system:authenticated",), 1, True, None),
     "allow-listed-group": ("enforce", ("system:nodes",), 1, True, None),
 }
@@ -424,7 +440,7 @@ DIRECT = {
 async def test_pod_created_on_a_node_must_fit_its_ledger(
     client_for: Any, mode: str, groups: tuple[str, ...], bound: int, allowed: bool, message: str | None
 ) -> None:
-    # One 80 GiB GPU with 10% headroom: a 72 GiB budget, which one 0.9 pod takes whole.
+    # One time-sliced 80 GiB GPU (a 77.6 GiB budget): one 0.9 pod fits, a second does not.
     state = make_state(namespaces={"default": {ENFORCE_LABEL: mode}}, nodes=(gpu_node("g1", gpus=1),),
                        pods=tuple(vllm_pod("0.9", name=f"b{i}", uid=f"b{i}", node="g1") for i in range(bound)))
     client = await client_for(state)
@@ -463,7 +479,8 @@ async def test_quota_counts_live_env_only_engines_as_whole_gpus_where_the_class_
     state = make_state(policy, namespaces={"team-a": {ENFORCE_LABEL: "enforce"}}, pods=tuple(live))
     # gpu-1 offers 80 GiB GPUs: the distrusted pod holds all 80 GiB, the trusted one 1% of it.
     usage = state.cluster.usage("team-a")
-    assert usage.bytes == 80 * GiB + int(80 * GiB * 0.01) // 1
+    # The trusted one holds its share and its CUDA context.
+    assert usage.bytes == 80 * GiB + int(Fraction(1, 100) * 80 * GiB) + CUDA_CONTEXT
     assert usage.pods == 2
 
 
@@ -544,7 +561,7 @@ async def test_policy_file_changes_apply_without_a_restart(client_for: Any, tmp_
     assert body["response"]["allowed"] is False  # enforcement: enforce
     path.write_text(POLICY_YAML.replace("enforcement: enforce", "enforcement: audit"))
     assert state.refresh_policy()
-    assert state.cluster.policy is source.policy  # the ledger's budgets follow the new headrooms
+    assert state.cluster.policy is source.policy  # the ledger's budgets follow the new margins
     _, body = await post(client, admission_review(vllm_pod("1.5")))
     assert body["response"]["allowed"] is True
     path.write_text("classes: [broken")

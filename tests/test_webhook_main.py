@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from tests.podspecs import container, pod
+from vramguard.admission import quantity_text
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.io import certs
 from vramguard.io.kube import Connection
@@ -179,10 +180,14 @@ async def test_ready_only_after_the_watches_have_listed(running: Running) -> Non
 async def test_quota_follows_the_pod_watch(running: Running) -> None:
     running.api.lists_open.set()
     await eventually(lambda: _is(running.get("/readyz"), 200))
-    # 0.5 + 0.25 of an 80 GiB GPU are held; another 0.5 would make 100 GiB of the 80 GiB quota.
+    # 0.5 + 0.25 of an 80 GiB GPU are held, each pod with its CUDA context (512 MiB); another 0.5
+    # would pass the 80 GiB quota.
+    gib, context = 1 << 30, 512 << 20
+    held, this = 40 * gib + 20 * gib + 2 * context, 40 * gib + context
     answer = await running.validate(review(gpu_pod("three", "0.5"), "team-a"))
     assert answer["status"]["message"] == (
-        "namespace team-a would hold 100Gi of its 80Gi VRAM quota (this pod 40Gi, 2 other pod(s) 60Gi)"
+        f"namespace team-a would hold {quantity_text(held + this)} of its 80Gi VRAM quota "
+        f"(this pod {quantity_text(this)}, 2 other pod(s) {quantity_text(held)})"
     )
     await running.api.events["pods"].put({"type": "DELETED", "object": gpu_pod("one", "0.5")})
 

@@ -23,8 +23,9 @@ CORPUS = Path(__file__).parent / "data" / "workloads"
 Expected = list[tuple[str, int, list[tuple[str, str | None, int, float | None]]]]
 EXPECTED: dict[str, Expected] = {
     "lws-vllm-ray.yaml": [
-        ("leader", 2, [("vllm-leader", "vllm", 8, 0.92)]),
-        ("worker", 2, [("vllm-worker", "vllm", 8, 0.92)]),  # the leader's command, over the group of 2
+        # vllm-openai:latest names no version: vLLM's newest default, the whole device (a ceiling).
+        ("leader", 2, [("vllm-leader", "vllm", 8, 1.0)]),
+        ("worker", 2, [("vllm-worker", "vllm", 8, 1.0)]),  # the leader's command, over the group of 2
     ],
     "lws-sglang.yaml": [
         ("leader", 1, [("sglang-leader", "sglang", 1, 0.85)]),

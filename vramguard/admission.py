@@ -1024,7 +1024,11 @@ def _max_vram_message(
         )
     amount = f"{held.describe()} per GPU"
     if device is not None and held.fraction is not None and limit.bytes is not None:
-        amount = f"{format_bytes(held.on_device(device))} per GPU ({float(held.fraction):g} x {format_bytes(device)})"
+        extra = f" + {format_bytes(held.allowance_bytes)}" if held.allowance_bytes else ""
+        amount = (
+            f"{format_bytes(held.on_device(device))} per GPU "
+            f"({float(held.fraction):g} x {format_bytes(device)}{extra})"
+        )
     return (
         f"container {container.name}: reserves {amount}, above class {choice.name}'s "
         f"max_vram_per_gpu {limit_text}"

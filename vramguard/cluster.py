@@ -349,6 +349,10 @@ class ClusterState:
             self._claims[key] = shared
         return PodClaims(uid, shared.claims, shared.init, shared.refusal)
 
+    def record_demand(self, record: PodRecord) -> PodDemand:
+        """The demand of a recorded pod, as the model derived it (once per template and policy)."""
+        return self._demand(record.template.pod, record.template.key)
+
     def _demand(self, pod: Mapping[str, Any], template: str) -> PodDemand:
         demand = self._demands.get(template)
         if demand is None:

@@ -4,7 +4,7 @@ Pure: the rows are built from the ledger (:class:`vramguard.ledger.DeviceUsage`,
 per pod) and the demand model, whoever filled them: ``kubectl vram`` and ``vramguard audit`` read the
 cluster and build the same ledger the extender builds, then render it here.
 
-Numbers are the ledger's: *budget* is the device's memory less the policy's headroom, *reserved* is
+Numbers are the ledger's: *budget* is the device's memory less the policy's margin for it, *reserved* is
 the worst case the device may hold whatever device the plugin picked for pods whose device is not
 known (what the extender's filter checks), *free* is budget less reserved (negative when a GPU is
 already overcommitted, which only pods placed without vramguard can do).

@@ -20,6 +20,10 @@ DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
 - **Allocated DRA claims short of their workload's memory**: each allocated ResourceClaim whose
   pods' containers reserve more on the device it got than the claim consumes there (the scheduler
   shares the device by what claims consume, so such a device is overcommitted in fact).
+- **Pods using more VRAM than the model predicted**: each pod and device the node agents measure
+  beyond the demand model's prediction there (:mod:`vramguard.accuracy`), with the numbers, and the
+  predicted and measured sums per engine and version. Informational: the ledger already holds such a
+  pod's measured use, so they do not change the exit code; they say where the model is wrong.
 
 Exit code: 0 nothing found, 1 an overcommitted GPU or an object with a violation, 2 bad input or
 an unreadable cluster. Notes (what the webhook returns as plain warnings) are listed, not counted.
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramguard.accuracy import ModelAccuracy, model_accuracy
 from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Operation, Subject
 from vramguard.cli import kubectl_vram
 from vramguard.cluster import ClusterState
@@ -42,6 +47,7 @@ from vramguard.dra.review import AllocatedShortfall, audit_allocations
 from vramguard.ledger import Invariant
 from vramguard.placement import class_findings
 from vramguard.policy import Policy, PolicyError
+from vramguard.quantity import format_bytes
 from vramguard.report import GpuRow, gpu_table, render_table
 from vramguard.workloads import WorkloadKind, find_kind
 
@@ -125,6 +131,9 @@ class AuditReport:
     """Bound pods on nodes their class's rules do not allow."""
     claims: list[AllocatedShortfall] = field(default_factory=list)
     """Allocated DRA claims whose pods reserve more on their device than the claim consumes."""
+    model: ModelAccuracy = field(default_factory=ModelAccuracy)
+    """The demand model's predictions against the agents' measurements (informational, not counted
+    by :attr:`clean`)."""
 
     @property
     def overcommitted(self) -> list[GpuRow]:
@@ -160,6 +169,7 @@ class AuditReport:
                  "message": c.message()}
                 for c in self.claims
             ],
+            "model_accuracy": self.model.to_json(),
         }
 
     def to_text(self) -> str:
@@ -195,6 +205,7 @@ class AuditReport:
                 ("NAMESPACE", "CLAIM", "NODE", "PODS", "FINDING"),
                 ((c.namespace, c.claim, c.node, ",".join(c.pods) or "-", c.message()) for c in self.claims),
             ))
+        parts.append(_model_text(self.model))
         noted = [f for f in self.objects if f.notes]
         if noted:
             parts.append(f"\nNotes (returned as warnings, never refused): {sum(len(f.notes) for f in noted)}\n")
@@ -239,7 +250,31 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
             ))
     report.objects.sort(key=lambda f: (not f.violations, f.namespace, f.kind, f.name))
     report.claims = audit_allocations(state.dra, snapshot.pods)
+    report.model = model_accuracy(state)
     return report
+
+
+def _model_text(model: ModelAccuracy) -> str:
+    """The pods measured over their prediction, then the sums per engine and version (when any)."""
+    over = model.over_prediction()
+    parts = [f"\nPods using more VRAM than the model predicted (informational): {len(over)}\n"]
+    if over:
+        parts.append(render_table(
+            ("NAMESPACE", "POD", "NODE", "GPU", "ENGINE", "VERSION", "PREDICTED", "MEASURED", "EXCESS"),
+            ((s.namespace, s.name, s.node, s.device, s.engine, s.version, format_bytes(s.predicted),
+              format_bytes(s.measured), format_bytes(s.excess)) for s in over),
+        ))
+    if model.engines:
+        parts.append("\nModel predictions against the agents' measurements:\n")
+        parts.append(render_table(
+            ("ENGINE", "VERSION", "POD-GPUS", "PREDICTED", "MEASURED", "PODS-OVER"),
+            ((engine, version, str(t.pod_devices), format_bytes(t.predicted_bytes), format_bytes(t.measured_bytes),
+              str(t.pods_over)) for (engine, version), t in sorted(model.engines.items())),
+        ))
+    if model.skipped:
+        parts.append("Measured pod-GPUs without a prediction to compare: " + ", ".join(
+            f"{count} {reason}" for reason, count in sorted(model.skipped.items())) + "\n")
+    return "".join(parts)
 
 
 def placement_findings(state: ClusterState, pods: Iterable[Mapping[str, Any]]) -> list[PlacementFinding]:

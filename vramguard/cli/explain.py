@@ -127,6 +127,10 @@ def explain_object(
         return report
     demands = parts_demand(parts, options)
     several = len(parts) > 1
+    # The smallest margin any device keeps (a device one pod owns included), so that a refusal for
+    # the VRAM budget holds on every node.
+    rule = policy.budget_rule()
+    least_margin = min([*rule.margins.values(), *([] if rule.exclusive is None else [rule.exclusive])])
     for part, demand in zip(parts, demands, strict=True):
         prefix = f"{part.name}: " if several else ""
         named = {"template": part.name} if several else {}
@@ -137,9 +141,7 @@ def explain_object(
         if demand.wants_gpu:
             report["class"] = report["class"] or choice.name
             report["enforcement"] = report["enforcement"] or choice.enforcement
-            refusals = pod_refusals(
-                demand, choice, policy.gpu_resource_prefixes, gpu_memory, min(policy.budget_rule().margins.values())
-            )
+            refusals = pod_refusals(demand, choice, policy.gpu_resource_prefixes, gpu_memory, least_margin)
             report["refusals"].extend({**r.to_json(), **named} for r in refusals)
         if dra is not None:
             review = review_pod_claims(part.template, namespace, demand, dra)

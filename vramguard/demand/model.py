@@ -46,9 +46,10 @@ class Vram:
     allowances held beside it.
 
     A *ceiling* share caps the device's total use, everyone's included (TGI's
-    ``--cuda-memory-fraction``): the engine's own overheads are inside it, and it counts at least
-    just over half of a device's budget, so that no two ceiling engines ever share a device (the
-    second to start would find the first's memory taken and get none of its own).
+    ``--cuda-memory-fraction``): the engine's own overheads are inside it, it fills what is free up
+    to the fraction (so at most the budget), and it counts at least just over half of a device's
+    budget, so that no two ceiling engines ever share a device (the second to start would find the
+    first's memory taken and get none of its own).
     """
 
     fraction: Fraction | None = None
@@ -74,7 +75,8 @@ class Vram:
         share counts at least half of, plus one byte."""
         share = self.share_on(device_bytes)
         if self.ceiling:
-            return share if whole is None else max(share, whole // 2 + 1)
+            # It fills what is free up to its fraction, so it never takes more than the budget.
+            return share if whole is None else max(min(share, whole), whole // 2 + 1)
         for allowance in self.allowances:
             share += allowance.bytes_for(product)
         return share

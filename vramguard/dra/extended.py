@@ -10,8 +10,8 @@ module turns a node's DRA devices into ledger devices (:class:`vramguard.invento
 
 - only the devices the serving class can pick, under the class's extended resource name;
 - ``id`` is the device's ``uuid``; shareable devices count as ``time-slicing`` (every tenant sees
-  the whole memory and nothing enforces the split), so the class headroom and class rules of
-  time-slicing apply; exclusive GPUs as ``none``, exclusive MIG devices as ``mig``;
+  the whole memory and nothing enforces the split), so the shared devices' margin and the class rules
+  of time-slicing apply; exclusive GPUs as ``none``, exclusive MIG devices as ``mig``;
 - ``foreign_bytes``: the memory that claims *not* made for the extended-resource path consume there
   (pods with ResourceClaims: admission holds them to their engines, and their claims count as
   written);

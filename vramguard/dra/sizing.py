@@ -48,11 +48,16 @@ class Need:
         return self.vram.on_device(device.memory_bytes)
 
     def arithmetic(self, device: DraDevice) -> str:
-        """``0.90 x 80Gi = 72Gi`` or ``16Gi``."""
+        """``0.90 x 80Gi = 72Gi``, ``0.90 x 80Gi + 512Mi = 74240Mi`` (with the engine's allowances) or ``16Gi``."""
+        extra = self.vram.allowance_bytes
+        plus = f" + {memory_text(extra)}" if extra else ""
         if self.vram.fraction is not None:
             return (
-                f"{float(self.vram.fraction):.2f} x {memory_text(device.memory_bytes)} = {memory_text(self.on(device))}"
+                f"{float(self.vram.fraction):.2f} x {memory_text(device.memory_bytes)}{plus} = "
+                f"{memory_text(self.on(device))}"
             )
+        if extra:
+            return f"{memory_text(self.vram.share_on(device.memory_bytes))}{plus} = {memory_text(self.on(device))}"
         return memory_text(self.on(device))
 
 

@@ -1,8 +1,8 @@
 """DRA devices in the views people read: ``kubectl vram nodes`` rows and the metrics' aggregates.
 
 A DRA device's *budget* is its whole memory: the scheduler fills a shareable device's memory
-capacity up to 100% and vramguard cannot hold any of it back there (the class headroom applies
-where vramguard places pods itself); *reserved* is what allocated claims consume, as the
+capacity up to 100% and vramguard cannot hold any of it back there (the shared devices' margin
+applies where vramguard places pods itself); *reserved* is what allocated claims consume, as the
 scheduler's allocator counts it, which is what the devices are shared by.
 """
 

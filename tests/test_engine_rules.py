@@ -1,0 +1,156 @@
+"""The engines' memory rules by version: which allowances each claim carries, and ceiling engines.
+
+Each expectation cites the engine's source at the versions where the rule was read (the released
+wheels for vLLM and SGLang, the tags for TGI); docs/vram-model.md has the same table for people.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from vramguard.demand.allowances import COMMUNICATION, CUDA_CONTEXT, CUDA_GRAPHS, RESERVE
+from vramguard.demand.derive import derive_pod_demand
+from vramguard.demand.model import Vram
+from vramguard.policy import Policy, default_policy
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def reservation(image: str, args: list[str], *, env: dict[str, str] | None = None, gpus: int = 1,
+                command: list[str] | None = None, policy: Policy | None = None) -> Vram:
+    container: dict[str, Any] = {
+        "name": "server", "image": image, "args": args, "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+    }
+    if command is not None:
+        container["command"] = command
+    options = (policy or default_policy()).demand_options()
+    demand = derive_pod_demand({"metadata": {"name": "p"}, "spec": {"containers": [container]}}, options)
+    found = demand.containers[0].reservation
+    assert found is not None, demand.warnings
+    return found
+
+
+def names(vram: Vram) -> list[str]:
+    return [a.name for a in vram.allowances]
+
+
+VLLM_ARGS = ["--model", "m", "--gpu-memory-utilization", "0.3"]
+
+
+@pytest.mark.parametrize(
+    ("tag", "extra", "env", "expected"),
+    [
+        # v1/executor/abstract.py: the KV cache is allocated, then graphs are captured (v0.9.1..v0.19.1).
+        ("v0.9.1", [], {}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        ("v0.10.0", [], {}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        ("v0.19.1", [], {}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        # envs.py: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS exists from v0.18.0 (default 0), 1 from v0.20.0.
+        ("v0.18.0", [], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"}, [CUDA_CONTEXT]),
+        ("v0.17.1", [], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        ("v0.20.0", [], {}, [CUDA_CONTEXT]),
+        ("v0.21.0", [], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        # --enforce-eager: compile_or_warm_up_model skips capture_model.
+        ("v0.10.0", ["--enforce-eager"], {}, [CUDA_CONTEXT]),
+        # An unknown version: the conservative end (graphs outside).
+        ("latest", [], {}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+    ],
+)
+def test_vllm_graphs_by_version(tag: str, extra: list[str], env: dict[str, str], expected: list[str]) -> None:
+    vram = reservation(f"vllm/vllm-openai:{tag}", [*VLLM_ARGS, *extra], env=env)
+    assert vram.fraction == Fraction(3, 10)
+    assert names(vram) == expected
+
+
+@pytest.mark.parametrize(
+    ("tag", "communication"),
+    [
+        # gpu_worker.py: up to v0.10.2 the snapshot precedes distributed start-up (buffers inside the
+        # share); from v0.11.0 "NCCL buffers are allocated before we measure" (outside).
+        ("v0.10.2", False),
+        ("v0.11.0", True),
+        ("v0.21.0", True),
+        ("latest", True),
+    ],
+)
+def test_vllm_communication_buffers_by_version(tag: str, communication: bool) -> None:
+    vram = reservation(f"vllm/vllm-openai:{tag}", [*VLLM_ARGS, "--tensor-parallel-size", "2"], gpus=2)
+    assert (COMMUNICATION in names(vram)) is communication
+    single = reservation(f"vllm/vllm-openai:{tag}", VLLM_ARGS)
+    assert COMMUNICATION not in names(single)  # no peers, no buffers
+
+
+def test_vllm_before_per_instance_profiling_is_a_ceiling() -> None:
+    # v0.9.0.x gpu_worker.py: available = total x utilization - peak, the peak counting every process.
+    vram = reservation("vllm/vllm-openai:v0.9.0", VLLM_ARGS)
+    assert vram.ceiling and vram.fraction == Fraction(3, 10)
+    assert vram.on_device(80 * GiB) == int(Fraction(3, 10) * 80 * GiB)  # allowances inside the ceiling
+    budget = 80 * GiB
+    assert vram.on_device(80 * GiB, whole=budget) == budget // 2 + 1  # never two on one device
+
+
+def test_vllm_share_and_allowances_add_up_on_a_device() -> None:
+    vram = reservation("vllm/vllm-openai:v0.10.0", VLLM_ARGS)
+    assert vram.on_device(80 * GiB) == int(Fraction(3, 10) * 80 * GiB) + 512 * MiB + GiB
+
+
+def test_tgi_fraction_is_a_ceiling_on_the_device() -> None:
+    # server/text_generation_server/utils/import_utils.py get_cuda_free_memory (v3.3.7):
+    # free = max(0, mem_get_info free - (1 - fraction) x total), every process counted.
+    vram = reservation("ghcr.io/huggingface/text-generation-inference:3.3.4", ["--cuda-memory-fraction", "0.45"])
+    assert vram.ceiling and vram.allowances == ()
+    budget = 77 * GiB
+    assert vram.on_device(80 * GiB, whole=budget) == budget // 2 + 1
+    assert 2 * vram.on_device(80 * GiB, whole=budget) > budget  # two never fit one device
+    whole = reservation("ghcr.io/huggingface/text-generation-inference:3.3.4", [])
+    assert whole.on_device(80 * GiB, whole=budget) == budget  # the default 1.0 takes what the budget allows
+
+
+def test_sglang_reserve_follows_its_formula() -> None:
+    # server_args.py (v0.5.5): 512 + max(chunked_prefill_size, 2048) x 1.5 + tp x pp / 8 x 1024
+    # + cuda_graph_max_bs x 2 MiB.
+    launch = ["python3", "-m", "sglang.launch_server", "--model-path", "m", "--mem-fraction-static", "0.5"]
+    default = reservation("lmsysorg/sglang:v0.5.5", [], command=launch)
+    assert names(default) == [CUDA_CONTEXT, RESERVE]
+    assert default.allowances[1].bytes == (512 + 8192 * 3 // 2 + 128 + 256 * 2) * MiB
+    tuned = reservation("lmsysorg/sglang:v0.5.5", [], gpus=2, command=[
+        *launch, "--tp", "2", "--chunked-prefill-size", "1024", "--disable-cuda-graph"])
+    assert names(tuned) == [CUDA_CONTEXT, COMMUNICATION, RESERVE]
+    assert tuned.allowances[2].bytes == (512 + 2048 * 3 // 2 + 256) * MiB
+
+
+def test_sglang_without_the_flag_takes_the_whole_device() -> None:
+    # server_args.py: mem_fraction_static = (gpu_mem - reserved) / gpu_mem of the free memory, plus the
+    # reserve SGLang keeps for itself: everything.
+    vram = reservation("lmsysorg/sglang:v0.5.5", [], command=["python3", "-m", "sglang.launch_server"])
+    assert vram.ceiling and vram.fraction == 1
+
+
+def test_allowances_follow_the_policy_per_engine_and_product() -> None:
+    policy = Policy.from_yaml("""
+default_class: a
+classes: {a: {sharing: [time-slicing]}}
+allowances:
+  cuda_context: 256Mi
+  engines: {vllm: {cuda_graphs: 3Gi}}
+  products: {"NVIDIA H200": {cuda_context: 1Gi}}
+""")
+    vram = reservation("vllm/vllm-openai:v0.10.0", VLLM_ARGS, policy=policy)
+    share = int(Fraction(3, 10) * 80 * GiB)
+    assert vram.on_device(80 * GiB) == share + 256 * MiB + 3 * GiB
+    assert vram.on_device(80 * GiB, "NVIDIA H200") == share + GiB + 3 * GiB
+
+
+def test_a_declaration_and_an_mps_limit_carry_no_allowance() -> None:
+    spec = {"metadata": {"name": "p", "annotations": {"vramguard.io/vram": "20Gi"}}, "spec": {"containers": [{
+        "name": "c", "image": "app:1", "command": ["python", "x.py"],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    declared = derive_pod_demand(spec, default_policy().demand_options()).containers[0].reservation
+    assert declared == Vram(bytes=20 * GiB)
+    mps = reservation("vllm/vllm-openai:v0.21.0", ["--gpu-memory-utilization", "0.1"],
+                      env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})
+    assert mps == Vram(bytes=16 * GiB)  # the pinned limit counts CUDA's own allocations (NVIDIA's MPS guide)
