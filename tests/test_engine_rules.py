@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from vramguard import admission, cluster
 from vramguard.demand.allowances import COMMUNICATION, CUDA_CONTEXT, CUDA_GRAPHS, RESERVE
 from vramguard.demand.derive import derive_pod_demand
 from vramguard.demand.model import Vram
@@ -154,3 +155,10 @@ def test_a_declaration_and_an_mps_limit_carry_no_allowance() -> None:
     mps = reservation("vllm/vllm-openai:v0.21.0", ["--gpu-memory-utilization", "0.1"],
                       env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16G"})
     assert mps == Vram(bytes=16 * GiB)  # the pinned limit counts CUDA's own allocations (NVIDIA's MPS guide)
+
+
+def test_every_service_reads_the_policys_allowances() -> None:
+    """The extender's cluster model, the webhook and the CLI derive demand with the policy's amounts."""
+    policy = Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {cuda_context: 3Gi}")
+    for options in (cluster.demand_options(policy), admission.demand_options(policy)):
+        assert options.allowances.amount("cuda_context", "vllm") == 3 * GiB

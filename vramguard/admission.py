@@ -313,7 +313,7 @@ class Decision:
 
 def demand_options(policy: Policy) -> DemandOptions:
     """The demand model's notion of GPU resources, as the policy configures it."""
-    return DemandOptions(frozenset(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
+    return policy.demand_options()
 
 
 def quota_claims(demand: PodDemand) -> tuple[Claim, ...]:

@@ -998,7 +998,7 @@ def _same(old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]) ->
 
 def demand_options(policy: Policy) -> DemandOptions:
     """Which resources are GPUs, from the policy."""
-    return DemandOptions(frozenset(policy.gpu_resources), tuple(policy.gpu_resource_prefixes))
+    return policy.demand_options()
 
 
 def pod_template_key(pod: Mapping[str, Any]) -> str:

@@ -110,7 +110,7 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
             ledger.upsert_node(inventory)
             plan.notes.extend(f"node {inventory.node}: {note}" for note in inventory.notes)
     namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
-    options = DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes)
+    options = policy.demand_options()
     runtimes = serving_runtimes(objects)
     dra = DraState()
     dra.feed(objects)
