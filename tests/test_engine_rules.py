@@ -160,5 +160,5 @@ def test_a_declaration_and_an_mps_limit_carry_no_allowance() -> None:
 def test_every_service_reads_the_policys_allowances() -> None:
     """The extender's cluster model, the webhook and the CLI derive demand with the policy's amounts."""
     policy = Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {cuda_context: 3Gi}")
-    for options in (cluster.demand_options(policy), admission.demand_options(policy)):
+    for options in (cluster.ClusterState(policy).options, admission.AdmissionRules(policy).options):
         assert options.allowances.amount("cuda_context", "vllm") == 3 * GiB

@@ -78,7 +78,7 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION
-from vramguard.demand import MAX_DEVICES, DemandOptions, PodDemand, Vram, derive_pod_demand
+from vramguard.demand import MAX_DEVICES, PodDemand, Vram, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
@@ -105,7 +105,6 @@ __all__ = [
     "ResourceOffer",
     "Subject",
     "claims_bytes",
-    "demand_options",
     "fit_warning",
     "offers_from_inventories",
     "quantity_text",
@@ -311,11 +310,6 @@ class Decision:
         return tuple(f.message for f in self.remarks)
 
 
-def demand_options(policy: Policy) -> DemandOptions:
-    """The demand model's notion of GPU resources, as the policy configures it."""
-    return policy.demand_options()
-
-
 def quota_claims(demand: PodDemand) -> tuple[Claim, ...]:
     """A pod's claims as the quota counts them: unknown VRAM holds a whole device.
 
@@ -413,7 +407,7 @@ class AdmissionRules:
     def __init__(self, policy: Policy, *, cache_size: int = DEMAND_CACHE_SIZE) -> None:
         """Prepare the rules of ``policy`` (the demand options are derived once)."""
         self.policy = policy
-        self.options = demand_options(policy)
+        self.options = policy.demand_options()
         self._cache_size = cache_size
         self._quotas = {namespace: policy.quota_bytes(namespace) for namespace in policy.quotas}
         self._demands: OrderedDict[bytes, tuple[PodDemand, tuple[Claim, ...]]] = OrderedDict()

@@ -229,7 +229,7 @@ class ClusterState:
         self.policy = policy
         self.policy_version = 0
         """Counts policy reloads (cached verdicts are per version)."""
-        self.options = demand_options(policy)
+        self.options = policy.demand_options()
         self.ledger = Ledger(policy.budget_rule())
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self._inventories: dict[str, NodeInventory] = {}
@@ -292,7 +292,7 @@ class ClusterState:
         """Apply a reloaded policy: budgets follow the new margins, claims the new allowances."""
         self.policy = policy
         self.policy_version += 1
-        self.options = demand_options(policy)
+        self.options = policy.demand_options()
         self._demands.clear()
         self._claims.clear()
         self._sums.clear()  # the quota's claims are re-derived per template under the new policy
@@ -994,11 +994,6 @@ def _same(old: tuple[tuple[Any, ...], ...], new: tuple[tuple[Any, ...], ...]) ->
     return all(
         len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)) for a, b in zip(old, new, strict=True)
     )
-
-
-def demand_options(policy: Policy) -> DemandOptions:
-    """Which resources are GPUs, from the policy."""
-    return policy.demand_options()
 
 
 def pod_template_key(pod: Mapping[str, Any]) -> str:

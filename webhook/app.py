@@ -22,7 +22,6 @@ from vramguard.admission import (
     Decision,
     Operation,
     Subject,
-    demand_options,
 )
 from vramguard.cluster import ClusterState
 from vramguard.demand.objects import pod_template
@@ -73,7 +72,7 @@ class PolicySource:
             logger.error("%s", problem)
         if policy is self.policy:
             return False
-        if demand_options(policy) != demand_options(self.policy):
+        if policy.demand_options() != self.policy.demand_options():
             logger.warning("gpu_resources changed in the policy; restart the webhook to re-read every pod with them")
         self.policy = policy
         self.rules = AdmissionRules(policy)
