@@ -34,6 +34,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from vramguard.quantity import MAX_BYTES
+
 __all__ = [
     "AGENT_LEASE_PREFIX",
     "AGENT_REPORT_ANNOTATION",
@@ -171,7 +173,9 @@ def decode_class_findings(value: Any) -> tuple[ClassFindingRecord, ...]:
 
 # -- the agent's report (node annotation) ---------------------------------------------------------
 
-_ByteCount = TypeAdapter(Annotated[int, Field(strict=True, ge=0)])
+_ByteCount = TypeAdapter(Annotated[int, Field(strict=True, ge=0, le=MAX_BYTES)])
+"""A byte count as the agent reports it: no more than a quantity may name, so every sum and message
+built on it stays in range."""
 
 
 def _is_byte_count(value: Any) -> bool:

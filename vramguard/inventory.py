@@ -50,10 +50,13 @@ SHARING_STRATEGIES: tuple[Sharing, ...] = ("none", "time-slicing", "mps", "mig")
 LABEL_PREFIX = "nvidia.com/"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 
-DEFAULT_GPU_RESOURCES: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
-DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
+SHARED_SUFFIX = ".shared"
+"""What the device plugin appends to a replicated resource's name under ``renameByDefault``
+(NVIDIA/k8s-device-plugin v0.20.0 api/config/v1/consts.go ``DefaultSharedResourceNameSuffix``)."""
 _FULL_GPU_LABELS = "nvidia.com/gpu"
-_MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:[+.].*)?$")
+DEFAULT_GPU_RESOURCES: tuple[str, ...] = (_FULL_GPU_LABELS, _FULL_GPU_LABELS + SHARED_SUFFIX)
+DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
+_MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:[-+.].*)?$")
 _GB = 10**9
 
 
@@ -137,6 +140,59 @@ MIG_INSTANCE_MIB: Mapping[str, int] = {
 """MiB of a MIG instance per profile, where NVML's figures were published; the smallest when
 products share a name. Variants (``+me``, a ``.me`` or ``.shared`` resource suffix) have the size of
 their profile."""
+MIG_PROFILES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # NVIDIA MIG User Guide, "Supported MIG Profiles" (A30, A100)
+    ("A30 24GB", ("1g.6gb", "2g.12gb", "4g.24gb")),
+    ("A100 40GB", ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")),
+    ("A100 80GB, H100 80GB", ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")),
+    # NVIDIA/mig-parted v0.15.0 deployments/systemd/config-default.yaml (the GPU Operator's default)
+    ("H100 NVL 94GB", ("1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb")),
+    ("H100 96GB, GH200 96GB", ("1g.12gb", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb")),
+    ("H200 141GB, H200 NVL", ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")),
+    ("GH200 144GB", ("1g.18gb", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb")),
+    ("B200", ("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb")),
+    # GB200: the production boards' profiles, then those of the earlier boards the file still lists
+    ("GB200", ("1g.23gb", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb", "3g.95gb", "4g.95gb", "7g.189gb")),
+    ("B300", ("1g.34gb", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb")),
+    ("GB300", ("1g.35gb", "1g.70gb", "2g.70gb", "3g.139gb", "4g.139gb", "7g.278gb")),
+    ("RTX PRO 6000 Blackwell", ("1g.24gb", "2g.48gb", "4g.96gb")),
+)
+"""The MIG GPU-instance profiles of each product (compute instances spanning the whole GPU instance,
+the only ones the device plugin serves), without attributes; :data:`MIG_ATTRIBUTES` adds those."""
+MIG_ATTRIBUTES: Mapping[int, tuple[str, ...]] = {
+    1: ("+me", "+me.all", "+gfx", "-me"),
+    2: ("+me", "+me.all", "+gfx", "-me"),
+    4: ("+gfx",),
+}
+"""The attributes NVML may give a GPU-instance profile of so many slices, as the device plugin names
+them (NVIDIA/go-nvlib pkg/nvlib/device/mig_profile.go ``NewMigProfile`` and ``String``, vendored by
+k8s-device-plugin v0.20.0): media extensions ``+me`` (``*_REV1``), all of them ``+me.all``
+(``*_ALL_ME``), graphics ``+gfx`` (``*_GFX``), none ``-me`` (``*_NO_ME``)."""
+
+
+def mig_resource_names() -> tuple[str, ...]:
+    """What follows a MIG prefix (``nvidia.com/mig-``) in each resource the device plugin may advertise
+    under the mixed strategy: every profile of :data:`MIG_PROFILES` plain and with each attribute its
+    slices allow, ``+`` written ``.`` (k8s-device-plugin v0.20.0 internal/rm/rm.go:
+    ``strings.ReplaceAll("mig-"+p.String(), "+", ".")``), and each of those with :data:`SHARED_SUFFIX`
+    (a time-sliced instance under ``renameByDefault``). A variant some product lacks names a resource
+    nobody asks for, which costs nothing where names are matched; a missing one would be served unseen."""
+    profiles = sorted({p for _, listed in MIG_PROFILES for p in listed}, key=_profile_order)
+    names = [
+        f"{profile}{attribute}".replace("+", ".")
+        for profile in profiles
+        for attribute in ("", *MIG_ATTRIBUTES.get(_profile_order(profile)[0], ()))
+    ]
+    return (*names, *(name + SHARED_SUFFIX for name in names))
+
+
+def _profile_order(profile: str) -> tuple[int, int]:
+    """(slices, GB) of a profile listed in :data:`MIG_PROFILES`."""
+    match = _MIG_PROFILE.match(profile)
+    assert match is not None, profile
+    return int(match["slices"]), int(match["gb"])
+
+
 _UNLISTED_PROFILE_SHARE = (9, 10)
 """An unlisted profile counts this share of its name's decimal gigabytes (the worst listed ratio of
 real size to name is 0.95: H200 ``1g.18gb``)."""
@@ -267,17 +323,18 @@ def _mig_instances(
     for resource in sorted(resources):
         prefix = next(p for p in mig_prefixes if resource.startswith(p))
         profile = resource.removeprefix(prefix)
-        replicas = max(1, _int_label(labels, f"{resource}.replicas", notes) or 1)
+        # A time-sliced resource renamed under renameByDefault keeps its labels under the plain name
+        # (k8s-device-plugin v0.20.0 internal/lm/resource_test.go, "mig mixed rename does not append").
+        keys = resource.removesuffix(SHARED_SUFFIX)
+        replicas = max(1, _int_label(labels, f"{keys}.replicas", notes) or 1)
         if advertised is not None:
             count = -(-advertised.get(resource, 0) // replicas)
         else:
-            count = _int_label(labels, f"{resource}.count", notes) or 0
-        memory = _device_memory(
-            _int_label(labels, f"{resource}.memory", notes), profile, f"{resource}.memory", notes
-        )
-        product_label = labels.get(f"{resource}.product")
+            count = _int_label(labels, f"{keys}.count", notes) or 0
+        memory = _device_memory(_int_label(labels, f"{keys}.memory", notes), profile, f"{keys}.memory", notes)
+        product_label = labels.get(f"{keys}.product")
         product = human_product(product_label) if product_label else parent_product
-        sharing = _sharing(labels.get(f"{resource}.sharing-strategy"), replicas, profile, notes)
+        sharing = _sharing(labels.get(f"{keys}.sharing-strategy"), replicas, profile, notes)
         devices.extend(
             Gpu(f"{profile}#{i}", i, product, memory, sharing, replicas, resource, profile)
             for i in range(count)
