@@ -307,32 +307,38 @@ CASES = [
         Fraction(1, 2),
         errors=["-tp two is not a positive integer"],
     ),
-    # v1/worker/utils.py request_memory: free >= utilization x total at start, even with kv bytes.
+    # vllm/v1/worker/gpu_worker.py determine_available_memory (v0.10.2 to v0.21.0): with
+    # kv_cache_memory_bytes the KV cache is that size and "This does not respect the
+    # gpu_memory_utilization config": the weights and activations come on top, unseen.
     Case(
-        "vllm-kv-cache-bytes-needs-utilization-free",
+        "vllm-kv-cache-bytes-unknown",
         pod(container(command=["vllm", "serve", "--kv-cache-memory-bytes", "8G"])),
         "vllm",
-        Fraction(92, 100),
-        warnings=["relies on vLLM's default --gpu-memory-utilization (0.92"],
+        None,
+        warnings=["--kv-cache-memory-bytes 8G: vLLM sizes its KV cache to that"],
     ),
     Case(
-        "vllm-kv-cache-bytes-with-utilization",
+        "vllm-kv-cache-bytes-with-utilization-unknown",
         pod(container(command=["vllm", "serve", "--kv-cache-memory-bytes", "8G", "--gpu-memory-utilization", "0.2"])),
         "vllm",
-        Fraction(1, 5),
+        None,
+        warnings=["so its VRAM is unknown"],
     ),
+    # vllm/utils FlexibleArgumentParser._pull_args_from_config (v0.8 to v0.21): the file's options
+    # are inserted before the command line's, so it may add kv-cache-memory-bytes.
     Case(
         "vllm-config-file-unknown",
         pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml"])),
         "vllm",
         None,
-        warnings=["--config file"],
+        warnings=["--config /etc/vllm.yaml file"],
     ),
     Case(
-        "vllm-config-file-flag-wins",
+        "vllm-config-file-with-utilization-still-unknown",
         pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml", "--gpu-memory-utilization", "0.3"])),
         "vllm",
-        Fraction(3, 10),
+        None,
+        warnings=["may set kv-cache-memory-bytes"],
     ),
     # SGLang
     Case(
@@ -457,6 +463,15 @@ CASES = [
         Fraction(1, 2),
         errors=["jaxlib refuses to start"],
     ),
+    # A fraction from a Secret may be anything up to 1: not jaxlib's default 0.75.
+    Case(
+        "jax-fraction-from-a-secret-unknown",
+        pod(container(command=["python", "train.py"], env=[
+            {"name": "XLA_PYTHON_CLIENT_MEM_FRACTION", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])),
+        "jax",
+        None,
+        warnings=["XLA_PYTHON_CLIENT_MEM_FRACTION comes from valueFrom"],
+    ),
     # jaxlib reads the value with float(): XLA's "0.75+" form does not reach it.
     Case(
         "jax-plus-form-refused",
@@ -468,9 +483,8 @@ CASES = [
     Case(
         "jax-shell-assignment",
         pod(container(command=["sh", "-c", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 python train.py"])),
-        None,
-        None,
-        warnings=["VRAM is unknown"],
+        "jax",
+        Fraction(1, 2),
     ),
     # MPS
     Case(

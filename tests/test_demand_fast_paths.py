@@ -16,72 +16,8 @@ from tests.podspecs import container, pod
 from tests.test_demand_properties import pods
 from vramguard import engines
 from vramguard.demand import derive_pod_demand
-from vramguard.demand.commandline import ContainerEnv, EnvValue, shell_tokens, shlex_tokens, split_script
+from vramguard.demand.commandline import ContainerEnv, EnvValue
 from vramguard.engines import tgi
-
-# Scripts the regular expression splits (no quotes, escapes or comments): operators, odd whitespace.
-PLAIN_CASES = {
-    "simple": "pip install -q x && exec vllm serve m --gpu-memory-utilization 0.3",
-    "operators-glued": "a&&b||c;d|e",
-    "redirections": "vllm serve m >/tmp/log 2>&1 </dev/null",
-    "operator-runs": "a ;; b |& c >| d",
-    "newlines-and-cr": "export A=1\nvllm serve m\r\n--x 1",
-    "tabs": "\tvllm\tserve\t m",
-    "line-continuation": "vllm serve m \\\n  --gpu-memory-utilization 0.5",
-    "subshell-and-group": "( cd /x; vllm serve m ) { a; }",
-    "non-breaking-and-vertical-space": "a\u00a0b\x0bc\x0cd",
-    "variables": "vllm serve $MODEL --gpu-memory-utilization ${UTIL:-0.9}",
-    "empty": "",
-    "only-spaces": " \t \r ",
-}
-# Scripts only shlex reads right: the shortcut must not take them.
-SHLEX_CASES = {
-    "single-quotes": "vllm serve 'my model' --x 1",
-    "double-quotes": 'sh -c "vllm serve m"',
-    "escape": "vllm serve m\\ n",
-    "comment": "vllm serve m # --gpu-memory-utilization 0.1",
-    "comment-mid-word": "a#b c",
-    "unbalanced-quote": "vllm serve 'm",
-    "empty-quotes": "a '' b",
-}
-
-
-@pytest.mark.parametrize("script", list(PLAIN_CASES.values()) + list(SHLEX_CASES.values()),
-                         ids=list(PLAIN_CASES) + list(SHLEX_CASES))
-def test_shell_tokens_equal_shlex(script: str) -> None:
-    assert shell_tokens(script) == shlex_tokens(script)
-
-
-def test_the_shortcut_is_taken_for_plain_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Without the shortcut every script would go through shlex; with it a plain one never does.
-    def refuse(script: str) -> list[str]:
-        raise AssertionError(f"shlex used for {script!r}")
-
-    monkeypatch.setattr("vramguard.demand.commandline.shlex_tokens", refuse)
-    assert split_script(PLAIN_CASES["simple"]) == [
-        ["pip", "install", "-q", "x"], ["exec", "vllm", "serve", "m", "--gpu-memory-utilization", "0.3"]
-    ]
-    with pytest.raises(AssertionError):
-        split_script(SHLEX_CASES["single-quotes"])
-
-
-SHELL_ALPHABET = st.sampled_from(
-    [*" \t\r\n();<>|&{}!=$-./:_~*?\u00a0\x0b\x0c\x00aé0", "&&", "||", ">>", "2>&1", "exec", "vllm", "serve", "\\\n",
-     "'", '"', "\\", "#"]
-)
-
-
-@settings(max_examples=2000)
-@given(st.lists(SHELL_ALPHABET, max_size=30).map("".join))
-def test_shell_tokens_equal_shlex_on_generated_scripts(script: str) -> None:
-    assert shell_tokens(script) == shlex_tokens(script)
-
-
-@settings(max_examples=500)
-@given(st.text(max_size=40))
-def test_shell_tokens_equal_shlex_on_any_text(script: str) -> None:
-    assert shell_tokens(script) == shlex_tokens(script)
-
 
 ENV = ContainerEnv({"CUDA_MEMORY_FRACTION": EnvValue("0.5", "env"), "NUM_SHARD": EnvValue("2", "env")})
 PROGRAMS = ["vllm", "sglang", tgi.LAUNCHER, *sorted(tgi.ENTRYPOINT_SCRIPTS), "python", "python3", "python3.11",
@@ -122,7 +58,6 @@ SHELL_PODS = SCRIPTS.map(lambda script: pod(container(command=["sh", "-c", scrip
 def test_pods_derive_the_same_without_the_shortcuts(monkeypatch: pytest.MonkeyPatch, spec: dict[str, Any]) -> None:
     fast = derive_pod_demand(spec)
     with monkeypatch.context() as patched:
-        patched.setattr("vramguard.demand.commandline.shell_tokens", shlex_tokens)
         patched.setattr("vramguard.engines.recognise", engines.recognise_each)
         general = derive_pod_demand(spec)
     assert fast == general

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from tests.podspecs import container, pod
 from vramguard.demand import derive_pod_demand
-from vramguard.demand.commandline import ContainerEnv, EnvValue, expand_kubernetes, split_script
+from vramguard.demand.commandline import Budget, ContainerEnv, EnvValue, expand_kubernetes
+from vramguard.demand.shell import launch
 
 FLAGS = [
     "--gpu-memory-utilization",
@@ -137,9 +138,29 @@ def test_arbitrary_json_never_raises(value: Any) -> None:
 
 
 @given(st.text(max_size=60))
-def test_split_script_never_raises(script: str) -> None:
-    for words_ in split_script(script):
-        assert words_
+def test_shell_scripts_never_raise(script: str) -> None:
+    walked = launch(["sh", "-c", script], ContainerEnv(), lambda invocation: invocation.argv, Budget())
+    for argv in [*walked.started, *(argv for phase in walked.phases for argv in phase.foreground)]:
+        assert argv
+
+
+SHELL_PIECES = st.sampled_from([
+    *" \t\n;&|()<>{}!$`'\"\\#=-*:?@0aU", "${", "$(", "$((", "))", "&&", "||", ";;", "<<E", "\nE\n", "if ", "then ",
+    "else ", "fi", "for ", "in ", "do ", "done", "case ", "esac", "while ", "function ", "f()", "[[ ", " ]]", "export ",
+    "source ", "eval ", "exec ", "wait", "set -- ", "shift", "env -i ", "U=0.3 ",
+    "vllm serve m --gpu-memory-utilization ", "$U", "${U:-0.9}", '"$@"', "python x.py", "sleep 1", "$'a\\n'",
+    "read U", "trap 'x' EXIT", "unset U",
+])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(SHELL_PIECES, max_size=30).map("".join), st.booleans())
+def test_shell_like_scripts_never_raise(script: str, env_from: bool) -> None:
+    extra = {"envFrom": [{"configMapRef": {"name": "c"}}]} if env_from else {}
+    demand = derive_pod_demand(pod(container(command=["bash", "-c", script], env={"U": "0.5"}, **extra)))
+    for c in demand.containers:
+        vram = c.reservation
+        assert vram is None or vram.fraction is None or 0 < vram.fraction <= 1
 
 
 @given(st.text(alphabet="$()AB ", max_size=30))

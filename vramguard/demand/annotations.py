@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from vramguard.codecs import vram_annotation
 from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.engines.base import Findings
+from vramguard.quantity import MAX_QUANTITY_TEXT, excerpt
 
 
 def declared_vram(annotations: Mapping[str, str], container: str, found: Findings) -> Vram | None:
@@ -24,7 +25,7 @@ def declared_vram(annotations: Mapping[str, str], container: str, found: Finding
             continue
         vram = parse_declaration(value, key, found)
         if vram is not None:
-            found.evidence.append(f"annotation {key}={value}")
+            found.evidence.append(f"annotation {key}={value.strip()}")
         return vram
     return None
 
@@ -37,11 +38,15 @@ def parse_declaration(value: object, key: str, found: Findings) -> Vram | None:
     try:
         return parse_vram(value)
     except VramError as exc:
+        text = value.strip()  # at most MAX_QUANTITY_TEXT characters, but where the reason is "huge"
         match exc.reason:
             case "fraction":
-                found.error(f"annotation {key}={value}: a fraction of the GPU must be in (0, 1]")
+                found.error(f"annotation {key}={text}: a fraction of the GPU must be in (0, 1]")
             case "junk":
-                found.error(f"annotation {key}={value} is neither a quantity (like 12Gi) nor a fraction (like 0.25)")
+                found.error(f"annotation {key}={text} is neither a quantity (like 12Gi) nor a fraction (like 0.25)")
             case "small":
-                found.error(f"annotation {key}={value} is under 1Mi; write a unit, for example 12Gi")
+                found.error(f"annotation {key}={text} is under 1Mi; write a unit, for example 12Gi")
+            case "huge":
+                found.error(f"annotation {key}={excerpt(text)} is more than any GPU holds (a quantity of at most "
+                            f"{MAX_QUANTITY_TEXT} characters, under 8Ei); write the VRAM per GPU, for example 12Gi")
         return None

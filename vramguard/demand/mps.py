@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.engines.base import Findings, parse_fraction
-from vramguard.quantity import GiB, MiB
+from vramguard.quantity import QuantityError, parse_bytes
 
 MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 _ENTRY = re.compile(r"^\s*(?P<device>[A-Za-z0-9-]+)\s*=\s*(?P<amount>\d+)\s*(?P<unit>[MG])B?\s*$", re.ASCII)
-_UNITS = {"M": MiB, "G": GiB}
+_UNITS = {"M": "Mi", "G": "Gi"}
+"""The units as quantity suffixes, so that one parser bounds the amount."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,11 @@ def _memory_limit(env: ContainerEnv, gpus: int, found: Findings) -> int | None:
                 "(for example 0=16G or 0=12288M)"
             )
             return None
-        amount = int(match["amount"]) * _UNITS[match["unit"]]
+        try:
+            amount = parse_bytes(match["amount"] + _UNITS[match["unit"]])
+        except QuantityError as exc:  # more than a quantity of bytes may name
+            found.error(f"{MEM_LIMIT}: {exc}")
+            return None
         if amount == 0:
             found.error(f"{MEM_LIMIT}={entry.value}: a limit of 0 leaves no memory")
             return None

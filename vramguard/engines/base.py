@@ -11,11 +11,18 @@ from functools import lru_cache
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import Parallel
+from vramguard.quantity import excerpt
 
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$", re.ASCII)
 _NUMBER_STARTS = frozenset("0123456789.")
-_REFERENCE = re.compile(r"\$\((\w+)\)|\$\{(\w+)[^}]*\}|\$(\w+)")
+_REFERENCE = re.compile(
+    r"\$\(([A-Za-z_]\w*)\)|\$\{[#!]?([A-Za-z_]\w*|[0-9@*#?!-])|\$([A-Za-z_]\w*|[0-9@*#?!-])|\$\(|`", re.ASCII
+)
+"""A reference left unexpanded: ``$(VAR)``, ``${VAR...}``, ``$VAR``, or a command substitution. Each
+alternative stops at the first character it cannot take, so a search is linear in the text."""
+COMMAND_OUTPUT = "$(...)"
+"""What :func:`unresolved_reference` returns for a command substitution."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +32,12 @@ class Flag:
     name: str
     value: str | None
     separator: str = " "
+    position: int = -1
+    """Where it stands among the arguments (``-1``: not an argument, an environment variable)."""
 
     def evidence(self) -> str:
         """The flag as a person would type it (``--flag 0.3``, ``env NAME=0.3``)."""
-        return self.name if self.value is None else f"{self.name}{self.separator}{self.value}"
+        return self.name if self.value is None else f"{self.name}{self.separator}{excerpt(self.value, quote=False)}"
 
 
 class Options:
@@ -39,11 +48,12 @@ class Options:
     ``underscores``, ``--gpu_memory_utilization`` means ``--gpu-memory-utilization`` (as in vLLM).
     """
 
-    __slots__ = ("_found",)
+    __slots__ = ("_found", "_unreadable")
 
     def __init__(self, args: Sequence[str], underscores: bool = False) -> None:
         # name -> (index, as written, value, separator); a Flag is built only for the names asked for.
         found: dict[str, tuple[int, str, str | None, str]] = {}
+        unreadable: tuple[int, str] | None = None
         count = len(args)
         index = 0
         while index < count:
@@ -63,8 +73,11 @@ class Options:
                     index += 1
                 else:
                     found[name] = (index, written, None, " ")
+            elif ("$" in word or "`" in word) and unresolved_reference(word) is not None:
+                unreadable = (index, word)
             index += 1
         self._found = found
+        self._unreadable = unreadable
 
     def last(self, names: Iterable[str]) -> Flag | None:
         """The last occurrence of any of ``names`` (aliases such as ``-tp`` and ``--tensor-parallel-size``)."""
@@ -74,7 +87,16 @@ class Options:
             hit = found.get(name)
             if hit is not None and (best is None or hit[0] > best[0]):
                 best = hit
-        return Flag(best[1], best[2], best[3]) if best is not None else None
+        return Flag(best[1], best[2], best[3], best[0]) if best is not None else None
+
+    def unreadable_after(self, flag: Flag | None) -> str | None:
+        """An argument the spec does not show (``$(EXTRA_ARGS)`` from a Secret, ``$FLAGS`` a script
+        cannot know) after ``flag``, or anywhere when ``flag`` is ``None``: it may expand to options,
+        the same flag again among them (the last occurrence wins)."""
+        if self._unreadable is None:
+            return None
+        position, word = self._unreadable
+        return word if flag is None or position > flag.position else None
 
     def has(self, names: Iterable[str]) -> bool:
         """Whether any of ``names`` is present, with or without a value."""
@@ -112,13 +134,21 @@ def parse_positive_int(text: str) -> int | None:
 
 
 def unresolved_reference(text: str) -> str | None:
-    """The variable a value still refers to (``$(UTIL)``, ``$UTIL``), when it could not be expanded."""
-    if "$" not in text:  # every form starts with one
+    """The variable a value still refers to (``$(UTIL)``, ``$UTIL``), when it could not be expanded;
+    :data:`COMMAND_OUTPUT` for a command substitution (``$(cat /etc/util)``, backticks)."""
+    if "$" not in text and "`" not in text:  # every form starts with one of them
         return None
     match = _REFERENCE.search(text)
     if match is None:
         return None
-    return match.group(1) or match.group(2) or match.group(3)
+    return match.group(1) or match.group(2) or match.group(3) or COMMAND_OUTPUT
+
+
+def unknown_value(reference: str) -> str:
+    """Why a value that still holds ``reference`` cannot be read, in words."""
+    if reference == COMMAND_OUTPUT:
+        return "it is the output of a command, which vramguard cannot know"
+    return f"{reference} is not a literal env value in the spec, so vramguard cannot read it"
 
 
 @dataclass(slots=True)
@@ -158,8 +188,7 @@ class Findings:
         reference = unresolved_reference(flag.value)
         if reference is not None:
             self.warn(
-                f"{flag.evidence()}: {reference} is not a literal env value in the spec, "
-                f"so vramguard cannot read it; set the value literally or declare {VRAM_ANNOTATION}"
+                f"{flag.evidence()}: {unknown_value(reference)}; set the value literally or declare {VRAM_ANNOTATION}"
             )
             return None
         value = parse_fraction(flag.value)
@@ -171,6 +200,20 @@ class Findings:
             return None
         self.evidence.append(flag.evidence())
         return value
+
+    def overridden(self, flag: Flag | None, options: Options, engine: str) -> bool:
+        """Whether an argument the spec does not show may set ``flag`` again (or set it at all, when
+        ``flag`` is ``None``); records why."""
+        word = options.unreadable_after(flag)
+        if word is None:
+            return False
+        reference = unresolved_reference(word) or word
+        setting = f"{flag.name} again after {flag.evidence()}" if flag is not None else "its memory flags"
+        self.warn(
+            f"{engine}: argument {excerpt(word)} may set {setting} ({unknown_value(reference)}), so its VRAM is "
+            f"unknown; write the argument literally or declare {VRAM_ANNOTATION}"
+        )
+        return True
 
     def count(self, flag: Flag) -> int | None:
         """Read a flag's value as a positive integer (a parallel size), recording evidence or an error."""

@@ -43,7 +43,11 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
     found = Findings.for_container(container)
     fractions: list[Fraction] = []
     flags = [flag for name in FRACTION_VARIABLES if (flag := env_flag(env, name, found)) is not None]
-    unreadable = False
+    # A fraction set from a Secret, or by an envFrom source or a sourced file, may be any value.
+    unreadable = any(env.is_opaque(name) for name in FRACTION_VARIABLES)
+    for name in FRACTION_VARIABLES:
+        if name not in env.values and env.is_opaque(name):
+            found.warn(f"env {name} may be set by {', '.join(env.opaque_sources)}, which vramguard cannot read")
     for flag in flags:
         value = found.fraction(flag)
         if value is None:

@@ -64,3 +64,15 @@ def version_from_tag(tag: str | None) -> tuple[int, int, int] | None:
     if match is None:
         return None
     return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+NON_GPU_PROGRAMS = frozenset({"sleep", "tail", "tee", "cat", "curl", "wget", "nginx", "envoy", "ray"})
+"""Programs a start-up script runs beside an engine that hold no GPU memory: waiting and logging
+(``sleep infinity``, ``tail -f``, ``| tee``), health checks and proxies, and Ray's daemons (the GPU
+workers Ray hosts for an engine are that engine's own claim). Every other program may use the GPU.
+Shell builtins (``echo``, ``wait``, ``cd``, ...) start no process at all."""
+
+
+def uses_no_gpu(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs one of :data:`NON_GPU_PROGRAMS`."""
+    return program(argv) in NON_GPU_PROGRAMS

@@ -84,7 +84,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         vram = Vram(fraction=Fraction(1), ceiling=True)
     else:
         fraction = found.fraction(fraction_flag)
-        if fraction is not None:
+        if fraction is not None and not found.overridden(fraction_flag, options, "SGLang"):
             vram = Vram(fraction=fraction)
             tp_pp = _size(options, TENSOR) * _size(options, PIPELINE)
             overheads = Overheads(

@@ -63,7 +63,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         vram = Vram(fraction=DEFAULT_FRACTION, ceiling=True)
     else:
         fraction = found.fraction(flag)
-        vram = Vram(fraction=fraction, ceiling=True) if fraction is not None else None
+        overridden = found.overridden(flag if flag.position >= 0 else None, options, "TGI")
+        vram = Vram(fraction=fraction, ceiling=True) if fraction is not None and not overridden else None
     shards = options.last(NUM_SHARD) or env_flag(env, NUM_SHARD_ENV, found)
     count = found.count(shards) if shards is not None else None
     parallel = Parallel(count, (shards.evidence(),)) if shards is not None and count is not None else None

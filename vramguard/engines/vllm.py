@@ -19,14 +19,21 @@ v0.20.0       graphs estimated inside the share (the variable defaults to 1; ``=
               outside again); the default utilization becomes 0.92 (``config/cache.py``; 0.9 before)
 v0.34.0       without ``--gpu-memory-utilization`` the extensible KV cache sizes itself from the
               memory free after graph capture (``resolved_gpu_memory_utilization`` = 1.0): the
-              whole device, unless ``--kv-cache-memory-bytes`` is given (then 0.92)
+              whole device
 ============  =================================================================================
 
-``--enforce-eager`` captures no graphs. At start-up vLLM refuses to run when the free memory is
-below ``total x utilization`` ("Free memory on device ... is less than desired GPU memory
-utilization", ``request_memory`` in ``v1/worker/utils.py``), even with ``--kv-cache-memory-bytes``
-(from v0.10.2): so that amount is what a pod needs free to start, and what vramguard counts.
-An image tag that names no version takes the conservative end of every rule, and says so.
+``--enforce-eager`` captures no graphs. An image tag that names no version takes the conservative
+end of every rule, and says so.
+
+**Settings vramguard cannot see make the VRAM unknown.** ``--kv-cache-memory-bytes`` sizes the KV
+cache to that many bytes and skips the profiling that applies the utilization ("This does not
+respect the gpu_memory_utilization config", ``determine_available_memory`` in
+``v1/worker/gpu_worker.py``): the engine then holds its weights and activations beside those bytes,
+which the manifest does not say. ``--config FILE`` reads options from a YAML file, inserted before
+the command line's own (``FlexibleArgumentParser._pull_args_from_config`` in ``vllm/utils``): the
+file may set ``kv-cache-memory-bytes``, which no utilization on the command line bounds. An argument
+the spec does not show (``$(EXTRA_ARGS)`` from a Secret) may add either flag. In all three cases
+the claim is unknown, and the container must declare its VRAM.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ PARALLEL_SIZES = (
 )
 DATA_PARALLEL = ("--data-parallel-size", "-dp")
 DATA_PARALLEL_LOCAL = ("--data-parallel-size-local", "-dpl")
+CONFIG = ("--config",)
 _SIZES = tuple(names for _, names in PARALLEL_SIZES)
 _SIZES_WITH_DATA = (*_SIZES, DATA_PARALLEL)
 _SIZES_WITH_LOCAL_DATA = (*_SIZES, DATA_PARALLEL_LOCAL)
@@ -94,31 +102,34 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     parallel = _parallel(options, found)
     tag = image_tag(image)
     version = version_from_tag(tag)
-    vram: Vram | None
+    vram: Vram | None = None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
     utilization = options.last(UTILIZATION)
+    config = options.last(CONFIG)
     rules: list[str] = []
-    if utilization is not None:
-        fraction = found.fraction(utilization)
-        vram = Vram(fraction=fraction) if fraction is not None else None
-    elif options.has(("--config",)):
-        config = options.last(("--config",))
-        found.evidence.append(config.evidence() if config else "--config")
+    fraction = found.fraction(utilization) if utilization is not None else None
+    if config is not None:
+        found.evidence.append(config.evidence())
         found.warn(
-            "--gpu-memory-utilization may be set in the --config file, which vramguard cannot read; "
-            f"pass it on the command line or declare {VRAM_ANNOTATION}"
+            f"vLLM reads options from the {config.evidence()} file, which vramguard cannot read; it may set "
+            "kv-cache-memory-bytes, which no --gpu-memory-utilization bounds, so its VRAM is unknown; "
+            f"pass the options on the command line or declare {VRAM_ANNOTATION}"
         )
-        vram = None
-    else:
-        vram = _implicit_default(tag, version, kv_bytes is not None, found)
-        implicit = True
-    if kv_bytes is not None:
+    elif kv_bytes is not None:
         found.evidence.append(kv_bytes.evidence())
-        rules.append(
-            f"{kv_bytes.name} sizes the KV cache, yet vLLM still refuses to start unless utilization x total "
-            "is free (v1/worker/utils.py request_memory): that is what it needs and what is counted"
+        found.warn(
+            f"{kv_bytes.evidence()}: vLLM sizes its KV cache to that and holds its weights and activations "
+            f"beside it, whatever --gpu-memory-utilization says ({SOURCE}), so its VRAM is unknown; "
+            f"declare {VRAM_ANNOTATION}"
         )
+    elif found.overridden(None, options, "vLLM"):
+        vram = None  # an argument vramguard cannot see may set either memory flag
+    elif utilization is not None:
+        vram = Vram(fraction=fraction) if fraction is not None else None
+    else:
+        vram = _implicit_default(tag, version, found)
+        implicit = True
     if vram is not None and not vram.ceiling and version is not None and version < PER_INSTANCE_SINCE:
         rules.append(
             f"image tag {tag}: before v0.9.1 the budget is device-wide (total x utilization less every "
@@ -142,7 +153,8 @@ def _overheads(
     if options.has(EAGER):
         rules.append("--enforce-eager: no CUDA graphs")
     else:
-        variable = (env.literal(GRAPHS_VARIABLE) or "").strip()
+        # A value vramguard cannot see counts as 0, the one that puts the graphs outside the share.
+        variable = "0" if env.is_opaque(GRAPHS_VARIABLE) else (env.literal(GRAPHS_VARIABLE) or "").strip()
         if version is None or version < GRAPHS_INSIDE_SINCE:
             if variable == "1" and version is not None and version >= (0, 18, 0):
                 rules.append(f"{GRAPHS_VARIABLE}=1: CUDA graphs estimated inside the share")
@@ -173,15 +185,13 @@ def _parallel(options: Options, found: Findings) -> Parallel | None:
     return parallel_layout(options, sizes, found, NODES, ray)
 
 
-def _implicit_default(tag: str | None, version: Version | None, kv_bytes: bool, found: Findings) -> Vram:
+def _implicit_default(tag: str | None, version: Version | None, found: Findings) -> Vram:
     """vLLM's default utilization for the image's version: 0.9, 0.92, or from v0.34.0 the whole
-    device (the extensible KV cache), unless ``--kv-cache-memory-bytes`` is given."""
+    device (the extensible KV cache)."""
     if version is not None and version < DEFAULT_092_SINCE:
         vram, why = Vram(fraction=DEFAULT_BEFORE_0_20), f"image tag {tag} is before v0.20.0"
-    elif kv_bytes or (version is not None and version < EXTENSIBLE_CACHE_SINCE):
-        vram, why = Vram(fraction=DEFAULT_SINCE_0_20), (
-            f"image tag {tag}" if version is not None else "image version unknown, with --kv-cache-memory-bytes"
-        )
+    elif version is not None and version < EXTENSIBLE_CACHE_SINCE:
+        vram, why = Vram(fraction=DEFAULT_SINCE_0_20), f"image tag {tag}"
     else:
         why = f"image tag {tag}, the extensible KV cache" if version is not None else (
             "image version unknown, assuming v0.34.0 or later: the extensible KV cache takes what is free"
