@@ -120,3 +120,62 @@ def test_two_tgi_servers_at_045_do_not_share_a_gpu(cluster: Any, core_v1: Any, n
     assert sorted(n for n in placed.values() if n) == [node]
     [pending] = [name for name, n in placed.items() if n is None]
     assert "caps the whole GPU's use" in scheduling_message(core_v1.read_namespaced_pod(pending, namespace))
+
+
+def test_a_declaration_below_vllms_flag_counts_vllms_share_on_a_larger_gpu(
+    cluster: Any, core_v1: Any, namespace: str, unique: str
+) -> None:
+    """``vramguard.io/vram: 64Gi``, honest for vLLM at 0.75 on an 80 GB H100, lands on an H200: vLLM
+    takes 0.75 of the device it finds (vllm/worker/worker.py determine_num_available_blocks,
+    ``total_gpu_memory * gpu_memory_utilization``), so that is what the H200 holds, and a 40Gi pod
+    no longer fits beside it (the 64Gi alone would have let it)."""
+    require_extender(cluster)
+    h100, h200 = gpu_nodes.gpu_model("H100-80GB"), gpu_nodes.gpu_model("H200")
+    assert int(Fraction(3, 4) * h100.memory_mib * MiB) + CONTEXT + GRAPHS <= 64 * GiB
+    held = int(Fraction(3, 4) * h200.memory_mib * MiB) + CONTEXT + GRAPHS  # v0.10.0: graphs outside its share
+    assert 64 * GiB + 40 * GiB <= shared_budget(h200.memory_mib) < held + 40 * GiB
+    _, big = add_nodes(core_v1, unique, gpu_nodes.time_sliced("h100", h100, gpus=1, replicas=4),
+                       gpu_nodes.time_sliced("h200", h200, gpus=1, replicas=4))
+    first = server_pod("declared", "vllm/vllm-openai:v0.10.0", ["--model", "m", "--gpu-memory-utilization", "0.75"],
+                       unique)
+    second = server_pod("beside", "registry.example/trainer:1", [], unique)
+    first["metadata"]["annotations"] = {"vramguard.io/vram": "64Gi"}
+    second["metadata"]["annotations"] = {"vramguard.io/vram": "40Gi"}
+    for pod in (first, second):
+        pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] = big
+    create_all(core_v1, namespace, [first])
+    assert settle(core_v1, namespace, 1) == {"declared": big}
+    create_all(core_v1, namespace, [second])
+    placed = settle(core_v1, namespace, 1)
+    assert placed == {"declared": big, "beside": None}
+    assert "VRAM budget free" in scheduling_message(core_v1.read_namespaced_pod("beside", namespace))
+    assert violations_on_own_nodes(cluster, unique) == []
+
+
+def test_a_gpu_sidecar_is_counted_beside_the_init_container_after_it(
+    cluster: Any, core_v1: Any, namespace: str, unique: str
+) -> None:
+    """A native sidecar (an init container with ``restartPolicy: Always``) keeps running while the
+    init containers after it run: kube-scheduler asks for both together (v1.36
+    pkg/api/v1/resource/helpers.go PodRequests), and so do their engines' shares on the one GPU."""
+    require_extender(cluster)
+    model = gpu_nodes.gpu_model("H100-80GB")
+    each = int(Fraction(45, 100) * model.memory_mib * MiB) + CONTEXT + GRAPHS
+    small = int(Fraction(1, 10) * model.memory_mib * MiB) + CONTEXT + GRAPHS
+    assert each + small <= shared_budget(model.memory_mib) < 2 * each + small
+    [node] = add_nodes(core_v1, unique, gpu_nodes.time_sliced("h100", model, gpus=1, replicas=4))
+    engine = {"image": "vllm/vllm-openai:v0.10.0", "args": ["--model", "m", "--gpu-memory-utilization", "0.45"],
+              "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    pod = server_pod("sidecar", "registry.example/web:1", [], unique)
+    pod["spec"]["containers"][0].pop("resources")
+    pod["spec"]["initContainers"] = [
+        {"name": "embedder", "restartPolicy": "Always", **engine},
+        {"name": "warm-cache", **engine},
+    ]
+    create_all(core_v1, namespace, [pod])
+    assert settle(core_v1, namespace, 1) == {"sidecar": node}
+    create_all(core_v1, namespace, [server_pod(
+        "small", "vllm/vllm-openai:v0.10.0", ["--model", "m", "--gpu-memory-utilization", "0.1"], unique)])
+    placed = settle(core_v1, namespace, 1)
+    assert placed == {"sidecar": node, "small": None}
+    assert violations_on_own_nodes(cluster, unique) == []

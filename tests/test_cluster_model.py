@@ -130,8 +130,8 @@ def test_pending_admissions_count_until_the_watch_shows_them_or_they_expire() ->
     clock = Clock()
     _, pods = stores(clock)
     claims = quota_claims(derive_pod_demand(gpu_pod("x")))
-    pods.hold("x", "team-a", claims)
-    pods.hold("y", "team-a", claims, node="small")
+    pods.hold("x", "team-a", "x", claims)
+    pods.hold("y", "team-a", "y", claims, node="small")
     assert pods.usage("team-a") == NamespaceUsage(40 * GiB + 20 * GiB, 2)
     pods.upsert(gpu_pod("x", node_name="small"))  # the watch caught up with x
     assert pods.pending() == 1
@@ -141,16 +141,37 @@ def test_pending_admissions_count_until_the_watch_shows_them_or_they_expire() ->
     assert pods.pending() == 0
 
 
+def test_pending_admissions_are_settled_by_what_the_api_server_shows() -> None:
+    clock = Clock()
+    model, pods = stores(clock)
+    claims = quota_claims(derive_pod_demand(gpu_pod("x")))
+    for uid in ("real", "forged", "renamed", "cpu-only", "self"):
+        pods.hold(uid, "team-a", uid, claims)
+    pods.hold("elsewhere", "team-b", "elsewhere", claims)
+    clock.now += 2
+    assert {(h.uid, h.age) for h in model.unconfirmed_holds("team-a", exclude="self")} == {
+        (uid, 2.0) for uid in ("real", "forged", "renamed", "cpu-only")}
+    cpu_only = gpu_pod("cpu-only")
+    cpu_only["spec"]["containers"][0]["resources"] = {}
+    answers = {"real": gpu_pod("real"), "forged": None, "renamed": gpu_pod("another-uid"), "cpu-only": cpu_only}
+    dropped = {uid for uid, pod in answers.items() if model.settle_hold(uid, pod)}
+    assert dropped == {"forged", "renamed", "cpu-only"}
+    # The real one still counts, and is not asked about again.
+    assert [h.uid for h in model.unconfirmed_holds("team-a", exclude="self")] == []
+    assert pods.usage("team-a", exclude="self") == NamespaceUsage(40 * GiB, 1)
+    assert model.settle_hold("gone", None) is False
+
+
 def test_holding_a_pod_the_watch_already_shows_changes_nothing() -> None:
     _, pods = stores()
     pods.upsert(gpu_pod("x"))
-    pods.hold("x", "team-a", ())
+    pods.hold("x", "team-a", "x", ())
     assert pods.pending() == 0
 
 
 def test_a_deleted_pod_is_forgotten_even_while_pending() -> None:
     _, pods = stores()
-    pods.hold("x", "team-a", ())
+    pods.hold("x", "team-a", "x", ())
     pods.delete(gpu_pod("x"))
     assert pods.pending() == 0
     pods.upsert(gpu_pod("y"))
@@ -261,7 +282,7 @@ def test_a_pod_list_read_page_by_page_changes_the_quota_only_when_complete() -> 
     model, pods = stores()
     pods.replace([gpu_pod("old", node_name="small")])
     claims = quota_claims(derive_pod_demand(gpu_pod("admitted")))
-    pods.hold("admitted", "team-a", claims, node="small")
+    pods.hold("admitted", "team-a", "admitted", claims, node="small")
     before = pods.usage("team-a")
     assert before == NamespaceUsage(20 * GiB + 20 * GiB, 2)
     relist = model.pods.begin_replace()

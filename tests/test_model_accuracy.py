@@ -91,9 +91,9 @@ def test_sums_are_kept_per_engine_version_and_declarations_apart() -> None:
     old = tagged_vllm("old", "vllm/vllm-openai:v0.21.0", "0.4", "n")
     latest = tagged_vllm("latest", "vllm/vllm-openai:latest", "0.4", "n")
     declared = vllm_pod("declared", "0.4", "n")
-    declared["metadata"]["annotations"] = {VRAM_ANNOTATION: "20Gi"}
+    declared["metadata"]["annotations"] = {VRAM_ANNOTATION: "40Gi"}  # above vLLM's 0.4 of an H100
     node = reported(gpu_node("n"), {"uid-old": {"0": 10 * GiB}, "uid-latest": {"0": 11 * GiB},
-                                    "uid-declared": {"0": 30 * GiB}})
+                                    "uid-declared": {"0": 45 * GiB}})
     accuracy = model_accuracy(cluster([node], [old, latest, declared]))
 
     assert sorted(accuracy.engines) == [(DECLARED_ENGINE, UNKNOWN_VERSION), ("vllm", "0.21.0"),
@@ -102,7 +102,7 @@ def test_sums_are_kept_per_engine_version_and_declarations_apart() -> None:
     assert accuracy.engines[("vllm", UNKNOWN_VERSION)].predicted_bytes == predicted(latest)
     assert accuracy.engines[("vllm", UNKNOWN_VERSION)].measured_bytes == 11 * GiB
     declared_totals = accuracy.engines[(DECLARED_ENGINE, UNKNOWN_VERSION)]
-    assert (declared_totals.predicted_bytes, declared_totals.measured_bytes) == (20 * GiB, 30 * GiB)
+    assert (declared_totals.predicted_bytes, declared_totals.measured_bytes) == (40 * GiB, 45 * GiB)
     assert [s.name for s in accuracy.over_prediction()] == ["declared"]
 
 

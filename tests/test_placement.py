@@ -68,8 +68,8 @@ def ledger_of(*nodes: dict[str, Any], policy: Policy = POLICY) -> Ledger:
 
 
 def container(vram: Vram | None, *, name: str = "vllm", gpus: int = 1, resource: str = "nvidia.com/gpu",
-              init: bool = False) -> ContainerDemand:
-    return ContainerDemand(name=name, resource=resource, gpus=gpus, init=init, declared=vram)
+              init: bool = False, sidecar: bool = False) -> ContainerDemand:
+    return ContainerDemand(name=name, resource=resource, gpus=gpus, init=init, sidecar=sidecar, declared=vram)
 
 
 def demand(*containers: ContainerDemand) -> PodDemand:
@@ -295,6 +295,69 @@ def test_pod_claims(containers: list[ContainerDemand], claims: list[tuple[str, t
     assignment = choose_gpus(ledger, "n", result, BEST_EFFORT)
     assert assignment is not None
     assert sorted((name, len(ids)) for name, ids in assignment.containers.items()) == assigned
+
+
+# kube-scheduler v1.36 pkg/api/v1/resource/helpers.go (PodRequests): a regular init container
+# runs beside the sidecars (restartPolicy: Always) started before it; the app containers beside all
+# sidecars. The pod needs the most any one of those phases holds.
+SIDECAR_CASES = [
+    pytest.param(
+        [container(gib(36), name="proxy", sidecar=True), container(gib(36), name="warm", init=True)],
+        2, id="init-after-sidecar-runs-beside-it"),
+    pytest.param(
+        [container(gib(36), name="warm", init=True), container(gib(36), name="proxy", sidecar=True)],
+        1, id="init-before-sidecar-runs-alone"),
+    pytest.param(
+        [container(gib(36), name="proxy", sidecar=True), container(gib(36), name="warm", init=True),
+         container(gib(36))],
+        2, id="sidecar-and-app"),
+    pytest.param(
+        [container(gib(10), name="a", sidecar=True), container(gib(10), name="b", sidecar=True),
+         container(gib(10), name="warm", init=True, gpus=2), container(gib(10))],
+        4, id="two-sidecars-then-a-two-gpu-init"),
+]
+
+
+@pytest.mark.parametrize(("containers", "devices"), SIDECAR_CASES)
+def test_sidecars_keep_their_devices_while_later_init_containers_run(
+        containers: list[ContainerDemand], devices: int) -> None:
+    pod = demand(*containers)
+    assert pod.devices_per_resource() == {"nvidia.com/gpu": devices}
+    claims = pod_claims(pod, BEST_EFFORT, "a").claims
+    assert len(claims) == devices
+
+
+def test_a_sidecar_and_the_init_container_after_it_are_counted_together() -> None:
+    # 0.45 + 0.45 of an H100 run together: 0.90 is held, not 0.45.
+    share = Vram(fraction=Fraction(45, 100))
+    pod = demand(container(share, name="proxy", sidecar=True), container(share, name="warm", init=True))
+    ledger = ledger_of(gfd_node("n"))
+    assert ledger.reserve("n", PodRef("a"), pod_claims(pod, BEST_EFFORT, "a").claims).ok
+    assert [u.known_bytes for u in ledger.usage("n")] == [2 * int(Fraction(45, 100) * 81559 * MiB)]
+    with_app = demand(*pod.containers, container(share))
+    assignment = choose_gpus(ledger_of(gfd_node("n", count=2)), "n", pod_claims(with_app, BEST_EFFORT, "a"),
+                             BEST_EFFORT)
+    assert assignment is not None
+    assert assignment.containers["warm"] == assignment.containers["vllm"], "the init uses the app's device"
+    assert len(assignment.claims) == 2
+
+
+def test_a_declaration_counts_no_less_than_the_engines_own_flag_on_a_larger_gpu() -> None:
+    # 64Gi was right for vLLM at 0.75 of an 80 GB H100; on a 141 GB H200 vLLM takes 0.75 of it.
+    vllm = ContainerDemand(name="vllm", resource="nvidia.com/gpu", gpus=1, engine="vllm",
+                           claim=Vram(fraction=Fraction(3, 4)), declared=Vram(bytes=64 * GiB))
+    h200 = gfd_node("h200", replicas=4, memory_mib=143771, product="NVIDIA-H200")
+    ledger = ledger_of(h200)
+    claims = pod_claims(demand(vllm), BEST_EFFORT, "a").claims
+    assert ledger.reserve("h200", PodRef("a"), claims).ok
+    [usage] = ledger.usage("h200")
+    assert usage.known_bytes == int(Fraction(3, 4) * 143771 * MiB)
+    second = pod_claims(demand(container(gib(40), name="b")), BEST_EFFORT, "b")  # fits beside 64Gi
+    assert filter_node(ledger, "h200", second, BEST_EFFORT).verdict is Verdict.FAIL
+    # On an H100 the declaration is the larger, and counts.
+    h100 = ledger_of(gfd_node("h100"))
+    assert h100.reserve("h100", PodRef("a"), claims).ok
+    assert [u.known_bytes for u in h100.usage("h100")] == [64 * GiB]
 
 
 def test_init_container_larger_than_app_holds_its_amount() -> None:

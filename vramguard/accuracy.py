@@ -214,9 +214,9 @@ def predict_on_device(
     assert key is not None
     predicted = 0
     for container in on_device:
-        reservation = container.reservation
-        assert reservation is not None
-        predicted += reservation.on_device(device.memory_bytes, device.product, whole)
+        held = container.held_on(device.memory_bytes, device.product, whole)
+        assert held is not None
+        predicted += held
     return key[0], key[1], predicted
 
 

@@ -35,8 +35,11 @@ the device's default, rounded up by its request policy) at least what the contai
 claim reserve on each device the class and selectors could match (``claim-memory``), and a pod
 asking an extended resource that a DeviceClass serves where no device plugin does must not land on
 devices where that consumes less (``extended-resource-memory``: 0 in ``unlimited`` and share-count
-modes). A claim whose template, class or devices are not known yet is a note. ResourceClaims and
-ResourceClaimTemplates reviewed on their own only draw warnings.
+modes). A claim several pods name (``resourceClaimName``) must cover the engines of all of them.
+A Pod using a ResourceClaim or template that does not exist is refused (``claim-missing``: its
+controller retries); for a workload that is a note, as are unknown classes or devices. A
+ResourceClaim or ResourceClaimTemplate created after pods that name it is checked against them
+(``claim-memory``); with no such pod it only draws warnings.
 
 **Updates** must not be refused for a problem they did not introduce: a violation that the old
 object had too is reported as a note, and an object being deleted (``deletionTimestamp`` set, e.g.
@@ -84,12 +87,12 @@ from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.dra.claims import read_claim, read_claim_template
-from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_pod_claims
+from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_claim_users, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger, ResourceOffer
 from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
-from vramguard.quantity import GiB, format_bytes
+from vramguard.quantity import GiB, format_bytes, quantity_text
 from vramguard.workloads import TemplatePart, workload_parts
 
 __all__ = [
@@ -262,6 +265,8 @@ class Code(StrEnum):
     """An extended resource served through DRA consumes less memory than the engine reserves."""
     CLAIM_UNCHECKED = "claim-unchecked"
     """A claim's memory could not be checked (its template, class or devices not known yet; a note)."""
+    CLAIM_MISSING = "claim-missing"
+    """A pod's container reserving memory uses a claim whose ResourceClaim or template does not exist."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,14 +376,6 @@ def _count(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
-def quantity_text(count: int) -> str:
-    """Bytes the way quotas are written: ``176Gi``, ``70.5Gi``, ``512Mi``."""
-    if count >= GiB or count == 0:
-        text = f"{count / GiB:.1f}".removesuffix(".0")
-        return f"{text}Gi"
-    return f"{count / (1 << 20):.0f}Mi"
-
-
 def fit_warning(text: str, limit: int = WARNING_LIMIT) -> str:
     """``text`` on one line, at most ``limit`` characters.
 
@@ -466,7 +463,9 @@ class AdmissionRules:
             return self._review_parts(subject, parts, cluster) if parts else Decision(True, mode)
         demand, claims = self._derive(template)
         dra = (
-            review_pod_claims(template, subject.namespace, demand, cluster.dra)
+            review_pod_claims(
+                template, subject.namespace, demand, cluster.dra, workload_pods(subject.kind, subject.obj)
+            )
             if cluster.dra is not None
             else None
         )
@@ -477,7 +476,7 @@ class AdmissionRules:
         if mode_problem is not None:
             found.note(Code.ENFORCEMENT_LABEL, mode_problem)
         if dra is not None:
-            _claim_findings(dra, found)
+            _claim_findings(dra, found, subject.kind == "Pod")
         choice = self._class(template, cluster, found)
         if not demand.wants_gpu:  # only claims: the device-plugin rules have nothing to check
             pods = workload_pods(subject.kind, subject.obj)
@@ -761,14 +760,15 @@ class AdmissionRules:
         limit_text = choice.qos.max_vram_per_gpu
         if limit is None or limit_text is None or container.errors:
             return
-        reservation = container.reservation
-        if reservation is None and choice.qos.unknown_vram == "reject":
+        if not container.reservations and choice.qos.unknown_vram == "reject":
             return  # already refused as unknown
         # Unknown VRAM is held as a whole GPU (the class's unknown_vram: whole-gpu).
-        held = reservation if reservation is not None else Vram(fraction=Fraction(1))
+        helds = container.reservations or (Vram(fraction=Fraction(1)),)
         smallest = offer.smallest_bytes if offer is not None and offer.sized else None
         largest = offer.largest_bytes if offer is not None and offer.sized else None
-        over = held.exceeds(limit, smallest)
+        verdicts = [(held.exceeds(limit, smallest), held) for held in helds]
+        over = True if any(v for v, _ in verdicts) else None if any(v is None for v, _ in verdicts) else False
+        held = next((h for v, h in verdicts if v), helds[0])
         if over:
             message = _max_vram_message(container, choice, held, limit, limit_text, smallest)
             found.violate(Code.MAX_VRAM, message, container=container.name)
@@ -779,7 +779,8 @@ class AdmissionRules:
                 f"no node offers {container.resource} with a known size",
                 container=container.name,
             )
-        elif largest is not None and largest != smallest and held.exceeds(limit, largest):
+        elif largest is not None and largest != smallest and any(h.exceeds(limit, largest) for h in helds):
+            held = next(h for h in helds if h.exceeds(limit, largest))
             message = _max_vram_message(container, choice, held, limit, limit_text, largest)
             found.note(Code.MAX_VRAM, message, container=container.name)
 
@@ -925,18 +926,24 @@ class AdmissionRules:
 
     # -- updates and the answer ------------------------------------------------------------------
 
-    @staticmethod
-    def _review_claim_object(subject: Subject, cluster: ClusterView, mode: Enforcement) -> Decision:
-        """A ResourceClaim or ResourceClaimTemplate on its own: warnings only, in every mode (the
-        engine that will use it is not known until a pod names it, and that pod is checked then)."""
+    def _review_claim_object(self, subject: Subject, cluster: ClusterView, mode: Enforcement) -> Decision:
+        """A ResourceClaim or ResourceClaimTemplate: checked against the live pods already naming it
+        (created after them), as they are checked against it (``claim-memory``); with no such pod,
+        warnings only (the pod that will use it is checked when it is created). Its spec is
+        immutable, so only CREATE is reviewed."""
         if cluster.dra is None or subject.operation != "CREATE":
             return Decision(True, mode)
-        read = read_claim if subject.kind == "ResourceClaim" else read_claim_template
-        remarks = tuple(
-            Finding(Code.CLAIM_UNCHECKED, text)
-            for text in review_claim_spec(read(subject.obj), cluster.dra, subject.kind)
-        )
-        return Decision(True, mode, remarks=remarks, warnings=_fit_warnings([f.message for f in remarks]))
+        spec = (read_claim if subject.kind == "ResourceClaim" else read_claim_template)(subject.obj)
+        spec = replace(spec, namespace=subject.namespace)
+        found = _Findings()
+        for shortfall in review_claim_users(spec, subject.kind, cluster.dra):
+            found.violate(Code.CLAIM_MEMORY, shortfall.message())
+        for text in review_claim_spec(spec, cluster.dra, subject.kind):
+            found.note(Code.CLAIM_UNCHECKED, text)
+        if not found.violations:
+            remarks = tuple(found.notes)
+            return Decision(True, mode, remarks=remarks, warnings=_fit_warnings([f.message for f in remarks]))
+        return self._decide(mode, self.policy.choose_class(None, cluster.namespace_labels), found, (), 1)
 
     def _spare_old_claim_violations(self, subject: Subject, cluster: ClusterView, found: _Findings) -> None:
         """Demote claim violations the old object had too (see :meth:`_spare_old_violations`)."""
@@ -946,7 +953,10 @@ class AdmissionRules:
             return
         old_found = _Findings()
         old_demand = self._derive(old_template)[0]
-        _claim_findings(review_pod_claims(old_template, subject.namespace, old_demand, cluster.dra), old_found)
+        old_review = review_pod_claims(
+            old_template, subject.namespace, old_demand, cluster.dra, workload_pods(subject.kind, subject.old)
+        )
+        _claim_findings(old_review, old_found, subject.kind == "Pod")
         old = {f.message for f in old_found.violations}
         kept = [f for f in found.violations if f.message not in old]
         found.notes.extend(f for f in found.violations if f.message in old)
@@ -1092,8 +1102,15 @@ def _drop_served_by_dra(demand: PodDemand, dra: DraContext, found: _Findings) ->
     found.notes[:] = [f for f in found.notes if not (f.code is Code.RESOURCE_MISSING and f.container in served)]
 
 
-def _claim_findings(review: ClaimReview, found: _Findings) -> None:
-    """The DRA review's findings: memory shortfalls and demand errors deny, the rest are notes."""
+def _claim_findings(review: ClaimReview, found: _Findings, pod: bool) -> None:
+    """The DRA review's findings: memory shortfalls and demand errors deny, the rest are notes. A
+    claim or template that does not exist denies a Pod (nothing else checks its memory before it
+    runs); a workload's pods are checked when its controller makes them, so there it is a note."""
+    for missing in review.missing:
+        if pod:
+            found.violate(Code.CLAIM_MISSING, missing)
+        else:
+            found.note(Code.CLAIM_UNCHECKED, missing)
     for shortfall in review.shortfalls:
         found.violate(Code.CLAIM_MEMORY, shortfall.message(), shortfall.needs[0].container)
     for shortfall in review.extended:

@@ -140,8 +140,7 @@ def pod_refusals(
     pass the smallest margin any device keeps, so that the refusal holds on every one)."""
     refusals: list[Refusal] = []
     for container in demand.containers:
-        vram = container.reservation
-        if vram is None and choice.qos.unknown_vram == "reject":
+        if not container.reservations and choice.qos.unknown_vram == "reject":
             refusals.append(Refusal(Rule.VRAM_UNKNOWN, (
                 f"container {container.name}: VRAM unknown and class {choice.name} does not place such pods; "
                 f"declare it with the annotation {VRAM_ANNOTATION}.{container.name}"
@@ -152,8 +151,9 @@ def pod_refusals(
                 f"container {container.name}: class {choice.name} does not allow MIG GPUs ({container.resource})",
                 choice.enforcement == "enforce",
             ))
-        if gpu_memory is not None and vram is not None:
+        if gpu_memory is not None and container.reservations:
             budget = gpu_memory - -(-gpu_memory * margin.numerator // margin.denominator)
+            vram = max(container.reservations, key=lambda v: v.on_device(gpu_memory, whole=budget))
             need = vram.on_device(gpu_memory, whole=budget)
             if need > budget:
                 kept = f" (keeping {float(margin):.0%} free)" if margin else ""
@@ -171,8 +171,9 @@ class PodClaims:
 
     uid: str
     claims: tuple[Claim, ...] = ()
-    init: tuple[tuple[str, str, int], ...] = ()
-    """Init containers as (container, resource, devices): they reuse the pod's first devices."""
+    init: tuple[tuple[str, str, int, int], ...] = ()
+    """Init containers as (container, resource, first claim, devices): each uses the devices of its
+    claims ``first claim`` onward, which later phases reuse (see :meth:`PodDemand.phases`)."""
     refusal: str | None = None
     """Why the pod can be placed on no node (its class rejects unknown VRAM)."""
 
@@ -208,19 +209,29 @@ def pod_claims(demand: PodDemand, choice: ClassChoice, uid: str = "") -> PodClai
             f"declare it with the annotation {VRAM_ANNOTATION} (e.g. {VRAM_ANNOTATION}.{unknown[0]}: 16Gi)"
         ))
     claims: list[Claim] = []
-    init: list[tuple[str, str, int]] = []
+    init: list[tuple[str, str, int, int]] = []
     for resource in dict.fromkeys(c.resource for c in demand.containers):
-        apps = [c for c in demand.containers if c.resource == resource and not c.init]
-        inits = [c for c in demand.containers if c.resource == resource and c.init]
-        init_amounts: tuple[Vram | None, ...] = tuple(dict.fromkeys(c.reservation for c in inits))
-        slots = [(c.name, c.reservation) for c in apps for _ in range(c.gpus)]
-        largest_init = max(inits, key=lambda c: c.gpus, default=None)
-        if largest_init is not None and largest_init.gpus > len(slots):
-            slots += [(largest_init.name, largest_init.reservation)] * (largest_init.gpus - len(slots))
-        for name, amount in slots:
-            candidates = tuple(dict.fromkeys((amount, *init_amounts)))
-            claims.append(Claim(resource, name, candidates))
-        init.extend((c.name, resource, c.gpus) for c in inits)
+        # One slot per device the pod holds of the resource at once; a slot counts the largest of
+        # what any phase puts on it (sidecars keep theirs, init containers and apps take turns).
+        slots: list[list[Vram | None]] = []
+        owners: list[str] = []
+        for phase in reversed(demand.phases()):  # the app containers' phase first: they own the slots
+            position = 0
+            for container in phase:
+                if container.resource != resource:
+                    continue
+                amounts = container.reservations or (None,)
+                if container.init:
+                    init.append((container.name, resource, len(claims) + position, container.gpus))
+                for _ in range(container.gpus):
+                    if position == len(slots):
+                        slots.append([])
+                        owners.append(container.name)
+                    slots[position].extend(amounts)
+                    position += 1
+        claims.extend(
+            Claim(resource, owner, tuple(dict.fromkeys(amounts))) for owner, amounts in zip(owners, slots, strict=True)
+        )
     return PodClaims(uid, tuple(claims), tuple(init))
 
 
@@ -616,9 +627,9 @@ def choose_gpus(ledger: Ledger, node: str, pod: PodClaims, choice: ClassChoice) 
         target = claim.gpu or claim.intended
         if target is not None:
             containers.setdefault(claim.container, []).append(target)
-    for name, resource, count in pod.init:
-        devices = [c.gpu or c.intended for c in chosen if c.resource == resource]
-        containers[name] = [d for d in devices if d is not None][:count]
+    for name, _resource, first, count in pod.init:
+        devices = [c.gpu or c.intended for c in chosen[first:first + count]]
+        containers[name] = [d for d in devices if d is not None]
     return Assignment(node, tuple(chosen), {k: tuple(v) for k, v in containers.items()})
 
 

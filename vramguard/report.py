@@ -246,7 +246,6 @@ def pod_holding(
             amounts = [claim.bytes_on(d.memory_bytes, _whole(d, budgets)) for d in on if d.memory_bytes > 0]
             if amounts:
                 sizes.append(max(amounts))
-        reservation = container.reservation
         containers.append(
             ContainerHolding(
                 name=container.name,
@@ -254,7 +253,7 @@ def pod_holding(
                 gpus=container.gpus,
                 devices=placed,
                 bytes_per_gpu=max(sizes) if sizes and len(sizes) == len(mine) else None,
-                vram=reservation.describe() if reservation is not None else "unknown (holds a whole GPU)",
+                vram=container.describe_reservation(),
                 engine=container.engine,
                 evidence=container.evidence,
                 warnings=container.warnings,

@@ -210,6 +210,17 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
 
 def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dict[str, Any]:
     vram = container.reservation
+    rules = list(container.rules)
+    if len(container.reservations) > 1 and container.claim is not None:
+        if gpu_memory is not None:
+            vram = max(container.reservations, key=lambda v: v.on_device(gpu_memory))
+        which = "" if gpu_memory is None else (
+            ": here the engine's" if vram is container.claim else ": here the declaration"
+        )
+        rules.append(
+            f"a declaration counts no less than {container.engine}'s own claim "
+            f"({container.claim.describe()}) on the GPU it lands on{which}"
+        )
     fraction = float(vram.fraction) if vram is not None and vram.fraction is not None else None
     share: int | None
     if vram is None:
@@ -239,7 +250,7 @@ def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dic
         "vram_bytes_per_gpu": total,
         "sm_percent": container.sm_percent,
         "evidence": list(container.evidence),
-        "rules": list(container.rules),
+        "rules": rules,
     }
 
 

@@ -2,39 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from typing import Any
 
-from vramguard import engines
 from vramguard.codecs import VRAM_ANNOTATION, is_vramguard_key, vram_annotation
-from vramguard.demand.allowances import DEFAULT_TABLE, AllowanceTable, with_allowances
+from vramguard.demand.allowances import DEFAULT_TABLE, AllowanceTable
 from vramguard.demand.annotations import declared_vram
-from vramguard.demand.commandline import ContainerEnv, container_argvs, container_env, invocations
-from vramguard.demand.model import (
-    Allowance,
-    ContainerDemand,
-    EngineClaim,
-    Parallel,
-    PodDemand,
-    Vram,
-    claim_conflicts,
-)
-from vramguard.demand.mps import read_mps
-from vramguard.engines import jax
+from vramguard.demand.commandline import Budget, container_env
+from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand, claim_conflicts
+from vramguard.demand.processes import engine_title, read_command
 from vramguard.engines.base import Findings, parse_positive_int
-from vramguard.engines.launchers import program
-from vramguard.quantity import QuantityError, parse_quantity
+from vramguard.quantity import MAX_QUANTITY_TEXT, QuantityError, excerpt, parse_quantity
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "GROUP_SIZE_ANNOTATION",
+    "MAX_DEVICES",
+    "DemandOptions",
+    "derive_container_demand",
+    "derive_pod_demand",
+    "engine_title",
+    "reads_annotation",
+]
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
 GROUP_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 """Set by LeaderWorkerSet on each pod of a group: the number of pods one engine spans."""
 
-
-RAY_SCRIPTS = ("multi-node-serving.sh",)
-"""vLLM's documented launcher of a Ray cluster across a LeaderWorkerSet group."""
 MAX_DEVICES = 1024
 """The most GPU devices one pod may hold, per container and in all: more than any node hands out
 (8 GPUs x 128 time-slicing replicas; 8 x 16 is already rare, MIG gives at most 7 per GPU). Every
@@ -88,11 +84,13 @@ def derive_pod_demand(
         for container in entries:
             if not isinstance(container, dict):
                 continue
-            # A sidecar (an init container that restarts) runs beside the app containers.
-            init = is_init_list and container.get("restartPolicy") != "Always"
+            # A sidecar (an init container that restarts) runs beside the app containers and
+            # beside every init container after it.
+            sidecar = is_init_list and container.get("restartPolicy") == "Always"
+            init = is_init_list and not sidecar
             demand = derive_container_demand(container, annotations, init, options, group_size)
             if demand is not None:
-                containers.append(demand)
+                containers.append(replace(demand, sidecar=True) if sidecar else demand)
     errors = [e for c in containers for e in c.errors]
     warnings = [w for c in containers for w in c.warnings]
     return PodDemand(tuple(containers), tuple(errors), tuple(warnings))
@@ -113,18 +111,15 @@ def derive_container_demand(
     if requested is None:
         return None
     resource, gpus = requested
-    env = container_env(container)
+    budget = Budget()
+    env = container_env(container, budget)
     raw_image = container.get("image")
     image = raw_image if isinstance(raw_image, str) else ""
 
-    claim = _engine_claim(container, env, image, name, found, options.allowances)
-    if claim is not None:
-        found.evidence.extend(claim.evidence)
-        found.warnings.extend(claim.warnings)
-        found.errors.extend(claim.errors)
-        if claim.parallel is not None:
-            _check_parallel(claim, claim.parallel, resource, gpus, group_size, found)
-    mps = read_mps(env, gpus, found)
+    reading = read_command(container, env, image, gpus, found, options.allowances, budget)
+    claim, mps = reading.claim, reading.mps
+    if claim is not None and claim.parallel is not None:
+        _check_parallel(claim, claim.parallel, resource, gpus, group_size, found)
     declared = declared_vram(annotations, name, found)
     if env.opaque_sources and claim is None and declared is None:
         found.warn(
@@ -133,7 +128,7 @@ def derive_container_demand(
     engine = claim.engine if claim is not None else None
     vram = claim.vram if claim is not None else None
     # No reservation: no declaration, no MPS limit and no claim (see ContainerDemand.reservation).
-    if declared is None and mps.limit_bytes is None and claim is None and not found.errors:
+    if declared is None and mps.limit_bytes is None and claim is None and not found.errors and not reading.refused:
         found.warn(
             f"no known engine and no {VRAM_ANNOTATION} annotation, so its VRAM is unknown; "
             f"declare it, e.g. {vram_annotation(name)}: 16Gi"
@@ -155,7 +150,7 @@ def derive_container_demand(
         env_only=claim.env_only if claim is not None else False,
         engine_version=claim.version if claim is not None else None,
         rules=claim.overheads.rules if claim is not None else (),
-        evidence=tuple(found.evidence),
+        evidence=tuple(dict.fromkeys(found.evidence)),
         warnings=tuple(dict.fromkeys(found.warnings)),
         errors=tuple(dict.fromkeys(found.errors)),
     )
@@ -170,7 +165,7 @@ def _check_parallel(
     total parallel size divided by the pods; a Ray executor may span pods the spec does not show,
     so a total that is a whole multiple of the container's GPUs is accepted with a warning.
     """
-    title = _ENGINE_TITLES.get(claim.engine, claim.engine)
+    title = engine_title(claim.engine)
     nodes = parallel.nodes or group_size
     if nodes is not None and nodes > 1:
         source = parallel.nodes_flag or f"a group of {nodes} pods"
@@ -199,14 +194,6 @@ def _check_parallel(
     )
 
 
-_ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "jax": "JAX", "tensorrt-llm": "TensorRT-LLM"}
-
-
-def engine_title(engine: str) -> str:
-    """How messages name an engine (``vllm`` -> ``vLLM``); an unknown name as it is."""
-    return _ENGINE_TITLES.get(engine, engine)
-
-
 def _gpu_request(
     container: Mapping[str, Any], options: DemandOptions, found: Findings
 ) -> tuple[str, int] | None:
@@ -228,103 +215,32 @@ def _gpu_request(
     resource, raw = next(iter(asked.items())) if len(asked) == 1 else sorted(asked.items())[0]
     count = _device_count(raw)
     if count is None:
-        found.error(f"{resource}: {raw!r} is not a whole number of devices")
+        found.error(f"{resource}: {excerpt(repr(raw), quote=False)} is not a whole number of devices")
         return resource, 1
     if count == 0:
         return None
     if count > MAX_DEVICES:
         # No node offers that many; capping keeps every later step (one claim per device) bounded.
-        found.error(f"{resource}: {raw} devices is more than any node offers (at most {MAX_DEVICES})")
+        shown = excerpt(str(raw), quote=False)
+        found.error(f"{resource}: {shown} devices is more than any node offers (at most {MAX_DEVICES})")
         return resource, MAX_DEVICES
     return resource, count
 
 
 def _device_count(raw: Any) -> int | None:
-    """A quantity of devices as a whole number; ``None`` when it is not one (``0.5``, ``-1``, ``x``)."""
+    """A quantity of devices as a whole number; ``None`` when it is not one (``0.5``, ``-1``, ``x``), and
+    more than :data:`MAX_DEVICES` when it is too long to read."""
     if type(raw) is int:  # the common cases first: JSON numbers and plain digit strings
         return raw if raw >= 0 else None
-    if type(raw) is str and raw.isascii() and raw.isdigit():
+    if type(raw) is str and raw.isascii() and raw.isdigit() and len(raw) <= MAX_QUANTITY_TEXT:
         return int(raw)
     try:
         value = parse_quantity(str(raw))
-    except QuantityError:
-        return None
+    except QuantityError as exc:
+        return MAX_DEVICES + 1 if exc.reason == "huge" else None
     if value.denominator != 1 or value < 0:
         return None
     return int(value)
-
-
-def _engine_claim(
-    container: Mapping[str, Any], env: ContainerEnv, image: str, name: str, found: Findings,
-    table: AllowanceTable,
-) -> EngineClaim | None:
-    command, args = container_argvs(container, env)
-    candidates: list[Sequence[str]] = []
-    if command:
-        candidates.append(command + args)
-    else:
-        entrypoint = engines.image_entrypoint(image)
-        if entrypoint is not None:
-            candidates.append([*entrypoint, *args])
-        elif args:
-            candidates.append(args)  # an image without ENTRYPOINT runs its args as the command
-    # Every process the candidates start, read once (a shell script is tokenised once).
-    processes = [invocation for argv in candidates for invocation in invocations(argv, env)]
-    claims: list[EngineClaim] = []
-    for invocation in processes:
-        claim = engines.recognise(invocation.argv, invocation.env, image, name)
-        if claim is not None:
-            claims.append(claim)
-    if not claims:
-        claims = [jax.claim(env, name)] if jax.applies(env) else []
-    if not claims:
-        return None
-    if any(_starts_ray(invocation.argv) for invocation in processes):
-        claims = [
-            replace(c, parallel=replace(c.parallel, ray=True)) if c.parallel is not None else c for c in claims
-        ]
-    claims = [replace(c, vram=with_allowances(c.vram, c.engine, c.overheads, table)) for c in claims]
-    return claims[0] if len(claims) == 1 else _together(claims, found)
-
-
-def _together(claims: Sequence[EngineClaim], found: Findings) -> EngineClaim:
-    """Several engine processes in one container, counted as running at once: their shares and
-    allowances add up (a script may start them in the background, or choose one by a condition
-    vramguard cannot evaluate; the sum is the worst case of both)."""
-    found.warn(
-        f"starts {len(claims)} engine processes; vramguard counts them as running together "
-        f"(their VRAM summed); if only one runs, declare {VRAM_ANNOTATION}"
-    )
-    first = max(claims, key=_claim_size)
-    vrams = [c.vram for c in claims]
-    if any(v is None for v in vrams):
-        return replace(first, vram=None)
-    fraction = sum((v.fraction for v in vrams if v is not None and v.fraction is not None), Fraction(0))
-    extra = tuple(
-        Allowance(f"{engine_title(c.engine)} process share", c.vram.bytes, "another engine process in the container")
-        for c in claims if c.vram is not None and c.vram.bytes is not None
-    )
-    allowances = tuple(a for v in vrams if v is not None for a in v.allowances)
-    if fraction > 1:
-        found.error(f"its engine processes together claim {float(fraction):g} of the GPU, more than all of it")
-    if fraction == 0:
-        vram = Vram(bytes=extra[0].bytes, allowances=extra[1:] + allowances)
-    else:
-        vram = Vram(fraction=min(fraction, Fraction(1)), allowances=extra + allowances)
-    return replace(first, vram=vram, implicit_default=any(c.implicit_default for c in claims))
-
-
-def _starts_ray(argv: Sequence[str]) -> bool:
-    """Whether a process joins or starts a Ray cluster (``ray start``, vLLM's multi-node script)."""
-    if program(argv) == "ray" and list(argv[1:2]) == ["start"]:
-        return True
-    return bool(argv) and (argv[0].endswith(RAY_SCRIPTS) or (len(argv) > 1 and argv[1].endswith(RAY_SCRIPTS)))
-
-
-def _claim_size(claim: EngineClaim) -> Fraction:
-    if claim.vram is None or claim.vram.fraction is None:
-        return Fraction(-1) if claim.vram is None else Fraction(claim.vram.bytes or 0, 1 << 40)
-    return claim.vram.fraction
 
 
 def _string_map(value: Any) -> dict[str, str]:

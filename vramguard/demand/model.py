@@ -8,7 +8,7 @@ from fractions import Fraction
 from typing import Literal
 
 from vramguard.codecs import VRAM_ANNOTATION
-from vramguard.quantity import MiB, QuantityError, format_bytes, parse_bytes
+from vramguard.quantity import MAX_QUANTITY_TEXT, MiB, QuantityError, excerpt, format_bytes, parse_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +128,12 @@ _PLAIN_NUMBER = re.compile(r"^(?:\d+\.\d*|\.\d+|\d+)$", re.ASCII)
 
 class VramError(ValueError):
     """Text that is not VRAM per GPU. ``reason``: ``"fraction"`` (a fraction outside (0, 1]),
-    ``"small"`` (bytes under :data:`LEAST_VRAM_BYTES`) or ``"junk"`` (neither a quantity nor a
-    fraction); callers word the message for where the text came from."""
+    ``"small"`` (bytes under :data:`LEAST_VRAM_BYTES`), ``"huge"`` (text longer than
+    :data:`~vramguard.quantity.MAX_QUANTITY_TEXT` or bytes above :data:`~vramguard.quantity.MAX_BYTES`)
+    or ``"junk"`` (neither a quantity nor a fraction); callers word the message for where the text came from."""
 
-    def __init__(self, text: str, reason: Literal["fraction", "small", "junk"]) -> None:
-        super().__init__(f"{text!r}: {reason}")
+    def __init__(self, text: str, reason: Literal["fraction", "small", "huge", "junk"]) -> None:
+        super().__init__(f"{excerpt(text)}: {reason}")
         self.reason = reason
 
 
@@ -141,6 +142,8 @@ def parse_vram(text: str) -> Vram:
     a plain number up to 1 (``0.25``, ``1``) or with a decimal point is a fraction of the GPU, anything
     else a Kubernetes quantity of bytes (``12Gi``). Raises :class:`VramError`."""
     text = text.strip()
+    if len(text) > MAX_QUANTITY_TEXT:
+        raise VramError(text, "huge")
     if _PLAIN_NUMBER.match(text) and ("." in text or Fraction(text) <= 1):
         fraction = Fraction(text)
         if not 0 < fraction <= 1:
@@ -148,8 +151,8 @@ def parse_vram(text: str) -> Vram:
         return Vram(fraction=fraction)
     try:
         count = parse_bytes(text)
-    except QuantityError:
-        raise VramError(text, "junk") from None
+    except QuantityError as exc:
+        raise VramError(text, exc.reason) from None
     if count < LEAST_VRAM_BYTES:
         raise VramError(text, "small")
     return Vram(bytes=count)
@@ -228,6 +231,9 @@ class ContainerDemand:
     gpus: int
     init: bool = False
     """A regular init container: it runs to completion before the app containers start."""
+    sidecar: bool = False
+    """An init container that restarts (``restartPolicy: Always``): it starts in its turn among the
+    init containers and keeps running beside those after it and beside the app containers."""
     engine: str | None = None
     claim: Vram | None = None
     """What the engine allocates per GPU, when known."""
@@ -262,6 +268,35 @@ class ContainerDemand:
         if self.mps_limit is not None:
             return Vram(bytes=self.mps_limit)
         return self.claim
+
+    @property
+    def reservations(self) -> tuple[Vram, ...]:
+        """Everything the container may hold on each of its GPUs; on a device the largest counts.
+        Empty when its VRAM is unknown.
+
+        A declaration never counts below what the engine's own flags reserve on the device it lands
+        on: a declaration written for one GPU size is too small on a larger one when the engine
+        claims a fraction, so beside a declaration the engine's claim counts too.
+        """
+        held = self.reservation
+        if held is None:
+            return ()
+        if self.declared is not None and self.claim is not None and self.claim != held:
+            return (held, self.claim)
+        return (held,)
+
+    def describe_reservation(self) -> str:
+        """:attr:`reservations` in words: ``16.0 GiB``, ``64.0 GiB, or vllm's 0.75 of the GPU + 1.5 GiB
+        where that is more``, ``unknown (holds a whole GPU)``."""
+        first, *more = self.reservations or (None,)
+        if first is None:
+            return "unknown (holds a whole GPU)"
+        return ", or ".join([first.describe(), *(f"{self.engine}'s {v.describe()} where that is more" for v in more)])
+
+    def held_on(self, device_bytes: int, product: str = "", whole: int | None = None) -> int | None:
+        """Bytes the container holds on a device of ``device_bytes`` (the largest of
+        :attr:`reservations`); ``None`` when unknown."""
+        return max((v.on_device(device_bytes, product, whole) for v in self.reservations), default=None)
 
     def conflicts(self, device_bytes: int | None) -> list[str]:
         """Errors that show only once the device size is known (``None``: check what can be checked)."""
@@ -315,6 +350,35 @@ class PodDemand:
     def wants_gpu(self) -> bool:
         """Whether any container asks for a GPU resource."""
         return bool(self.containers)
+
+    def phases(self) -> tuple[tuple[ContainerDemand, ...], ...]:
+        """The containers that run at once, in kube-scheduler's order (its ``PodRequests``): each
+        regular init container beside the sidecars started before it, then every sidecar beside the
+        app containers. A pod needs, of each resource, the most any one phase holds.
+
+        Sidecars come first in each phase, in their order, so that a sidecar keeps its device from
+        one phase to the next.
+        """
+        sidecars: list[ContainerDemand] = []
+        phases: list[tuple[ContainerDemand, ...]] = []
+        for container in self.containers:
+            if container.sidecar:
+                sidecars.append(container)
+            elif container.init:
+                phases.append((*sidecars, container))
+        phases.append((*sidecars, *(c for c in self.containers if not c.init and not c.sidecar)))
+        return tuple(phases)
+
+    def devices_per_resource(self) -> dict[str, int]:
+        """How many devices of each resource the pod holds at once: the most of any phase."""
+        most: dict[str, int] = {}
+        for phase in self.phases():
+            counts: dict[str, int] = {}
+            for container in phase:
+                counts[container.resource] = counts.get(container.resource, 0) + container.gpus
+            for resource, count in counts.items():
+                most[resource] = max(most.get(resource, 0), count)
+        return most
 
     def conflicts(self, device_bytes: int | None) -> list[str]:
         """Size-dependent errors of all containers for a device of ``device_bytes``."""
