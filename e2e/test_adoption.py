@@ -213,3 +213,39 @@ def test_preemption_evicts_the_pods_that_free_the_vram(
     assert set(survivors) == {"small-1", "small-2", "urgent"}
     assert all(p.metadata.deletion_timestamp is None for p in survivors.values())
 
+
+
+def test_preemption_spares_the_pod_a_disruption_budget_protects(
+    cluster: Any, core_v1: Any, namespace: str, unique: str, priority_classes: tuple[str, str]
+) -> None:
+    """A 0.4 pod of high priority on a full GPU: evicting the 0.45 pod or the 0.4 pod makes the room.
+    A PodDisruptionBudget protects the 0.45 one (minAvailable 1 over its one pod: no disruption
+    allowed), so the 0.4 one goes, as kube-scheduler's own preemption would choose."""
+    require_extender(cluster)
+    low, high = priority_classes
+    node = add_node(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=4))
+    protected = {"app": f"protected-{unique}"}
+    cluster.request("POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "protect"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": protected}}})
+    sizes = {"protected": "0.45", "plain": "0.4", "tiny-1": "0.03", "tiny-2": "0.03"}
+    for name, size in sizes.items():
+        pod = gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size), priority_class=low)
+        pod["metadata"]["labels"] = protected if name == "protected" else {"app": f"plain-{unique}"}
+        core_v1.create_namespaced_pod(namespace, pod)
+    for name in sizes:
+        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
+    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.4"),
+                                                     priority_class=high))
+    evicted: set[str] = set()
+
+    def urgent_bound() -> str | None:
+        # No kubelet runs here: finish the deletions the scheduler started, as a kubelet would.
+        for pod in core_v1.list_namespaced_pod(namespace).items:
+            if pod.metadata.deletion_timestamp is not None and pod.metadata.name not in evicted:
+                evicted.add(pod.metadata.name)
+                core_v1.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        return bound_to(core_v1, namespace, "urgent")
+
+    assert wait_for("urgent bound", urgent_bound, timeout=120) == node
+    assert evicted == {"plain"}

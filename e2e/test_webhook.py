@@ -350,6 +350,34 @@ def test_quota_holds_across_several_pods(quota_webhook: tuple[Namespace, str]) -
     ns.create_pod(pod("c", worker, annotations=declared))
 
 
+def test_a_review_forged_by_any_caller_does_not_refuse_real_pods(cluster: Any, quota_webhook: tuple[Namespace, str],
+                                                               unique: str) -> None:
+    """/validate takes no client certificate (the API server calls it): anyone who reaches it can POST
+    a review. A forged review of a pod filling the quota is admitted, but the API server never stores
+    that pod, so it must not keep the next real pod out."""
+    ns, url = quota_webhook
+    worker = {"name": "train", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    forged_pod = pod("forged", worker, annotations={"vramguard.io/vram": "100Gi"})
+    forged_pod["metadata"].update(namespace=ns.name, uid=f"forged-{unique}")
+    forged = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": f"forged-request-{unique}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": "forged", "namespace": ns.name,
+        "operation": "CREATE", "userInfo": {"username": "system:serviceaccount:default:intruder"},
+        "object": forged_pod}}
+    request = urllib.request.Request(url + "/validate", data=json.dumps(forged).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10, context=cluster.ssl_context()) as response:
+        assert json.loads(response.read())["response"]["allowed"] is True
+    declared = {"vramguard.io/vram": "40Gi"}
+    ns.create_pod(pod("real", worker, annotations=declared))
+    # The quota still counts the real pod: 40Gi + 70Gi is over it.
+    with pytest.raises(kube.api_exception()) as refused:
+        ns.create_pod(pod("more", worker, annotations={"vramguard.io/vram": "70Gi"}))
+    assert denial(refused.value).endswith(
+        f"namespace {ns.name} would hold 110Gi of its 100Gi VRAM quota (this pod 70Gi, 1 other pod(s) 40Gi)"
+    )
+
+
 # --------------------------------------------------------------------------- padded reviews
 
 

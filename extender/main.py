@@ -1,5 +1,5 @@
-"""Run the extender: informers for Nodes, Namespaces, bound Pods and the agents' Leases, the policy
-watcher, HTTPS.
+"""Run the extender: informers for Nodes, Namespaces, bound Pods, the agents' Leases and
+PodDisruptionBudgets, the policy watcher, HTTPS.
 
 The verbs are served on ``host:port`` (mutual TLS in a cluster: only kube-scheduler, holding a
 client certificate from the client CA, gets an HTTP answer); probes and metrics on the plain-HTTP
@@ -18,7 +18,14 @@ from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
 from vramguard.io.dra import dra_watches
-from vramguard.io.kube import LEASES, MAX_EVENT_BYTES, Connection, KubeClient, collection_path
+from vramguard.io.kube import (
+    LEASES,
+    MAX_EVENT_BYTES,
+    PODDISRUPTIONBUDGETS,
+    Connection,
+    KubeClient,
+    collection_path,
+)
 from vramguard.io.leader import LeaderElector
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import Address, ServerSettings, run_https
@@ -94,6 +101,8 @@ async def run(settings: ExtenderSettings) -> None:
         Watch("/api/v1/namespaces", state.namespaces),
         Watch("/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
         Watch(collection_path(LEASES, settings.agent_namespace), state.leases),
+        # PodDisruptionBudgets: preemption spares the pods they protect where it can.
+        Watch(PODDISRUPTIONBUDGETS, state.disruption_budgets),
         # DRA: devices, classes and allocated claims, for pods on the extended-resource path.
         *dra_watches(state.dra, templates=False),
     ])

@@ -6,6 +6,10 @@ of the node (the scheduler resolves UIDs against its own cache of the node's pod
 the scheduler's victims that hold no GPU on the node (its plugins needed them for CPU, memory,
 ports...), and replaces its GPU victims by :func:`vramguard.preemption.choose_victims`. A node where
 no set of lower-priority pods frees enough VRAM is dropped: evicting there would help nobody.
+
+``NumPDBViolations`` is counted again for the victims vramguard names, against the PodDisruptionBudgets
+the extender watches. The labels of pods holding no GPU are not watched: those the scheduler chose
+count as violations up to the scheduler's own count (never fewer than there may be).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ def _holders(state: ClusterState, node: str, priority: int) -> list[Holder]:
         holder_priority = state.priority(uid)
         # Only pods the watch saw bound there: the scheduler knows them and can evict them.
         evictable = state.is_bound(uid) == node and holder_priority < priority
-        holders.append(Holder(held[0], held[2], holder_priority, evictable))
+        record = state.records.get(uid)
+        labels = record.labels.values if record is not None else {}
+        holders.append(Holder(held[0], held[2], holder_priority, evictable, labels))
     return holders
 
 
@@ -142,7 +148,7 @@ def preempt(
     ledger = state.ledger
     rule = state.policy.budget_rule()
     accepted: dict[str, tuple[list[str], int]] = {}
-    for node, (uids, violations) in proposed.items():
+    for node, (uids, proposed_violations) in proposed.items():
         inventory = ledger.inventory(node)
         if inventory is None or not claims.claims:
             continue
@@ -150,14 +156,18 @@ def preempt(
         if not verdict.ok and verdict.rule is not Rule.VRAM_BUDGET:
             continue  # refused for a reason no eviction changes
         holders = _holders(state, node, priority)
-        chosen = choose_victims(inventory, rule, holders, claims)
+        budgets = state.disruption_budgets.in_namespaces(h.pod.namespace for h in holders)
+        chosen = choose_victims(inventory, rule, holders, claims, budgets)
         if chosen is None:
             continue
-        if not chosen:
+        violations = proposed_violations
+        if not chosen.pods:
             victims = list(uids)  # VRAM is not what is short: the scheduler's choice stands
         else:
             gpu_holders = {h.pod.uid for h in holders}
-            victims = [u for u in uids if u not in gpu_holders] + [v.uid for v in chosen]
+            kept = [u for u in uids if u not in gpu_holders]
+            victims = kept + [v.uid for v in chosen.pods]
+            violations = chosen.pdb_violations + min(proposed_violations, len(kept))
         if victims:
             accepted[node] = (victims, violations)
     return accepted

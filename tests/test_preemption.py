@@ -24,7 +24,15 @@ from vramguard.io.http import Readiness
 from vramguard.ledger import PodRef
 from vramguard.placement import pod_claims
 from vramguard.policy import default_policy
-from vramguard.preemption import Holder, choose_victims
+from vramguard.preemption import (
+    DisruptionBudget,
+    DisruptionBudgets,
+    Holder,
+    choose_victims,
+    read_budget,
+    selects,
+    split_by_budgets,
+)
 
 POLICY = default_policy()
 CHOICE = POLICY.choose_class({}, {})
@@ -36,9 +44,10 @@ def claims_of(fraction: str, uid: str = "new") -> Any:
                       CHOICE, uid)
 
 
-def holder(name: str, fraction: str, priority: int = 0, *, evictable: bool = True) -> Holder:
+def holder(name: str, fraction: str, priority: int = 0, *, evictable: bool = True,
+           labels: dict[str, str] | None = None) -> Holder:
     return Holder(PodRef(f"uid-{name}", "default", name), claims_of(fraction, f"uid-{name}").claims, priority,
-                  evictable)
+                  evictable, labels or {})
 
 
 INVENTORY = read_inventory(gpu_node("ts"))
@@ -63,11 +72,170 @@ VICTIM_CASES = [
 def test_choose_victims(holders: list[Holder], pod: tuple[str, int], victims: tuple[str, ...] | None) -> None:
     evictable = [h if h.priority < pod[1] else Holder(h.pod, h.claims, h.priority, False) for h in holders]
     chosen = choose_victims(INVENTORY, POLICY.budget_rule(), evictable, claims_of(pod[0]))
-    assert (tuple(v.name for v in chosen) if chosen is not None else None) == victims
+    assert (tuple(v.name for v in chosen.pods) if chosen is not None else None) == victims
 
 
-def prioritized(name: str, utilization: str, priority: int, node: str | None = "ts") -> dict[str, Any]:
-    pod = vllm_pod(name, utilization, node)
+# --------------------------------------------------------------------------- PodDisruptionBudgets
+
+
+def budget(allowed: int, *, disrupted: tuple[str, ...] = (), namespace: str = "default",
+           selector: dict[str, Any] | None = None) -> DisruptionBudget:
+    return DisruptionBudget(namespace, {"matchLabels": {"app": "foo"}} if selector is None else selector, allowed,
+                            frozenset(disrupted))
+
+
+FOO = {"app": "foo"}
+
+# The cases of kube-scheduler's TestDryRunPreemption (pkg/scheduler/framework/plugins/defaultpreemption/
+# default_preemption_test.go, v1.36.3) about PDBs, with VRAM for resources: two (three) pods of
+# "mediumRes" labelled app=foo, a preemptor of "veryLargeRes" that needs them all gone.
+PDB_CASES = [
+    pytest.param([holder("p1.1", "0.4", labels=FOO), holder("p1.2", "0.4", labels=FOO)], budget(1),
+                 ("p1.1", "p1.2"), 1, id="violation-of-same-pdb"),
+    pytest.param([holder("p1.1", "0.4", labels=FOO), holder("p1.2", "0.4", labels=FOO)],
+                 budget(1, disrupted=("p2",)), ("p1.1", "p1.2"), 1, id="victim-not-in-disrupted-pods"),
+    pytest.param([holder("p1.1", "0.4", labels=FOO), holder("p1.2", "0.4", labels=FOO)],
+                 budget(1, disrupted=("p1.2",)), ("p1.1", "p1.2"), 0, id="victim-in-disrupted-pods"),
+    pytest.param([holder(f"p1.{i}", "0.3", labels=FOO) for i in (1, 2, 3)], budget(1, disrupted=("p1.3",)),
+                 ("p1.1", "p1.2", "p1.3"), 1, id="disrupted-pod-treated-as-non-violating"),
+]
+
+
+@pytest.mark.parametrize(("holders", "pdb", "victims", "violations"), PDB_CASES)
+def test_pdb_violations_are_counted_as_kube_scheduler_counts_them(
+    holders: list[Holder], pdb: DisruptionBudget, victims: tuple[str, ...], violations: int
+) -> None:
+    chosen = choose_victims(INVENTORY, POLICY.budget_rule(), holders, claims_of("0.9"), [pdb])
+    assert chosen is not None
+    assert (tuple(v.name for v in chosen.pods), chosen.pdb_violations) == (victims, violations)
+
+
+def test_a_protected_pod_is_spared_where_an_unprotected_one_frees_the_room() -> None:
+    # Either pod frees enough; the protected one is the larger, which VRAM alone would evict.
+    holders = [holder("protected", "0.45", labels=FOO), holder("plain", "0.4", labels={"app": "bar"})]
+    chosen = choose_victims(INVENTORY, POLICY.budget_rule(), holders, claims_of("0.5"), [budget(0)])
+    assert chosen is not None
+    assert (tuple(v.name for v in chosen.pods), chosen.pdb_violations) == (("plain",), 0)
+
+
+def test_a_protected_pod_goes_when_nothing_else_frees_the_room_and_counts() -> None:
+    holders = [holder("protected", "0.45", labels=FOO), holder("plain", "0.1")]
+    chosen = choose_victims(INVENTORY, POLICY.budget_rule(), holders, claims_of("0.6"), [budget(0)])
+    assert chosen is not None
+    assert (tuple(v.name for v in chosen.pods), chosen.pdb_violations) == (("protected",), 1)
+
+
+def test_budgets_of_other_namespaces_protect_nothing() -> None:
+    pods = [holder("a", "0.4", labels=FOO)]
+    assert split_by_budgets(pods, [budget(0, namespace="other")]) == ([], pods)
+    assert split_by_budgets(pods, [budget(0)]) == (pods, [])
+
+
+def test_the_most_important_pods_take_the_allowed_disruptions_first() -> None:
+    # filterPodsWithPDBViolation walks the candidates in order: the first takes the one allowed disruption.
+    first, second = holder("first", "0.1", labels=FOO), holder("second", "0.1", labels=FOO)
+    assert split_by_budgets([first, second], [budget(1)]) == ([second], [first])
+
+
+SELECTOR_CASES = [
+    # metav1.LabelSelectorAsSelector (apimachinery v0.36), as filterPodsWithPDBViolation uses it:
+    # a nil or empty selector, and an invalid one, select nothing.
+    pytest.param(None, {"app": "foo"}, False, id="nil"),
+    pytest.param({}, {"app": "foo"}, False, id="empty"),
+    pytest.param({"matchLabels": {"app": "foo"}}, {"app": "foo", "x": "y"}, True, id="match-labels"),
+    pytest.param({"matchLabels": {"app": "foo"}}, {"app": "bar"}, False, id="match-labels-differ"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "In", "values": ["foo", "bar"]}]},
+                 {"app": "bar"}, True, id="in"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["foo"]}]},
+                 {"tier": "x"}, True, id="not-in-holds-without-the-key"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, {"app": ""}, True, id="exists"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {"app": "foo"}, False,
+                 id="does-not-exist"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]}, {"app": "2"}, False,
+                 id="node-only-operator-is-invalid"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "In", "values": []}]}, {"app": "foo"}, False,
+                 id="in-without-values-is-invalid"),
+    pytest.param({"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["foo"]}]}, {"app": "foo"},
+                 False, id="exists-with-values-is-invalid"),
+    pytest.param({"matchLabels": ["app"]}, {"app": "foo"}, False, id="junk"),
+]
+
+
+@pytest.mark.parametrize(("selector", "labels", "selected"), SELECTOR_CASES)
+def test_budget_selectors(selector: Any, labels: dict[str, str], selected: bool) -> None:
+    assert selects(selector, labels) is selected
+
+
+def test_budgets_read_from_watch_objects_junk_allows_nothing() -> None:
+    pdb = {"metadata": {"name": "db", "namespace": "team"}, "spec": {"selector": {"matchLabels": FOO}},
+           "status": {"disruptionsAllowed": 2, "disruptedPods": {"db-0": "2026-01-01T00:00:00Z"}}}
+    assert read_budget(pdb) == DisruptionBudget("team", {"matchLabels": FOO}, 2, frozenset({"db-0"}))
+    junk = {"metadata": {"name": "x", "namespace": "team"}, "spec": {"selector": "app=foo"},
+            "status": {"disruptionsAllowed": "2", "disruptedPods": ["db-0"]}}
+    assert read_budget(junk) == DisruptionBudget("team", None, 0)
+    store = DisruptionBudgets()
+    store.replace([pdb, junk])
+    assert len(store.in_namespaces(["team", "team", "other"])) == 2
+    store.delete(junk)
+    assert store.in_namespaces(["team"]) == (read_budget(pdb),)
+    store.delete(pdb)
+    assert store.in_namespaces(["team"]) == ()
+
+
+def protected_gpu(*, budgets: bool) -> ClusterState:
+    """One H100 time-sliced 4 ways, all replicas held: a 0.45 pod a PodDisruptionBudget protects
+    (allowing no disruption, as the disruption controller says of minAvailable 1 over one pod),
+    a 0.4 pod nothing protects, and two of 0.03."""
+    pods = [prioritized("protected", "0.45", 1, labels=FOO), prioritized("plain", "0.4", 1),
+            prioritized("tiny-1", "0.03", 1), prioritized("tiny-2", "0.03", 1)]
+    state, _, _ = make([gpu_node("ts")], pods)
+    if budgets:
+        state.disruption_budgets.replace([{
+            "metadata": {"name": "protect", "namespace": "default"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": FOO}}, "status": {"disruptionsAllowed": 0}}])
+    return state
+
+
+def test_the_model_keeps_pod_labels_shared_by_replicas_and_current() -> None:
+    state = protected_gpu(budgets=False)
+    twin = prioritized("twin", "0.03", 1, labels=FOO)
+    state.pods.upsert(twin)
+    assert state.records["uid-twin"].labels is state.records["uid-protected"].labels
+    assert state.records["uid-twin"].labels.values == FOO
+    state.pods.upsert(prioritized("twin", "0.03", 1, labels={"app": "bar"}))
+    assert state.records["uid-twin"].labels.values == {"app": "bar"}
+    assert state.records["uid-plain"].labels.values == {}
+
+
+def test_preempt_spares_the_protected_pod_and_counts_violations_again() -> None:
+    urgent = prioritized("urgent", "0.4", 1000, node=None)
+    # The scheduler counted replicas and named a tiny pod, with the violation count of its own choice.
+    assert preempt(protected_gpu(budgets=False), urgent, {"ts": (["uid-tiny-1"], 0)}) == {
+        "ts": (["uid-protected"], 0)}
+    assert preempt(protected_gpu(budgets=True), urgent, {"ts": (["uid-tiny-1"], 0)}) == {"ts": (["uid-plain"], 0)}
+    # Two unprotected pods go rather than one protected pod (as the scheduler prefers them)...
+    bigger = prioritized("urgent", "0.47", 1000, node=None)
+    assert preempt(protected_gpu(budgets=True), bigger, {"ts": (["uid-plain"], 0)}) == {
+        "ts": (["uid-tiny-2", "uid-plain"], 0)}
+    # ...and where no set of them makes the room, the protected pod goes and counts as a violation.
+    biggest = prioritized("urgent", "0.53", 1000, node=None)
+    assert preempt(protected_gpu(budgets=True), biggest, {"ts": (["uid-plain"], 0)}) == {
+        "ts": (["uid-plain", "uid-protected"], 1)}
+
+
+def test_preempt_counts_the_schedulers_other_victims_at_most_as_it_did() -> None:
+    # A victim holding no GPU (its labels are not watched) counts as a violation where the scheduler
+    # counted one; the scheduler's count for its GPU victims, replaced by vramguard's, does not.
+    urgent = prioritized("urgent", "0.4", 1000, node=None)
+    state = protected_gpu(budgets=True)
+    assert preempt(state, urgent, {"ts": (["uid-cpu-hog", "uid-protected"], 2)}) == {
+        "ts": (["uid-cpu-hog", "uid-plain"], 1)}
+    assert preempt(state, urgent, {"ts": (["uid-protected"], 1)}) == {"ts": (["uid-plain"], 0)}
+
+
+def prioritized(name: str, utilization: str, priority: int, node: str | None = "ts",
+                labels: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = vllm_pod(name, utilization, node, labels=labels)
     pod["spec"]["priority"] = priority
     return pod
 
@@ -110,8 +278,9 @@ async def test_preempt_wire_format_meta_victims(client: TestClient) -> None:  # 
             "NodeNameToMetaVictims": {"ts": {"Pods": [{"UID": "uid-small-1"}], "NumPDBViolations": 1}}}
     response = await client.post("/preempt", json=body)
     assert response.status == 200
+    # The scheduler's count was for its own victim; vramguard's victims are protected by no budget.
     assert await response.json() == {"NodeNameToMetaVictims": {"ts": {
-        "Pods": [{"UID": "uid-big-1"}, {"UID": "uid-big-2"}], "NumPDBViolations": 1}}}
+        "Pods": [{"UID": "uid-big-1"}, {"UID": "uid-big-2"}], "NumPDBViolations": 0}}}
 
 
 async def test_preempt_wire_format_full_victims(client: TestClient) -> None:  # type: ignore[type-arg]

@@ -18,7 +18,10 @@ interleaving of watch events and binds can drop a reservation and overcommit a G
 admitted a moment ago may not have reached the pod watch yet: without care two pods reviewed back
 to back would both see the quota's old sum and both be admitted, so it is held as *pending* until
 the watch shows it (or :data:`PENDING_TTL` passes: the API server may have refused it after
-admission). Touched only from one event loop, so no locks.
+admission). Whoever can reach the webhook can send it a review, so a pending admission is not
+believed when it matters: before it refuses another pod, the webhook asks the API server whether its
+pod exists (:meth:`ClusterState.unconfirmed_holds`, :meth:`ClusterState.settle_hold`). Touched only
+from one event loop, so no locks.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
+from vramguard.preemption import DisruptionBudgets
 from vramguard.quantity import QuantityError, parse_quantity
 
 _TERMINAL = ("Succeeded", "Failed")
@@ -66,6 +70,9 @@ PENDING_TTL = 30.0
 """Seconds an admitted pod counts for its namespace's quota before the watch shows it: long enough
 for the watch to deliver a created pod under load, short enough that a pod the API server refused
 after the webhook admitted it does not hold quota for long."""
+HOLD_GRACE = 1.0
+"""Seconds after an admission before the API server is asked whether its pod exists: it stores the
+pod only once every webhook has answered, a moment after this one."""
 JSON = dict[str, Any]
 CACHED_DEMANDS = 4096
 """Distinct pod templates whose demand and claims are kept (least recently used dropped first):
@@ -170,6 +177,16 @@ class Template:
     """Claims as the quota counts them, per (policy version, trusts env-only engines)."""
 
 
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class PodLabels:
+    """A pod's labels, one object per distinct set: the replicas of a workload share theirs."""
+
+    values: Mapping[str, str]
+
+
+NO_LABELS = PodLabels({})
+
+
 @dataclass(frozen=True, slots=True)
 class PodRecord:
     """A live GPU pod, as slim as the model keeps it."""
@@ -184,6 +201,8 @@ class PodRecord:
     it does not, such a container counts as unknown VRAM (a whole device), as admission counts it."""
     priority: int
     """``spec.priority``, for preemption."""
+    labels: PodLabels = NO_LABELS
+    """``metadata.labels``, which PodDisruptionBudgets select (preemption)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +219,23 @@ class _NamespaceSum:
 @dataclass(frozen=True, slots=True)
 class _Pending:
     namespace: str
+    name: str
     node: str
     claims: tuple[Claim, ...]
+    made: float
     expires: float
+    confirmed: bool = False
+    """The API server showed its pod: it is no forgery, only not in the pod watch yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAdmission:
+    """A pending admission whose pod the API server has not been asked about yet."""
+
+    uid: str
+    name: str
+    age: float
+    """Seconds since it was admitted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +288,12 @@ class ClusterState:
         self._claims: LRUCache[tuple[object, ...], PodClaims] = LRUCache(CACHED_DEMANDS)
         self._templates: weakref.WeakValueDictionary[str, Template] = weakref.WeakValueDictionary()
         """Every template a record points at, once (it goes with its last record)."""
+        self._label_sets: weakref.WeakValueDictionary[tuple[tuple[str, str], ...], PodLabels] = (
+            weakref.WeakValueDictionary()
+        )
+        """Every label set a record points at, once (it goes with its last record)."""
+        self.disruption_budgets = DisruptionBudgets()
+        """PodDisruptionBudgets (fed only where their watch runs: the extender, for preemption)."""
         self.records: dict[str, PodRecord] = {}
         """Pod UID -> record, for every live pod naming a GPU resource that the pod feed delivered
         (bound or not); the bound ones are those the ledger holds because the API says so."""
@@ -311,16 +350,11 @@ class ClusterState:
         return self._pod_claims(pod, choice, pod_key(pod).uid, template_key=template)
 
     def devices_asked(self, pod: Mapping[str, Any], template: str | None = None) -> int:
-        """How many GPU devices the pod holds at once (from the cached demand): per resource, its
-        app containers' sum or its largest init container's, whichever is more. ``template``: the
-        pod's :func:`pod_template_key`, when the caller has it."""
-        per_resource: dict[str, tuple[int, int]] = {}
-        for container in self._demand(pod, pod_template_key(pod) if template is None else template).containers:
-            apps, init = per_resource.get(container.resource, (0, 0))
-            per_resource[container.resource] = (
-                (apps, max(init, container.gpus)) if container.init else (apps + container.gpus, init)
-            )
-        return sum(max(apps, init) for apps, init in per_resource.values())
+        """How many GPU devices the pod holds at once (from the cached demand), as kube-scheduler
+        counts them (:meth:`PodDemand.devices_per_resource`). ``template``: the pod's
+        :func:`pod_template_key`, when the caller has it."""
+        demand = self._demand(pod, pod_template_key(pod) if template is None else template)
+        return sum(demand.devices_per_resource().values())
 
     def largest_node_devices(self) -> int:
         """The most GPU devices (replicas and MIG instances included) any one node hands out."""
@@ -564,7 +598,8 @@ class ClusterState:
         choice = self.choose_class(pod)
         template = self._template(pod)
         record = PodRecord(
-            key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod)
+            key.namespace, key.name, node, template, choice.qos.trust_env_only_engines, pod_priority(pod),
+            self._labels(pod),
         )
         # An unchanged pod (most of a re-list) keeps the objects the model holds: the new state being
         # built shares them with the old one instead of doubling the memory of every record.
@@ -617,6 +652,18 @@ class ClusterState:
         if template is None:
             template = self._templates[key] = Template(key, _template_pod(pod))
         return template
+
+    def _labels(self, pod: Mapping[str, Any]) -> PodLabels:
+        """The pod's labels, interned: replicas share one object."""
+        metadata = pod.get("metadata")
+        labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+        if not isinstance(labels, Mapping) or not labels:
+            return NO_LABELS
+        key = tuple(sorted((k, v) for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)))
+        interned = self._label_sets.get(key)
+        if interned is None:
+            interned = self._label_sets[key] = PodLabels(_interned(dict(key)))
+        return interned
 
     def _drop_record(self, uid: str) -> None:
         record = self.records.pop(uid, None)
@@ -705,11 +752,38 @@ class ClusterState:
             claims = record.template.quota[key] = quota_claims(demand)
         return claims
 
-    def hold_admission(self, uid: str, namespace: str, claims: tuple[Claim, ...], node: str = "") -> None:
-        """Count a pod just admitted until the watch shows it (or :data:`PENDING_TTL` passes)."""
+    def hold_admission(
+        self, uid: str, namespace: str, name: str, claims: tuple[Claim, ...], node: str = ""
+    ) -> None:
+        """Count pod ``namespace/name`` (``uid``), just admitted, until the watch shows it (or
+        :data:`PENDING_TTL` passes, or the API server says it does not exist)."""
         if uid in self.records:
             return
-        self._pending[uid] = _Pending(namespace, node, claims, self._monotonic() + PENDING_TTL)
+        now = self._monotonic()
+        self._pending[uid] = _Pending(namespace, name, node, claims, now, now + PENDING_TTL)
+
+    def unconfirmed_holds(self, namespace: str, exclude: str | None = None) -> list[HeldAdmission]:
+        """The namespace's pending admissions (other than pod ``exclude``) whose pod the API server
+        has not shown yet."""
+        now = self._monotonic()
+        return [
+            HeldAdmission(uid, pending.name, now - pending.made)
+            for uid, pending in self._pending.items()
+            if pending.namespace == namespace and uid != exclude and not pending.confirmed and pending.expires > now
+        ]
+
+    def settle_hold(self, uid: str, pod: Mapping[str, Any] | None) -> bool:
+        """What the API server answered about a pending admission's pod (``None``: it does not exist):
+        the hold stays, confirmed, where that pod is the one admitted (same UID) and asks for a GPU, and
+        is dropped otherwise. Returns whether it was dropped."""
+        pending = self._pending.get(uid)
+        if pending is None:
+            return False  # the watch caught up meanwhile
+        if pod is not None and pod_key(pod).uid == uid and is_live(pod) and asks_for_gpu(pod, self.options):
+            self._pending[uid] = replace(pending, confirmed=True)
+            return False
+        del self._pending[uid]
+        return True
 
     def pending_admissions(self) -> int:
         """Admissions not yet seen by the watch (expired ones included until the next usage call)."""

@@ -70,8 +70,9 @@ def _int(text: Any) -> int | None:
     return value if -(1 << 63) <= value < (1 << 63) else None
 
 
-def _label_requirement_holds(requirement: Any, labels: Mapping[str, str]) -> bool:
-    """One ``matchExpressions`` entry against the node's labels; malformed ones do not hold."""
+def label_requirement_holds(requirement: Any, labels: Mapping[str, str]) -> bool:
+    """One ``matchExpressions`` entry (a NodeSelectorRequirement) against ``labels``; malformed ones do
+    not hold."""
     if not isinstance(requirement, Mapping):
         return False
     key, operator = requirement.get("key"), requirement.get("operator")
@@ -117,7 +118,7 @@ def _term_matches(term: Any, node_name: str, labels: Mapping[str, str]) -> bool:
     fields = term.get("matchFields") or []
     if not isinstance(expressions, list) or not isinstance(fields, list) or not (expressions or fields):
         return False  # upstream: an empty term matches no node
-    return all(_label_requirement_holds(r, labels) for r in expressions) and all(
+    return all(label_requirement_holds(r, labels) for r in expressions) and all(
         _field_requirement_holds(r, node_name) for r in fields
     )
 

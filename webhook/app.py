@@ -19,11 +19,12 @@ from vramguard.admission import (
     SUPPORTED_KINDS,
     AdmissionRules,
     ClusterView,
+    Code,
     Decision,
     Operation,
     Subject,
 )
-from vramguard.cluster import ClusterState
+from vramguard.cluster import HOLD_GRACE, ClusterState, HeldAdmission
 from vramguard.demand.objects import pod_template
 from vramguard.dra.pods import pod_claim_sources
 from vramguard.io.http import Readiness, RequestError, create_app, read_model
@@ -37,6 +38,8 @@ __all__ = ["BODY_LIMIT", "STATE_KEY", "PolicySource", "WebhookState", "create_we
 logger = logging.getLogger(__name__)
 
 NamespaceLookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+PodLookup = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+"""``(namespace, name)`` -> the Pod read from the API server, ``None`` when it does not exist."""
 ClaimLookup = Callable[[str, str, str], Awaitable[Mapping[str, Any] | None]]
 """``(collection, namespace, name)`` -> a ResourceClaim (``resourceclaims``) or ResourceClaimTemplate
 (``resourceclaimtemplates``) read from the API server, ``None`` when it does not exist."""
@@ -47,6 +50,8 @@ BODY_LIMIT = 8 * 1024 * 1024
 # The API server gives the webhook at most timeoutSeconds (5 s in the shipped configuration);
 # a namespace the watch has not delivered yet is fetched within a fraction of that.
 NAMESPACE_LOOKUP_TIMEOUT = 1.5
+HOLD_CHECKS_AT_ONCE = 16
+"""Pods of pending admissions read from the API server at the same time."""
 
 
 class PolicySource:
@@ -89,11 +94,14 @@ class WebhookState:
         *,
         namespace_lookup: NamespaceLookup | None = None,
         claim_lookup: ClaimLookup | None = None,
+        pod_lookup: PodLookup | None = None,
     ) -> None:
         """Start with an empty cluster model; informers (or tests) fill it.
 
         ``namespace_lookup`` fetches a namespace the watch has not shown yet (a namespace created
         just before its first pod): without it such a namespace would get the default mode.
+        ``pod_lookup`` reads the pods of pending admissions (see :meth:`check_holds`): without it
+        they are believed until the watch shows them or they expire.
         """
         self.policy = policy
         self.cluster = ClusterState(policy.policy)
@@ -103,6 +111,7 @@ class WebhookState:
         self._claim_lookup = claim_lookup
         """Reads a claim or template the watch has not shown yet (``kubectl apply`` of a template
         and its pod together): without it such a pod would pass unchecked."""
+        self._pod_lookup = pod_lookup
 
     def refresh_policy(self) -> bool:
         """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""
@@ -133,6 +142,47 @@ class WebhookState:
             return None
         self.cluster.upsert_namespace(obj)
         return self.cluster.namespace_labels.get(namespace)
+
+    async def check_holds(self, namespace: str, exclude: str | None) -> bool:
+        """Ask the API server about the pods of the namespace's pending admissions (other than pod
+        ``exclude``), once each is :data:`HOLD_GRACE` old; drop those whose pod does not exist.
+        Returns whether any was dropped.
+
+        Any caller that reaches the webhook can send it a review, and an admitted review holds quota:
+        a forged one must not refuse real pods. So before a quota refusal counts a hold, its pod is
+        read; a forged hold is dropped by the first review it would refuse, having delayed it by the
+        grace and these reads, and only one younger than the grace can still refuse.
+        """
+        holds = self.cluster.unconfirmed_holds(namespace, exclude)
+        if self._pod_lookup is None or not holds:
+            return False
+        lookup = self._pod_lookup
+        limit = asyncio.Semaphore(HOLD_CHECKS_AT_ONCE)
+        dropped: list[str] = []
+
+        async def settle(hold: HeldAdmission) -> None:
+            async with limit:
+                try:
+                    pod = await lookup(namespace, hold.name)
+                except Exception as exc:  # the hold stays counted: the API server could not say
+                    logger.warning("cannot read pod %s/%s of a pending admission (%s)", namespace, hold.name, exc)
+                    return
+            if self.cluster.settle_hold(hold.uid, pod):
+                dropped.append(hold.name)
+
+        try:
+            async with asyncio.timeout(HOLD_GRACE + NAMESPACE_LOOKUP_TIMEOUT):
+                await asyncio.sleep(max(0.0, HOLD_GRACE - min(hold.age for hold in holds)))
+                await asyncio.gather(*(settle(hold) for hold in holds))
+        except TimeoutError:
+            logger.warning("reading the pods of %d pending admission(s) in %s timed out", len(holds), namespace)
+        if dropped:
+            logger.warning(
+                "namespace %s: %d admission(s) held against the quota have no pod (%s): reviews not sent "
+                "by the API server, or pods it refused after admission",
+                namespace, len(dropped), ", ".join(sorted(dropped)[:5]),
+            )
+        return bool(dropped)
 
     async def view(self, subject: Subject, uid: str | None) -> ClusterView:
         """What the rules need to know about the cluster for ``subject``."""
@@ -240,14 +290,21 @@ async def validate(request: web.Request) -> web.Response:
     subject = _subject(admission, state.policy.rules.policy.workload_kinds)
     uid = _object_uid(subject.obj)
     decision = state.policy.rules.review(subject, await state.view(subject, uid))
+    if _over_quota(decision) and await state.check_holds(subject.namespace, uid):
+        # Pending admissions the API server disowned were counted: decide again without them.
+        decision = state.policy.rules.review(subject, await state.view(subject, uid))
+    name = _object_name(subject.obj)
     if (
         decision.allowed
         and decision.wants_gpu
         and subject.kind == "Pod"
+        and admission.operation == "CREATE"
+        and uid
+        and name
         and not admission.dryRun
         and state.policy.rules.quota_bytes(subject.namespace) is not None
     ):
-        state.cluster.hold_admission(uid or admission.uid, subject.namespace, decision.claims, _node_name(subject.obj))
+        state.cluster.hold_admission(uid, subject.namespace, name, decision.claims, _node_name(subject.obj))
     metrics.reviews.labels(kind, admission.operation, _result(decision)).inc()
     return json_response(
         review_response(
@@ -299,6 +356,16 @@ def _object_uid(obj: Mapping[str, Any]) -> str | None:
     metadata = obj.get("metadata")
     uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
     return uid if isinstance(uid, str) and uid else None
+
+
+def _object_name(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def _over_quota(decision: Decision) -> bool:
+    return any(finding.code is Code.QUOTA for finding in decision.problems)
 
 
 def _node_name(obj: Mapping[str, Any]) -> str:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from vramguard.cluster import LIVE_PODS_SELECTOR, slim_node, slim_pod
 from vramguard.io.dra import RESOURCE_API, DraMetrics, dra_watches
-from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, KubeClient
+from vramguard.io.kube import MAX_EVENT_BYTES, ApiError, Connection, KubeClient, object_path
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import RunningServer, ServerSettings, run_https
 from vramguard.io.tls import ReloadingTLSContext
@@ -61,25 +61,26 @@ async def run_webhook(
     """
     async with KubeClient(settings.connection, max_event_bytes=settings.max_event_bytes) as client:
 
-        async def lookup(namespace: str) -> Mapping[str, Any] | None:
+        async def get_or_none(path: str) -> Mapping[str, Any] | None:
             try:
-                return await client.get(f"/api/v1/namespaces/{quote(namespace, safe='')}")
+                return await client.get(path)
             except ApiError as exc:
                 if exc.status == 404:
                     return None
                 raise
+
+        async def lookup(namespace: str) -> Mapping[str, Any] | None:
+            return await get_or_none(f"/api/v1/namespaces/{quote(namespace, safe='')}")
 
         async def claim_lookup(collection: str, namespace: str, name: str) -> Mapping[str, Any] | None:
-            try:
-                return await client.get(
-                    f"{RESOURCE_API}/namespaces/{quote(namespace, safe='')}/{collection}/{quote(name, safe='')}"
-                )
-            except ApiError as exc:
-                if exc.status == 404:
-                    return None
-                raise
+            return await get_or_none(object_path(f"{RESOURCE_API}/{collection}", namespace, name))
 
-        state = WebhookState(settings.policy, namespace_lookup=lookup, claim_lookup=claim_lookup)
+        async def pod_lookup(namespace: str, name: str) -> Mapping[str, Any] | None:
+            return await get_or_none(object_path("/api/v1/pods", namespace, name))
+
+        state = WebhookState(
+            settings.policy, namespace_lookup=lookup, claim_lookup=claim_lookup, pod_lookup=pod_lookup
+        )
         # One cluster model, fed every live pod: the quota counts them all, the ledger (for pods
         # created with spec.nodeName) the bound ones among them.
         cluster = state.cluster

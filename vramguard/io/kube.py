@@ -552,6 +552,8 @@ def _api_error(status: int, payload: bytes) -> ApiError:
 
 LEASES = "/apis/coordination.k8s.io/v1/leases"
 """The Lease collection (agents' liveness, the extenders' leader election), for the path helpers."""
+PODDISRUPTIONBUDGETS = "/apis/policy/v1/poddisruptionbudgets"
+"""The PodDisruptionBudget collection (the extender's preemption honours them)."""
 
 
 def collection_path(kind_path: str, namespace: str | None) -> str:
