@@ -22,6 +22,7 @@ import pytest
 
 from e2e import dra_objects as dra
 from e2e import gpu_nodes
+from e2e.cluster import Cluster, ClusterConfig
 from e2e.scenario import TEST_LABEL, ledger_from_api, pin_to_test, private_node, require_extender
 from e2e.test_bind_guard import wired_scheduler
 from vramguard.codecs import ENFORCE_LABEL
@@ -69,10 +70,28 @@ class DraTest:
         self.nodes.append(spec.name)
         return spec.name
 
+    def set_mode(self, mode: str) -> None:
+        """Relabel the test's namespace to vramguard's ``mode``."""
+        namespace = self.request("GET", f"/api/v1/namespaces/{self.namespace}")
+        namespace["metadata"].setdefault("labels", {})[ENFORCE_LABEL] = mode
+        self.request("PUT", f"/api/v1/namespaces/{self.namespace}", namespace)
+
     def template(self, name: str, memory: str | None) -> None:
         """A ResourceClaimTemplate as the driver's demos write them."""
         self.request("POST", f"{RESOURCE}/namespaces/{self.namespace}/resourceclaimtemplates",
                      dra.claim_template(name, self.namespace, memory))
+
+    def claim(self, name: str, memory: str | None) -> None:
+        """A ResourceClaim for one GPU, shared by every pod naming it."""
+        self.request("POST", f"{RESOURCE}/namespaces/{self.namespace}/resourceclaims",
+                     dra.claim(name, self.namespace, memory))
+
+    def refused(self, path: str, body: dict[str, Any]) -> str:
+        """POST ``body`` the webhook must refuse; returns the API server's message."""
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            self.request("POST", path, body)
+        assert refused.value.code == 403
+        return str(json.loads(refused.value.read())["message"])
 
     def pod(self, name: str, utilization: str, *, dry_run: bool = False, **source: Any) -> dict[str, Any]:
         """Create a vLLM pod pinned to this test's nodes (``source``: template=, claim_name= or extended=)."""
@@ -255,3 +274,96 @@ def test_dra_node_fixture_shape_is_what_the_scheduler_accepts(dra_test: DraTest)
     (stored,) = [s for s in slices if s["spec"].get("nodeName") == node]
     expected = dra.resource_slice(dra.dra_node(node, "H100-80GB", shares=4))
     assert stored["spec"]["devices"] == expected["spec"]["devices"]
+
+
+# -- claims checked whenever their pods, templates or devices change --------------------------
+
+WATCH_SECONDS = 1.0
+"""Time for the webhook's pod watch to show a pod just created (a pod's review reads the pods
+already naming its claim from that watch)."""
+
+
+def test_a_pod_whose_template_does_not_exist_is_refused_in_enforce(dra_test: DraTest) -> None:
+    """``kubectl apply -f dir/`` with the pod's file first: refused (its memory cannot be checked);
+    once the template exists the same pod is checked against it."""
+    dra_test.create_namespace("enforce")
+    dra_test.dra_node("h100", "H100-80GB", "memory")
+    message = dra_test.refusal("vllm-early", "0.90", template="gpu-8gi")
+    assert "claim gpu: ResourceClaimTemplate gpu-8gi does not exist" in message, message
+    dra_test.template("gpu-8gi", "8Gi")
+    assert "set capacity.requests.memory" in dra_test.refusal("vllm-early", "0.90", template="gpu-8gi")
+
+
+def test_a_template_created_after_its_pods_is_checked_against_them(dra_test: DraTest) -> None:
+    """A pod admitted while its namespace warned (or before vramguard ran) names a template that does
+    not exist; once the namespace enforces, creating that template at 8Gi is refused for the pod."""
+    dra_test.create_namespace("warn")
+    dra_test.dra_node("h100", "H100-80GB", "memory")
+    dra_test.pod("vllm-early", "0.90", template="gpu-8gi")
+    dra_test.set_mode("enforce")
+    time.sleep(WATCH_SECONDS)
+    path = f"{RESOURCE}/namespaces/{dra_test.namespace}/resourceclaimtemplates"
+    message = dra_test.refused(path, dra.claim_template("gpu-8gi", dra_test.namespace, "8Gi"))
+    assert "claim gpu-8gi request gpu requests 8Gi of memory but vLLM of pod vllm-early will reserve" in message
+    dra_test.template("gpu-8gi", REQUIRED.search(message)[1])  # type: ignore[index]
+
+
+def test_pods_sharing_one_claim_are_checked_together(dra_test: DraTest) -> None:
+    """Three vLLM pods at 0.30 naming one 60Gi claim: each alone fits, the third does not beside the two."""
+    dra_test.create_namespace("enforce")
+    dra_test.dra_node("h100", "H100-80GB", "memory")
+    dra_test.claim("shared-gpu", "60Gi")
+    for name in ("vllm-0", "vllm-1"):
+        dra_test.pod(name, "0.30", claim_name="shared-gpu")
+        time.sleep(WATCH_SECONDS)
+    message = dra_test.refusal("vllm-2", "0.30", claim_name="shared-gpu")
+    assert "vLLM of pod vllm-0 will reserve" in message and "vLLM of pod vllm-1 will reserve" in message, message
+
+
+@pytest.fixture(scope="module")
+def claims_cluster(local_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster with the shipped second scheduler, which calls the extender for every pod: its
+    configuration lists no ``managedResources`` (kube-scheduler v1.36.3 ``HTTPExtender.IsInterested``:
+    an extender listing some is called only for pods asking for one, and a claim is no resource)."""
+    cluster = Cluster(ClusterConfig(
+        directory=tmp_path_factory.mktemp("claims-cluster"), kube_version=local_control_plane.version,
+        second_scheduler=True, vramguard="on",
+    ))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def claims_test(claims_cluster: Cluster, unique: str) -> Iterator[DraTest]:
+    """A test's DRA namespace and nodes on :func:`claims_cluster`."""
+    dra.ensure_device_class(claims_cluster.request)
+    test = DraTest(claims_cluster, unique)
+    yield test
+    test.cleanup()
+
+
+def test_three_vllm_pods_at_090_claiming_8gi_get_one_gpu_between_them_not_three(claims_test: DraTest) -> None:
+    """The allocator counts 3 x 8Gi of an 80 GB GPU and would give it to all three; each vLLM takes
+    0.90 of it. In ``warn`` admission only warns: the extender places one, the others stay Pending."""
+    claims_test.create_namespace("warn")
+    node = claims_test.dra_node("h100", "H100-80GB", "memory")
+    claims_test.template("gpu-8gi", "8Gi")
+    names = [f"vllm-{i}" for i in range(3)]
+    for name in names:
+        claims_test.pod(name, "0.90", template="gpu-8gi")
+    verdicts = claims_test.settle(names, bound=1)
+    placed = [name for name, (where, _) in verdicts.items() if where]
+    assert len(placed) == 1 and verdicts[placed[0]][0] == node, verdicts
+    for name in set(names) - set(placed):
+        assert "gpu-0 (NVIDIA H100 80GB HBM3) has" in verdicts[name][1], verdicts[name]
+    # The bound pod's claim is the only one reserved for a pod.
+    reserved = [c for c in claims_test.claims() if (c.get("status") or {}).get("reservedFor")]
+    assert [ref["name"] for c in reserved for ref in c["status"]["reservedFor"]] == placed
+    # It goes: another is placed.
+    claims_test.request("DELETE", f"/api/v1/namespaces/{claims_test.namespace}/pods/{placed[0]}",
+                        {"gracePeriodSeconds": 0})
+    after = claims_test.settle([n for n in names if n != placed[0]], bound=1)
+    assert sum(1 for where, _ in after.values() if where) == 1, after

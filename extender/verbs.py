@@ -24,14 +24,15 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from extender import claims as claims_module
 from extender.findings import FindingsReporter, findings_annotations
 from extender.wire import pod_problem
-from vramguard.cluster import ClusterState, PodKey, asks_for_gpu, pod_key, pod_template_key, slim_pod
+from vramguard.cluster import ClusterState, PodKey, pod_key, pod_template_key, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
 from vramguard.demand import MAX_DEVICES
 from vramguard.dra.claims import read_allocation
 from vramguard.dra.extended import allocated_devices, container_names, place_claims, requested_resources
-from vramguard.dra.pods import extended_resource_claim
+from vramguard.dra.pods import extended_resource_claim, uses_claims
 from vramguard.io.dra import RESOURCE_CLAIMS
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.node_selection import placement_refusal
@@ -247,7 +248,12 @@ class Verbs:
 
     async def filter(self, pod: Mapping[str, Any], nodes: list[str]) -> FilterOutcome:
         """Which nodes can take the pod without overcommitting a GPU, and why the others cannot."""
-        return self._hold_back_suspects(await self._filter(pod, nodes))
+        outcome = self._hold_back_suspects(await self._filter(pod, nodes))
+        failed, unresolvable = claims_module.refused_nodes(self.state, pod, outcome.passing)
+        if not failed and not unresolvable:
+            return outcome
+        passing = [node for node in outcome.passing if node not in failed and node not in unresolvable]
+        return FilterOutcome(passing, {**outcome.failed, **failed}, {**outcome.unresolvable, **unresolvable})
 
     def _hold_back_suspects(self, outcome: FilterOutcome) -> FilterOutcome:
         """Fail (resolvably: the scheduler retries) the passing nodes whose pods are being re-read,
@@ -415,8 +421,6 @@ class Verbs:
             )
         if spec.get("nodeName"):
             return f"{where} is already bound to {spec['nodeName']}"
-        if not asks_for_gpu(pod, self.state.options):
-            return f"{where} asks for no GPU; vramguard binds only GPU pods"
         selection = self.state.node_selection(node)
         if selection is None:
             return f"node {node} is not known to vramguard"
@@ -448,6 +452,10 @@ class Verbs:
             allocated, problem = await self._dra_allocation(pod, uid, node)
             if problem:
                 return problem
+        if uses_claims(pod):
+            problem = await claims_module.read_claims(self._client(), self.state, pod)
+            if problem:
+                return problem
         # From here to the reservation nothing awaits: the checks and the hold are one step.
         if not self.serving():
             return NOT_LEADER
@@ -457,6 +465,11 @@ class Verbs:
         if refusal is not None:
             return f"refused: {refusal}"
         key, claims, choice = self._prepare(pod)
+        claim_placement = None
+        if uses_claims(pod):
+            claim_placement, problem = claims_module.place(self.state, pod, node, choice)
+            if problem:
+                return problem
         if allocated is not None:
             # The scheduler allocated the devices before calling bind: the claims are known to be there.
             claims = PodClaims(claims.uid, place_claims(claims.claims, allocated), claims.init, claims.refusal)
@@ -474,6 +487,8 @@ class Verbs:
         if not fit.ok:
             return f"{node}: {describe_fit(fit, chosen.claims)}"
         self.state.begin_bind(node, key, chosen)
+        if claim_placement is not None and claim_placement.taken:
+            self.state.dra.hold(uid, dict(pod), tuple(claim_placement.taken.items()))
         self._binding.add(uid)
         try:
             # One call: the API server copies the Binding's annotations onto the pod as it binds it,
@@ -496,6 +511,7 @@ class Verbs:
             )
         except ApiError as exc:
             self.state.abort_bind(uid)
+            self.state.dra.release(uid)
             return f"binding {namespace}/{name} to {node} failed: {exc.message or exc}"
         except asyncio.CancelledError:
             # The scheduler hung up; whether the Binding was created, the watch (or housekeeping) will tell.
@@ -503,6 +519,7 @@ class Verbs:
             raise
         except Exception as exc:
             self.state.abort_bind(uid)
+            self.state.dra.release(uid)
             logger.exception("binding %s/%s to %s failed", namespace, name, node)
             return f"binding {namespace}/{name} to {node} failed: {exc}"
         finally:

@@ -156,12 +156,46 @@ def test_named_claim() -> None:
     )
 
 
-def test_unknown_template_is_a_note() -> None:
+MISSING = (
+    "claim gpu: ResourceClaimTemplate gpu-4gi does not exist (or cannot be read), so the memory it gives vLLM "
+    "cannot be checked; create it first (a workload's controller retries its pods)"
+)
+
+
+def test_a_pod_whose_template_does_not_exist_is_refused_in_enforce() -> None:
     decision = review(state("memory"), vllm_claim_pod())
+    assert not decision.allowed
+    assert [(f.code, f.message) for f in decision.problems] == [(Code.CLAIM_MISSING, MISSING)]
+
+
+def test_a_pod_whose_template_does_not_exist_is_warned_in_warn() -> None:
+    decision = review(state("memory"), vllm_claim_pod(), mode="warn")
     assert decision.allowed
-    assert decision.violations == ()
-    assert decision.remarks[0].code == Code.CLAIM_UNCHECKED
-    assert "ResourceClaimTemplate gpu-4gi is not known yet" in decision.remarks[0].message
+    assert any("does not exist" in w for w in decision.warnings)
+
+
+def test_a_workload_whose_template_does_not_exist_is_a_note() -> None:
+    """Its pods are checked when its controller makes them (refused until the template exists)."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm", "namespace": NS},
+        "spec": {"replicas": 1, "template": {k: v for k, v in vllm_claim_pod().items() if k in ("metadata", "spec")}},
+    }
+    decision = review(state("memory"), deployment, kind="Deployment")
+    assert decision.allowed and decision.violations == ()
+    assert [(f.code, f.message) for f in decision.remarks if f.code == Code.CLAIM_UNCHECKED] == [
+        (Code.CLAIM_UNCHECKED, MISSING)
+    ]
+
+
+def test_a_missing_template_used_by_no_engine_is_a_note() -> None:
+    """A container whose reservation is not known (no engine, no declaration) has nothing to check."""
+    pod = vllm_claim_pod()
+    pod["spec"]["containers"][0] |= {"image": "nginx", "args": []}
+    decision = review(state("memory"), pod)
+    assert decision.allowed
+    assert any("ResourceClaimTemplate gpu-4gi is not known yet" in f.message for f in decision.remarks)
 
 
 def test_request_narrowed_by_the_container() -> None:
@@ -319,8 +353,8 @@ def test_claims_of_other_devices(selector: str, note: str | None) -> None:
     ("answer", "violations", "note"),
     [
         pytest.param(template("8Gi"), (MESSAGE,), None, id="read-and-checked"),
-        pytest.param(None, (), "is not known yet", id="does-not-exist"),
-        pytest.param(OSError("connection refused"), (), "is not known yet", id="read-fails"),
+        pytest.param(None, (MISSING,), None, id="does-not-exist"),
+        pytest.param(OSError("connection refused"), (MISSING,), None, id="read-fails"),
     ],
 )
 async def test_webhook_reads_a_template_the_watch_has_not_shown(
@@ -428,3 +462,79 @@ def test_context_is_cached_until_devices_classes_or_nodes_change() -> None:
 def test_where_a_device_plugin_advertises_a_resource(allocatable: dict[str, str], plugin: bool) -> None:
     cluster = state("unlimited", nodes=[{"metadata": {"name": "node-a"}, "status": {"allocatable": allocatable}}])
     assert ("nvidia.com/gpu" in cluster.dra_context().plugin_nodes) is plugin
+
+
+def _with_pods(cluster: ClusterState, *pods: dict[str, Any]) -> ClusterState:
+    """``cluster`` with ``pods`` live (the DRA pod watch's store)."""
+    cluster.dra.pods.replace(list(pods))
+    return cluster
+
+
+SHARED_60 = claim("shared-gpu", NS, memory="60Gi")
+"""Room for two vLLM pods at 0.30 of the 80Gi GPU (2 x 25.5Gi), not three."""
+
+
+def test_a_shared_claim_covers_the_engines_of_every_pod_naming_it() -> None:
+    cluster = _with_pods(
+        state("memory", SHARED_60),
+        vllm_claim_pod("vllm-0", "0.3", claim_name="shared-gpu"),
+        vllm_claim_pod("vllm-1", "0.3", claim_name="shared-gpu"),
+    )
+    decision = review(cluster, vllm_claim_pod("vllm-2", "0.3", claim_name="shared-gpu"))
+    one = f"0.30 x 80Gi{PLUS} = {RESERVED_03}"
+    assert decision.violations == (
+        f"claim gpu requests 60Gi of memory but vLLM will reserve {one} and vLLM of pod vllm-0 will reserve {one} "
+        f"and vLLM of pod vllm-1 will reserve {one}; set capacity.requests.memory: {memory_text(3 * reserved('0.3'))}",
+    )
+    # Two pods fit: the second is admitted beside the first.
+    assert review(_with_pods(state("memory", SHARED_60), vllm_claim_pod("vllm-0", "0.3", claim_name="shared-gpu")),
+                  vllm_claim_pod("vllm-1", "0.3", claim_name="shared-gpu")).allowed
+
+
+def test_a_workload_sharing_one_claim_counts_each_replica() -> None:
+    pod = vllm_claim_pod("x", "0.3", claim_name="shared-gpu")
+    template = {k: v for k, v in pod.items() if k in ("metadata", "spec")}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm", "namespace": NS},
+                  "spec": {"replicas": 3, "template": template}}
+    decision = review(state("memory", SHARED_60), deployment, kind="Deployment")
+    assert [f.code for f in decision.problems] == [Code.CLAIM_MEMORY]
+    assert (
+        f"vLLM (in each of 3 pods) will reserve 3 x (0.30 x 80Gi{PLUS} = {RESERVED_03}) = "
+        f"{memory_text(3 * reserved('0.3'))}" in decision.violations[0]
+    )
+    deployment["spec"]["replicas"] = 2
+    assert review(state("memory", SHARED_60), deployment, kind="Deployment").allowed
+
+
+@pytest.mark.parametrize("mode", ["enforce", "warn"])
+def test_a_claim_created_after_the_pods_sharing_it_is_checked_against_them(mode: str) -> None:
+    cluster = _with_pods(
+        state("memory"),
+        *(vllm_claim_pod(f"vllm-{i}", "0.3", claim_name="shared-gpu") for i in range(3)),
+        vllm_claim_pod("other", "0.9", claim_name="another-claim"),
+    )
+    decision = review(cluster, SHARED_60, kind="ResourceClaim", mode=mode)
+    one = f"0.30 x 80Gi{PLUS} = {RESERVED_03}"
+    message = (
+        "claim shared-gpu request gpu requests 60Gi of memory but "
+        + " and ".join(f"vLLM of pod vllm-{i} will reserve {one}" for i in range(3))
+        + f"; set capacity.requests.memory: {memory_text(3 * reserved('0.3'))}"
+    )
+    assert decision.violations == (message,)
+    assert decision.allowed is (mode != "enforce")
+    # Without pods naming it, a claim only draws warnings.
+    assert review(state("memory"), SHARED_60, kind="ResourceClaim", mode=mode).allowed
+
+
+def test_a_template_created_after_its_pods_is_checked_against_those_still_waiting_for_a_claim() -> None:
+    waiting = vllm_claim_pod("vllm-0", "0.9")
+    made = vllm_claim_pod("vllm-1", "0.9")
+    made["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "vllm-1-gpu-x7k9m"}]}
+    decision = review(_with_pods(state("memory"), waiting, made), template("8Gi"), kind="ResourceClaimTemplate")
+    assert not decision.allowed
+    assert decision.violations == (
+        f"claim gpu-4gi request gpu requests 8Gi of memory but vLLM of pod vllm-0 will reserve 0.90 x 80Gi{PLUS} = "
+        f"{RESERVED_09}; set capacity.requests.memory: {RESERVED_09}",
+    )
+    # A pod whose claim the controller has made keeps it: the template no longer concerns it.
+    assert review(_with_pods(state("memory"), made), template("8Gi"), kind="ResourceClaimTemplate").allowed

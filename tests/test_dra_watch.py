@@ -97,10 +97,32 @@ def test_dra_watches() -> None:
         "resourceslices",
         "deviceclasses",
         "resourceclaims",
+        "pods",
         "resourceclaimtemplates",
     ]
-    assert all(w.may_be_absent for w in watches)
-    assert len(dra_watches(DraState(), templates=False)) == 3
+    assert all(w.may_be_absent for w in watches if w.path.startswith("/apis/resource.k8s.io/"))
+    assert len(dra_watches(DraState(), templates=False)) == 4
+
+
+def test_the_pod_watch_keeps_only_live_pods_using_claims() -> None:
+    state = DraState()
+    (watch,) = [w for w in dra_watches(state) if w.path == "/api/v1/pods"]
+    assert watch.slim is not None
+    plain = {"metadata": {"name": "web", "namespace": "default", "uid": "u1"}, "spec": {"containers": []}}
+    with_claim = {
+        "metadata": {"name": "vllm", "namespace": "default", "uid": "u2", "labels": {"a": "b"}},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}], "containers": [],
+                 "volumes": [{"name": "big"}]},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled"}]},
+    }
+    done = {**with_claim, "metadata": {"name": "done", "namespace": "default", "uid": "u3"},
+            "status": {"phase": "Succeeded"}}
+    watch.store.replace([watch.slim(p) for p in (plain, with_claim, done)])
+    assert list(state.pods.records) == ["default/vllm"]
+    kept = state.pods.records["default/vllm"]
+    assert "volumes" not in kept["spec"] and "conditions" not in kept["status"]
+    assert state.pod("u2") is kept and state.pod("u1") is None
+    assert state.pods_naming("default", template="t") == [kept]
 
 
 def test_state_follows_events() -> None:
@@ -174,3 +196,25 @@ def test_namespace_consumed(claims: list[dict[str, Any]], exclude: str | None, e
     state.classes.replace([device_class(), device_class("nic", "device.driver == 'nic.example.com'", None)])
     state.claims.replace(claims)
     assert state.namespace_consumed("default", exclude) == expected
+
+
+async def test_the_claim_pods_watch_runs_beside_the_services_own_pod_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two watches of /api/v1/pods: each is its own task and readiness check (one must not replace the other)."""
+    from vramguard.io import runtime as runtime_module  # noqa: PLC0415
+
+    started: list[str] = []
+
+    async def supervise(server: Any, background: dict[str, Any], **_: Any) -> None:
+        for coroutine in background.values():
+            coroutine.close()
+        server.close()
+        started.extend(background)
+
+    monkeypatch.setattr(runtime_module, "supervise", supervise)
+    client = KubeClient(Connection("http://127.0.0.1:9", False, lambda: None))
+    own_pods = runtime_module.Watch("/api/v1/pods", DraState().pods)
+    service = runtime_module.ServiceRuntime(client, [own_pods, *dra_watches(DraState())])
+    assert "watch-pods" in service.readiness.names and "watch-pods-with-claims" in service.readiness.names
+    await service.serve(asyncio.sleep(0))
+    assert len(started) == len(service.informers) == 6
+    await client.close()

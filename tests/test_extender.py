@@ -614,7 +614,6 @@ H100_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecutio
         (_pod_with(schedulerName="default-scheduler"), gpu_node("h100"), "belongs to scheduler 'default-scheduler'"),
         (_pod_with(schedulerName=None), gpu_node("h100"), "belongs to scheduler 'default-scheduler'"),
         (_pod_with(schedulerName="other"), gpu_node("h100"), "belongs to scheduler 'other'"),
-        (_cpu_pod(), gpu_node("h100"), "asks for no GPU"),
         (_pod_with(nodeName="h100"), gpu_node("h100"), "already bound to h100"),
         (vllm_pod("p", "0.2"), _tainted(gpu_node("h100"), GPU_TAINT), "taint nvidia.com/gpu=present:NoSchedule"),
         (_pod_with(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
@@ -623,7 +622,7 @@ H100_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecutio
         (_pod_with(affinity=H100_AFFINITY), gpu_node("h100"), "required node affinity"),
         (vllm_pod("p", "0.2"), gpu_node("other"), "node h100 is not known"),
     ],
-    ids=["default-scheduler", "no-scheduler-name", "other-scheduler", "no-gpu", "already-bound",
+    ids=["default-scheduler", "no-scheduler-name", "other-scheduler", "already-bound",
          "untolerated-taint", "second-taint-untolerated", "node-selector", "node-affinity", "unknown-node"],
 )
 async def test_bind_refuses_pods_that_are_not_its_business(pod: dict[str, Any], node: dict[str, Any],
@@ -633,6 +632,20 @@ async def test_bind_refuses_pods_that_are_not_its_business(pod: dict[str, Any], 
     error = await verbs.bind("p", "default", "uid-p", "h100")
     assert error.startswith("refused: ") and fragment in error
     assert posts(fake) == [] and state.in_flight == {} and state.ledger.pod_count() == 0
+
+
+@pytest.mark.parametrize("node", [gpu_node("h100"), {"metadata": {"name": "h100", "labels": {}}, "status": {}}],
+                         ids=["gpu-node", "cpu-node"])
+async def test_bind_places_a_pod_of_its_scheduler_that_asks_for_no_gpu(node: dict[str, Any]) -> None:
+    """The second scheduler calls the extender for every pod it schedules (its configuration lists no
+    managedResources, so claim pods reach it): a pod asking for nothing of a GPU is bound as asked,
+    holding nothing in the ledger, not left Pending."""
+    state, verbs, fake = make([node])
+    fake.pods["p"] = _cpu_pod()
+    assert await verbs.bind("p", "default", "uid-p", "h100") == ""
+    assert posts(fake) == ["/api/v1/namespaces/default/pods/p/binding"]
+    holding = state.ledger.holding("uid-p")
+    assert holding is None or holding[2] == ()
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,14 @@ from tests.dra_objects import (
     gpu_device,
     resource_slice,
     result,
+    vllm_claim_pod,
     vllm_extended_resource_pod,
 )
 from vramguard import cluster as cluster_module
 from vramguard.cluster import ClusterState
-from vramguard.codecs import PLACEMENT_ANNOTATION
+from vramguard.codecs import ENFORCE_LABEL, PLACEMENT_ANNOTATION
 from vramguard.dra.extended import OPEN_SLOTS
+from vramguard.dra.fields import memory_text
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
 from vramguard.quantity import GiB, MiB, format_bytes
@@ -368,3 +370,167 @@ async def test_a_device_claims_filled_past_its_budget_names_the_claims() -> None
     _, verbs, fake = make(gpus("unlimited", 2), [taken])
     outcome = await schedule(verbs, fake, "vllm-0", "0.05")
     assert "already over its VRAM budget" in outcome and "claims of pods with ResourceClaims" in outcome, outcome
+
+
+# -- pods with ResourceClaims ------------------------------------------------------------------
+
+H200 = ("GPU-22222222-2222-2222-2222-222222222222", "143771Mi", "NVIDIA H200")
+"""NVML's total for an H200 (MiB), as the driver publishes it."""
+
+
+def claim_pod(
+    name: str, utilization: str, *, claim_name: str | None = None, namespace: str = "default"
+) -> dict[str, Any]:
+    """A vLLM pod using claim ``gpu``: named (``claim_name``) or from template ``gpu-8gi``, whose claim
+    the resourceclaim controller has made (``<pod>-gpu``, recorded in the pod's status)."""
+    pod = vllm_claim_pod(name, utilization, template="gpu-8gi", claim_name=claim_name, namespace=namespace)
+    pod["spec"]["schedulerName"] = default_policy().schedulers[0]
+    if claim_name is None:
+        pod["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": f"{name}-gpu"}]}
+    return pod
+
+
+def made_claim(pod: dict[str, Any], memory: str) -> dict[str, Any]:
+    """The claim the resourceclaim controller makes for ``pod`` from its template (not allocated)."""
+    name = pod["metadata"]["name"]
+    made = claim(f"{name}-gpu", pod["metadata"]["namespace"], memory=memory)
+    made["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": f"uid-{name}", "controller": True}
+    ]
+    return made
+
+
+def prebind(fake: FakeKube, obj: dict[str, Any], memory: str, pods: tuple[str, ...], device: str = "gpu-0") -> None:
+    """The scheduler's PreBind: ``obj`` allocated on ``device`` (a share of ``memory``), reserved for ``pods``."""
+    fake.claims[obj["metadata"]["name"]] = allocated(obj, [result(device=device, memory=memory)], pods=pods)
+
+
+async def schedule_claim_pod(
+    verbs: Verbs, fake: FakeKube, pod: dict[str, Any], claim_obj: dict[str, Any], memory: str,
+    pods: tuple[str, ...] | None = None, *, filtered: bool = True,
+) -> str:
+    """Filter (unless the scheduler filtered before the previous bind), allocate the claim on gpu-0,
+    bind; the watches deliver nothing (binds come faster than watch events)."""
+    name = pod["metadata"]["name"]
+    fake.pods[name] = pod
+    fake.state.dra.pods.upsert(pod)
+    if filtered:
+        outcome = await verbs.filter(pod, [NODE])
+        if not outcome.passing:
+            return "pending: " + json.dumps(outcome.failed | outcome.unresolvable)
+    prebind(fake, claim_obj, memory, pods or (name,))
+    error = await verbs.bind(name, "default", pod["metadata"]["uid"], NODE)
+    return f"bind error: {error}" if error else NODE
+
+
+# vLLM v0.10.1 (the pods' image): 0.90 of the device plus its CUDA context (512 MiB) and graphs (1 GiB).
+VLLM_090_H100 = int(Fraction(9, 10) * 81559 * MiB) + 512 * MiB + GiB
+
+
+async def test_three_vllm_pods_at_090_claiming_8gi_are_not_put_on_one_gpu() -> None:
+    """The allocator counts 3 x 8Gi on an 80 GB GPU; the engines take 3 x 0.90 of it."""
+    state, verbs, fake = make(gpus("memory"))
+    pods = [claim_pod(f"vllm-{i}", "0.90") for i in range(3)]
+    for pod in pods:
+        state.dra.claims.upsert(made_claim(pod, "8Gi"))
+    assert await schedule_claim_pod(verbs, fake, pods[0], made_claim(pods[0], "8Gi"), "8Gi") == NODE
+    # The scheduler filtered the second before the first was bound (a wave): bind is where it is caught.
+    error = await schedule_claim_pod(verbs, fake, pods[1], made_claim(pods[1], "8Gi"), "8Gi", filtered=False)
+    assert error.startswith(f"bind error: {NODE}: gpu-0 (NVIDIA H100 80GB HBM3) has "), error
+    assert (
+        f"has {memory_text(81559 * MiB - VLLM_090_H100)} of 81559Mi left beside the engines of the claims there, "
+        f"and claim default/vllm-1-gpu of this pod takes {memory_text(VLLM_090_H100)} (vLLM will reserve "
+        f"0.90 x 81559Mi + 1536Mi = {memory_text(VLLM_090_H100)})" in error
+    ), error
+    # Filtered after the first bind, the third finds no room, before any claim event arrives.
+    third = await schedule_claim_pod(verbs, fake, pods[2], made_claim(pods[2], "8Gi"), "8Gi")
+    assert third.startswith("pending:") and "gpu-0 (NVIDIA H100 80GB HBM3) has" in third, third
+    assert [b["metadata"]["name"] for b in fake.bindings] == ["vllm-0"]
+    # The first pod's claim reaches the watch: it is counted there, not twice; the others still do not fit.
+    state.dra.claims.upsert(fake.claims["vllm-0-gpu"])
+    assert (await verbs.filter(pods[2], [NODE])).passing == []
+    # The scheduler's Unreserve after the refused bind (kubernetes v1.36.3 dynamicresources.go) takes
+    # vllm-1 out of its claim's reservedFor and keeps the allocation: that claim runs no engine.
+    leftover = fake.claims["vllm-1-gpu"]
+    leftover["status"]["reservedFor"] = []
+    state.dra.claims.upsert(leftover)
+    # The first goes (the resourceclaim controller deallocates its claim): the third fits beside the leftover.
+    state.dra.pods.delete(pods[0])
+    state.dra.claims.upsert(made_claim(pods[0], "8Gi"))
+    assert (await verbs.filter(pods[2], [NODE])).passing == [NODE]
+
+
+async def test_pods_sharing_one_claim_add_up_on_its_device() -> None:
+    state, verbs, fake = make(gpus("memory"))
+    shared = claim("shared-gpu", "default", memory="30Gi")
+    state.dra.claims.upsert(shared)
+    pods = [claim_pod(f"vllm-{i}", "0.30", claim_name="shared-gpu") for i in range(4)]
+    results = []
+    for i, pod in enumerate(pods):
+        results.append(await schedule_claim_pod(
+            verbs, fake, pod, shared, "30Gi", tuple(f"vllm-{j}" for j in range(i + 1)), filtered=False
+        ))
+        if results[-1] == NODE:
+            state.dra.claims.upsert(fake.claims["shared-gpu"])  # the watch shows it reserved for them
+    assert results[:3] == [NODE] * 3
+    assert results[3].startswith(f"bind error: {NODE}: gpu-0"), results[3]
+
+
+@pytest.mark.parametrize(("mode", "bound"), [("enforce", False), ("warn", True)])
+async def test_a_claim_sized_for_an_h100_on_an_h200_that_joined_later(mode: str, bound: bool) -> None:
+    """72Gi covers vLLM at 0.90 of an H100 (admission checked it there); an H200 joins, the allocator
+    gives it the claim, and vLLM takes 0.90 of 141 GiB. Where the namespace enforces, not placed."""
+    uuid, memory, product = H200
+    state, verbs, fake = make([gpu_device(name="gpu-0", uuid=uuid, memory=memory, product=product)])
+    state.namespaces.replace([{"metadata": {"name": "default", "labels": {ENFORCE_LABEL: mode}}}])
+    pod = claim_pod("vllm-0", "0.90")
+    state.dra.claims.upsert(made_claim(pod, "72Gi"))
+    need = int(Fraction(9, 10) * 143771 * MiB) + 512 * MiB + GiB
+    outcome = await verbs.filter(pod, [NODE])
+    assert bool(outcome.passing) is bound
+    if not bound:
+        assert f"set capacity.requests.memory: {memory_text(need)}" in outcome.unresolvable[NODE]
+    error = await schedule_claim_pod(verbs, fake, pod, made_claim(pod, "72Gi"), "72Gi", filtered=False)
+    assert (error == NODE) is bound, error
+    if not bound:
+        assert (
+            f"on gpu-0 (NVIDIA H200), claim gpu requests 72Gi of memory but vLLM will reserve 0.90 x "
+            f"{memory_text(143771 * MiB)} + 1536Mi = {memory_text(need)}" in error
+        ), error
+
+
+async def test_bind_refuses_a_claim_pod_whose_claim_is_not_allocated_for_it() -> None:
+    _, verbs, fake = make(gpus("memory"))
+    pod = claim_pod("vllm-0", "0.30")
+    fake.pods["vllm-0"] = pod
+    fake.claims["vllm-0-gpu"] = made_claim(pod, "30Gi")  # PreBind has not written it
+    error = await verbs.bind("vllm-0", "default", "uid-vllm-0", NODE)
+    assert error == (
+        "pod default/vllm-0: ResourceClaim default/vllm-0-gpu is not allocated and reserved for the pod; retrying"
+    )
+    assert fake.bindings == []
+
+
+async def test_of_two_pods_prebound_together_the_first_bind_wins() -> None:
+    """The scheduler's PreBind wrote both claims (each reserved for its pod) before either bind: a pod
+    not bound yet counts by its claim, so the first bind is not refused for the second's engine."""
+    state, verbs, fake = make(gpus("memory"))
+    # 0.80: one vLLM beside the other's 8Gi claim fits (0.80 x 81559Mi + 1536Mi + 8Gi), two do not.
+    pods = [claim_pod(f"vllm-{i}", "0.80") for i in range(2)]
+    for pod in pods:
+        fake.pods[pod["metadata"]["name"]] = pod
+        state.dra.pods.upsert(pod)
+        prebind(fake, made_claim(pod, "8Gi"), "8Gi", (pod["metadata"]["name"],))
+        state.dra.claims.upsert(fake.claims[f"{pod['metadata']['name']}-gpu"])
+    assert await verbs.bind("vllm-0", "default", "uid-vllm-0", NODE) == ""
+    assert "has" in await verbs.bind("vllm-1", "default", "uid-vllm-1", NODE)
+    assert [b["metadata"]["name"] for b in fake.bindings] == ["vllm-0"]
+    # The scheduler's Unreserve takes vllm-1 out of its claim's reservedFor and keeps the allocation:
+    # such a claim runs no engine, and the first pod, once bound, is counted by its engine.
+    unreserved = fake.claims["vllm-1-gpu"]
+    unreserved["status"]["reservedFor"] = []
+    state.dra.claims.upsert(unreserved)
+    state.dra.pods.upsert(fake.pods["vllm-0"])
+    state.dra.pods.delete(fake.pods["vllm-0"])  # vllm-0 goes: vllm-1 fits beside its own leftover claim
+    assert (await verbs.filter(pods[1], [NODE])).passing == [NODE]

@@ -45,8 +45,9 @@ WARN_DEFAULT = {
     "workloads-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
     "cronjobs.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
     "cronjobs-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
-    # DRA claims and claim templates on their own only draw warnings: one Ignore entry everywhere.
-    "resourceclaims.vramguard.io": ("Ignore", ("CREATE",), None),
+    # DRA claims and claim templates are checked against the pods already naming them: the same pair.
+    "resourceclaims.vramguard.io": ("Fail", ("CREATE",), ("In", ("enforce",))),
+    "resourceclaims-unenforced.vramguard.io": ("Ignore", ("CREATE",), ("NotIn", ("enforce",))),
 }
 # Every namespaced workload kind of the policy gets the same pair of entries.
 EXTRA_KINDS = [f"{k.resource}.{k.group}" for k in default_policy().workload_kinds if k.namespaced]
@@ -214,8 +215,10 @@ def test_claims_entry() -> None:
         "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
         "resources": ["resourceclaims", "resourceclaimtemplates"], "operations": ["CREATE"], "scope": "Namespaced",
     }]
-    assert webhook["failurePolicy"] == "Ignore"
-    # The scheduler's own claims (the DRA extended-resource path) are not sent.
+    assert webhook["failurePolicy"] == "Fail"
+    # The scheduler's own claims (the DRA extended-resource path) and those the resourceclaim
+    # controller makes from a template (k8s.io/api resource/v1 PodResourceClaimAnnotation) are not sent.
     condition = webhook["matchConditions"][0]["expression"]
     assert "'resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations" in condition
+    assert "'resource.kubernetes.io/pod-claim-name' in object.metadata.annotations" in condition
     assert condition.startswith("object != null && !(")

@@ -36,7 +36,7 @@ from vramguard.demand.derive import DemandOptions
 from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
 from vramguard.ledger_rule import BudgetRule
-from vramguard.quantity import QuantityError, parse_bytes
+from vramguard.quantity import MAX_QUANTITY_TEXT, QuantityError, excerpt, parse_bytes
 from vramguard.workloads import WorkloadKind
 
 DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
@@ -74,6 +74,11 @@ def parse_vram_limit(text: str) -> Vram:
                 raise ValueError(f"{text!r} is neither a quantity (like 40Gi) nor a fraction (like 0.5)") from None
             case "small":
                 raise ValueError(f"{text!r} is under 1Mi; write a unit, for example 40Gi") from None
+            case "huge":
+                raise ValueError(
+                    f"{excerpt(text)} is more than any GPU holds (a quantity of at most {MAX_QUANTITY_TEXT} "
+                    "characters, under 8Ei); write the VRAM per GPU, for example 40Gi"
+                ) from None
 
 
 class _Strict(BaseModel):

@@ -34,9 +34,11 @@ stops at a ``*`` (a list or map of templates): such objects are sent whenever th
 requests, or that name DRA claims (``spec.resourceClaims``). Each expression guards every field
 with ``has()``, so it never errors, and checks ``object != null`` for operations without an object.
 
-**DRA claims.** ResourceClaims and ResourceClaimTemplates are sent on CREATE to one ``Ignore``
-entry (the webhook only warns about them; the pod that uses one is checked when it is created),
-except the claims the scheduler creates on the DRA extended-resource path.
+**DRA claims.** ResourceClaims and ResourceClaimTemplates are sent on CREATE (their spec is
+immutable) to the same pair of entries: one created after the pods that name it is checked against
+them, and refused where the namespace enforces the policy. The claims the scheduler creates on the
+DRA extended-resource path and those the resourceclaim controller makes from a template for a pod
+(``resource.kubernetes.io/pod-claim-name``) are not sent: the pod, and the template, were checked.
 """
 
 from __future__ import annotations
@@ -220,7 +222,10 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
                 "namespaceSelector": {"matchExpressions": [dict(e) for e in expressions]},
                 "matchConditions": [dict(condition)],
             })
-    webhooks.append(_claims_entry(target, excluded))
+    webhooks.append(_claims_entry(webhook_name("resourceclaims"), "Fail", fail_selector, target, excluded))
+    webhooks.append(
+        _claims_entry(webhook_name("resourceclaims-unenforced"), "Ignore", ignore_selector, target, excluded)
+    )
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -234,20 +239,23 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
 
 CLAIMS_CONDITION = (
     "object != null && !(has(object.metadata.annotations) &&\n"
-    "  'resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations)"
+    "  ('resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations ||\n"
+    "   'resource.kubernetes.io/pod-claim-name' in object.metadata.annotations))"
 )
-"""Claims the scheduler creates on the DRA extended-resource path are not sent: their pod was checked."""
+"""Claims the scheduler creates (the DRA extended-resource path) or the resourceclaim controller makes
+from a template are not sent: their pod and template were checked."""
 
 
-def _claims_entry(target: WebhookTarget, excluded: dict[str, Any]) -> dict[str, Any]:
-    """ResourceClaims and ResourceClaimTemplates on their own only draw warnings (the pod using them is
-    checked when it is created), so one ``Ignore`` entry for CREATE serves every namespace."""
+def _claims_entry(
+    name: str, failure: str, selector: dict[str, Any], target: WebhookTarget, excluded: dict[str, Any]
+) -> dict[str, Any]:
+    """ResourceClaims and ResourceClaimTemplates, on CREATE (their spec is immutable)."""
     return {
-        "name": webhook_name("resourceclaims"),
+        "name": name,
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
         "timeoutSeconds": target.timeout_seconds,
-        "failurePolicy": "Ignore",
+        "failurePolicy": failure,
         "matchPolicy": "Equivalent",
         "clientConfig": {"service": {
             "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
@@ -259,8 +267,8 @@ def _claims_entry(target: WebhookTarget, excluded: dict[str, Any]) -> dict[str, 
             "operations": ["CREATE"],
             "scope": "Namespaced",
         }],
-        "namespaceSelector": {"matchExpressions": [dict(excluded)]},
-        "matchConditions": [{"name": "not-made-by-the-scheduler", "expression": CLAIMS_CONDITION}],
+        "namespaceSelector": {"matchExpressions": [dict(excluded), dict(selector)]},
+        "matchConditions": [{"name": "not-made-for-a-pod", "expression": CLAIMS_CONDITION}],
     }
 
 
@@ -278,7 +286,8 @@ HEADER = """\
 # timeout, a body too large). Pod UPDATEs are Ignore everywhere, so an outage never blocks
 # finalizer removal or garbage collection. Run two replicas with the PodDisruptionBudget.
 # matchConditions send only objects that ask for a GPU resource of the policy or use a DRA claim.
-# ResourceClaims and ResourceClaimTemplates only draw warnings (Ignore, CREATE, every namespace).
+# ResourceClaims and ResourceClaimTemplates (CREATE) are checked against the pods already naming them,
+# with the same Fail / Ignore split; those made for a pod (by the scheduler or from a template) are not sent.
 #
 # Install: `vramguard certs --service vramguard-webhook --namespace vramguard-system --out DIR
 # --patch-webhook vramguard` writes the serving certificate and puts its CA into caBundle (or let

@@ -9,6 +9,7 @@ memory covers what its workload's engine reserves.
 - :mod:`vramguard.dra.sizing`: a request's memory against its containers' reservations
 - :mod:`vramguard.dra.state`: the cluster model's DRA part, fed by watch events (or input files)
 - :mod:`vramguard.dra.review`: admission's and audit's questions about a pod's claims
+- :mod:`vramguard.dra.tenancy`: placement of pods with claims: the engines on each device
 - :mod:`vramguard.dra.allocate`: the scheduler's allocator as ``vramguard plan`` models it
 - :mod:`vramguard.dra.views`: DRA devices as ``kubectl vram nodes`` rows and metric aggregates
 """

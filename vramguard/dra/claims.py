@@ -25,6 +25,7 @@ from typing import Any
 from vramguard.dra.classes import ANY_DEVICE, Selector, read_selectors
 from vramguard.dra.devices import DraDevice, DraInventory
 from vramguard.dra.fields import integer, items, mapping, object_name, quantity_bytes, text
+from vramguard.dra.pods import POD_CLAIM_NAME_ANNOTATION
 
 MAX_REQUESTS = 32
 """The API's limit on requests per claim; more are not read (a note says so)."""
@@ -185,6 +186,8 @@ class ClaimAllocation:
     """``(pod name, pod uid)`` of ``status.reservedFor`` entries naming pods."""
     extended_resource: bool = False
     """Created by the scheduler for the DRA extended-resource path."""
+    pod_claim_name: str | None = None
+    """For a claim made from a template, the pod's name for it (``resource.kubernetes.io/pod-claim-name``)."""
     notes: tuple[str, ...] = ()
 
 
@@ -239,6 +242,7 @@ def read_allocation(obj: Any) -> ClaimAllocation | None:
         results=tuple(results),
         reserved_for=reserved,
         extended_resource=annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true",
+        pod_claim_name=text(annotations.get(POD_CLAIM_NAME_ANNOTATION)) or None,
         notes=tuple(notes),
     )
 

@@ -18,6 +18,9 @@ from typing import Any
 from vramguard.dra.fields import items, mapping, text
 
 MAX_POD_CLAIMS = 128
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+"""Set by the resourceclaim controller on a claim it makes from a template: the pod's name for it
+(``spec.resourceClaims[].name``); the claim's controlling owner is the pod."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,11 @@ def pod_claim_sources(pod: Mapping[str, Any]) -> tuple[PodClaimSource, ...]:
             )
         )
     return tuple(sources)
+
+
+def uses_claims(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod names any claim (``spec.resourceClaims``)."""
+    return bool(items(mapping(pod.get("spec")).get("resourceClaims")))
 
 
 def container_claim_uses(pod: Mapping[str, Any]) -> tuple[ClaimUse, ...]:

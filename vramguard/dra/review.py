@@ -5,30 +5,45 @@ For a pod (or a workload's pod template):
 - **claims** (``spec.resourceClaims``): for each request a container uses (``resources.claims``),
   the memory the request consumes on each device its class and selectors could match must cover
   what the containers using it reserve there (:func:`vramguard.dra.sizing.check_request`). The
-  claim comes from its ResourceClaimTemplate or its ResourceClaim, as the watches show them; one
-  not seen yet is a note, not a refusal (a template created in the same ``kubectl apply`` may
-  reach the watch a moment after the pod).
+  claim comes from its ResourceClaimTemplate or its ResourceClaim, as the watches show them (or
+  the API server, read by the webhook when the watch has not shown it). One that does not exist
+  cannot be checked: for a pod whose containers reserve memory that is a refusal
+  (:attr:`ClaimReview.missing`; the pod's controller retries, a person re-applies once the
+  template exists), for a workload a note (its pods are checked when they are made).
+- **a claim shared by pods** (``resourceClaimName``): every pod naming it runs its own engines on
+  the claim's devices, so the request must cover the engines of all of them together: the live
+  pods already naming it, and this pod (``replicas`` times for a workload's template).
 - **the DRA extended-resource path**: a container asking an extended resource that a DeviceClass
   serves (``extendedResourceName``) gets a claim the scheduler writes without any capacity
   request, on nodes whose device plugin does not advertise the resource. On a shareable device it
   consumes the policy default: the whole GPU in ``memory`` mode, 0 in ``unlimited`` and share-count
   modes, where the engine's reservation is never accounted.
 
-For a ResourceClaim or ResourceClaimTemplate on its own (no pod known yet): a request that would
-consume no memory on a device shared without memory accounting is worth a warning.
+For a ResourceClaim or ResourceClaimTemplate created after the pods that use it
+(:func:`review_claim_users`): checked against those pods as each pod is checked against it, the
+engines of every pod naming a ResourceClaim together, each pod still waiting for its claim from
+a ResourceClaimTemplate on its own. Otherwise a request that would consume no memory on a device
+shared without memory accounting is worth a warning (:func:`review_claim_spec`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand import DemandOptions, PodDemand, derive_container_demand, derive_pod_demand
 from vramguard.demand.derive import engine_title
 from vramguard.demand.model import ContainerDemand
-from vramguard.dra.claims import ClaimRequest, ClaimSpec, DeviceRequest, result_memory
+from vramguard.dra.claims import (
+    MAX_RESERVED_FOR,
+    ClaimAllocation,
+    ClaimRequest,
+    ClaimSpec,
+    DeviceRequest,
+    result_memory,
+)
 from vramguard.dra.classes import ANY_DEVICE, DeviceClassInfo, Selector, class_for_extended_resource
 from vramguard.dra.devices import DraDevice
 from vramguard.dra.fields import items, mapping, memory_text, text
@@ -38,6 +53,12 @@ from vramguard.dra.state import DraState
 
 ClaimLookup = Callable[[str, str], ClaimSpec | None]
 """``(namespace, name)`` -> the claim's requests, ``None`` when not known."""
+PodsLookup = Callable[..., Sequence[Mapping[str, Any]]]
+"""``(namespace, claim=..., template=...)`` -> the live pods naming that claim or template."""
+
+
+def _no_pods(namespace: str, *, claim: str | None = None, template: str | None = None) -> Sequence[Mapping[str, Any]]:
+    return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +71,8 @@ class DraContext:
     template: ClaimLookup = lambda namespace, name: None
     plugin_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Per extended resource, the nodes whose device plugin advertises it: DRA does not serve it there."""
+    pods_naming: PodsLookup = _no_pods
+    """The live pods naming a claim or template (shared claims add up their engines)."""
     _devices: dict[tuple[object, ...], tuple[DraDevice, ...]] = field(default_factory=dict, compare=False, repr=False)
     _extended: dict[str, DeviceClassInfo | None] = field(default_factory=dict, compare=False, repr=False)
     """Answers computed once per context (the cluster model builds a new one when DRA objects change)."""
@@ -122,6 +145,8 @@ class ClaimReview:
     """Whether a container uses a claim of the pod."""
     requests: tuple[RequestReport, ...] = ()
     """Every request a container uses, with the claim's memory next to the containers' reservation."""
+    missing: tuple[str, ...] = ()
+    """Claims or templates that do not exist, used by containers that reserve memory (cannot be checked)."""
 
     @property
     def per_pod_bytes(self) -> int:
@@ -133,6 +158,7 @@ class ClaimReview:
         """Whether there is anything to report, or GPU claims to count (for the namespace's quota)."""
         return bool(
             self.shortfalls
+            or self.missing
             or self.extended
             or self.errors
             or self.notes
@@ -140,16 +166,17 @@ class ClaimReview:
         )
 
 
-def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand, context: DraContext) -> ClaimReview:
-    """Check a pod's (or pod template's) claims and extended resources on the DRA path."""
-    metadata = mapping(pod.get("metadata"))
-    annotations = {
-        k: v for k, v in mapping(metadata.get("annotations")).items() if isinstance(k, str) and isinstance(v, str)
-    }
+def review_pod_claims(
+    pod: Mapping[str, Any], namespace: str, demand: PodDemand, context: DraContext, replicas: int = 1
+) -> ClaimReview:
+    """Check a pod's (or pod template's) claims and extended resources on the DRA path; ``replicas``:
+    the pods a workload's template makes (they all share a claim it names)."""
+    annotations = _annotations(pod)
     containers = _containers(pod)
     shortfalls: list[Shortfall] = []
     errors: list[str] = []
     notes: list[str] = []
+    absent: list[str] = []
     reports: list[RequestReport] = []
     uses = container_claim_uses(pod)
     sources = {s.name: s for s in pod_claim_sources(pod)}
@@ -166,12 +193,28 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         claim_uses = [u for u in uses if u.claim == claim_name]
         if spec is None:
             if claim_uses:
-                notes.append(f"claim {claim_name}: {missing} is not known yet, so its memory is not checked")
+                probe = ClaimRequest(claim_name, (DeviceRequest(claim_name, ""),))
+                needs = _needs(claim_uses, probe, containers, annotations, errors, notes)
+                if needs:
+                    absent.append(
+                        f"claim {claim_name}: {missing} does not exist (or cannot be read), so the memory it gives "
+                        f"{' and '.join(dict.fromkeys(n.who for n in needs))} cannot be checked; create it first "
+                        "(a workload's controller retries its pods)"
+                    )
+                else:
+                    notes.append(f"claim {claim_name}: {missing} is not known yet, so its memory is not checked")
             continue
         notes.extend(spec.notes)
+        others = (
+            [p for p in context.pods_naming(namespace, claim=source.claim_name) if _name(p) != _name(pod)]
+            if source.claim_name
+            else []
+        )
         for request in spec.requests:
             users = [u for u in claim_uses if u.request in (None, request.name)]
             needs = _needs(users, request, containers, annotations, errors, notes)
+            if source.claim_name:
+                needs = _shared(needs, replicas, others, source.claim_name, request)
             check = check_request(
                 claim_name, request, needs, context.classes, context.devices, candidates=context.candidates
             )
@@ -205,7 +248,60 @@ def review_pod_claims(pod: Mapping[str, Any], namespace: str, demand: PodDemand,
         tuple(dict.fromkeys(notes)),
         bool(uses and sources),
         tuple(reports),
+        tuple(absent),
     )
+
+
+def _shared(
+    own: list[Need], replicas: int, others: Sequence[Mapping[str, Any]], claim: str, request: ClaimRequest
+) -> list[Need]:
+    """The needs on a claim several pods name: this pod's (times its workload's ``replicas``, up to
+    the 256 pods a claim can be reserved for) and those of the other live pods naming it."""
+    copies = min(max(replicas, 1), MAX_RESERVED_FOR)
+    needs = [replace(n, who=f"{n.who} (in each of {copies} pods)", copies=copies) if copies > 1 else n for n in own]
+    for other in others:
+        needs.extend(
+            replace(n, who=f"{n.who} of pod {_name(other)}") for n in pod_request_needs(other, claim, None, request)
+        )
+    return needs
+
+
+def pod_request_needs(
+    pod: Mapping[str, Any], claim: str, allocation: ClaimAllocation | None, request: ClaimRequest
+) -> list[Need]:
+    """What the containers of ``pod`` using ``request`` of the ResourceClaim object ``claim`` reserve
+    on each of its devices (``allocation``: the claim's, which names the pod's claim when it was made
+    from a template and the pod's status does not say so yet)."""
+    sources = {
+        s.name
+        for s in pod_claim_sources(pod)
+        if s.allocated_claim == claim
+        or (s.template_name and allocation is not None and allocation.pod_claim_name == s.name
+            and _uid(pod) in {uid for _, uid in allocation.reserved_for})
+    }
+    return _source_needs(pod, sources, request)
+
+
+def _source_needs(pod: Mapping[str, Any], sources: set[str], request: ClaimRequest) -> list[Need]:
+    """The needs of the pod's containers that use ``request`` of the pod's claims named ``sources``."""
+    uses = [u for u in container_claim_uses(pod) if u.claim in sources and u.request in (None, request.name)]
+    return _needs(uses, request, _containers(pod), _annotations(pod), [], [])
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return text(mapping(pod.get("metadata")).get("name")) or ""
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return text(mapping(pod.get("metadata")).get("uid")) or ""
+
+
+def _annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in mapping(mapping(pod.get("metadata")).get("annotations")).items()
+        if isinstance(k, str) and isinstance(v, str)
+    }
 
 
 def _containers(pod: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], bool]]:
@@ -321,6 +417,38 @@ def review_claim_spec(spec: ClaimSpec, context: DraContext, kind: str) -> tuple[
     return tuple(warnings)
 
 
+def review_claim_users(spec: ClaimSpec, kind: str, context: DraContext) -> tuple[Shortfall, ...]:
+    """A ResourceClaim or ResourceClaimTemplate checked against the live pods that already name it,
+    as each of them is checked against it at admission: a ResourceClaim against the engines of all
+    its pods together (they share it), a ResourceClaimTemplate against each pod whose claim the
+    resourceclaim controller has not made yet (those made before keep their old requests)."""
+    if kind == "ResourceClaim":
+        groups = [(pod, {s.name for s in pod_claim_sources(pod) if s.claim_name == spec.name})
+                  for pod in context.pods_naming(spec.namespace, claim=spec.name)]
+        users = [groups] if groups else []
+    else:
+        users = [
+            [(pod, names)]
+            for pod in context.pods_naming(spec.namespace, template=spec.name)
+            if (names := {s.name for s in pod_claim_sources(pod)
+                          if s.template_name == spec.name and s.generated_name is None})
+        ]
+    found: dict[str, Shortfall] = {}
+    for group in users:
+        for request in spec.requests:
+            needs = [
+                replace(n, who=f"{n.who} of pod {_name(pod)}")
+                for pod, names in group
+                for n in _source_needs(pod, names, request)
+            ]
+            check = check_request(
+                spec.name, request, needs, context.classes, context.devices, candidates=context.candidates
+            )
+            if check.shortfall is not None:
+                found.setdefault(check.shortfall.message(), check.shortfall)
+    return tuple(found.values())
+
+
 @dataclass(frozen=True, slots=True)
 class AllocatedShortfall:
     """An allocated claim whose pods' containers reserve more on its device than it consumes there."""
@@ -369,7 +497,7 @@ def audit_allocations(state: DraState, pods: Iterable[Mapping[str, Any]]) -> lis
             request = result.request.split("/", 1)[0]
             needs: list[Need] = []
             for pod in users:
-                needs.extend(_allocated_needs(pod, allocation.name, request, allocation.extended_resource))
+                needs.extend(allocated_needs(pod, allocation, request))
             if not needs:
                 continue
             consumed = result_memory(result, device)
@@ -388,21 +516,15 @@ def audit_allocations(state: DraState, pods: Iterable[Mapping[str, Any]]) -> lis
     return found
 
 
-def _allocated_needs(pod: Mapping[str, Any], claim_name: str, request: str, extended: bool) -> list[Need]:
-    """The needs of the pod's containers that use ``request`` of the claim object ``claim_name``."""
-    metadata = mapping(pod.get("metadata"))
-    annotations = {
-        k: v for k, v in mapping(metadata.get("annotations")).items() if isinstance(k, str) and isinstance(v, str)
-    }
-    containers = _containers(pod)
-    if extended:
+def allocated_needs(pod: Mapping[str, Any], allocation: ClaimAllocation, request: str) -> list[Need]:
+    """The needs of the pod's containers that use ``request`` of the allocated claim (what they reserve
+    on each device allocated to that request)."""
+    if allocation.extended_resource:
         status = extended_resource_claim(pod)
-        if status is None or status.claim_name != claim_name:
+        if status is None or status.claim_name != allocation.name:
             return []
         names = {container for container, _, mapped in status.requests if mapped == request}
         demand = derive_pod_demand(pod, DemandOptions(frozenset({r for _, r, _ in status.requests}), ()))
         return [n for c in demand.containers if c.name in names for n in [_need(c, c.init)] if n is not None]
-    sources = [s.name for s in pod_claim_sources(pod) if s.allocated_claim == claim_name]
-    uses = [u for u in container_claim_uses(pod) if u.claim in sources and u.request in (None, request)]
     count_request = ClaimRequest(request, (DeviceRequest(request, "", count=1),))
-    return _needs(uses, count_request, containers, annotations, [], [])
+    return pod_request_needs(pod, allocation.name, allocation, count_request)

@@ -42,23 +42,26 @@ class Need:
     """How messages name it: ``vLLM``, ``container app's declaration``."""
     vram: Vram
     init: bool = False
+    copies: int = 1
+    """Pods running this container at once on the same claim (a workload's replicas sharing one)."""
 
     def on(self, device: DraDevice) -> int:
-        """Bytes it reserves on ``device``."""
-        return self.vram.on_device(device.memory_bytes)
+        """Bytes it reserves on ``device`` (all its copies together)."""
+        return self.copies * self.vram.on_device(device.memory_bytes)
 
     def arithmetic(self, device: DraDevice) -> str:
-        """``0.90 x 80Gi = 72Gi``, ``0.90 x 80Gi + 512Mi = 74240Mi`` (with the engine's allowances) or ``16Gi``."""
+        """``0.90 x 80Gi = 72Gi``, ``0.90 x 80Gi + 512Mi = 74240Mi`` (with the engine's allowances),
+        ``16Gi``, or for copies ``3 x (0.30 x 80Gi = 24Gi) = 72Gi``."""
+        one = self.vram.on_device(device.memory_bytes)
         extra = self.vram.allowance_bytes
         plus = f" + {memory_text(extra)}" if extra else ""
         if self.vram.fraction is not None:
-            return (
-                f"{float(self.vram.fraction):.2f} x {memory_text(device.memory_bytes)}{plus} = "
-                f"{memory_text(self.on(device))}"
-            )
-        if extra:
-            return f"{memory_text(self.vram.share_on(device.memory_bytes))}{plus} = {memory_text(self.on(device))}"
-        return memory_text(self.on(device))
+            single = f"{float(self.vram.fraction):.2f} x {memory_text(device.memory_bytes)}{plus} = {memory_text(one)}"
+        elif extra:
+            single = f"{memory_text(self.vram.share_on(device.memory_bytes))}{plus} = {memory_text(one)}"
+        else:
+            single = memory_text(one)
+        return single if self.copies == 1 else f"{self.copies} x ({single}) = {memory_text(self.on(device))}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,17 @@
-"""The DRA part of the cluster model: ResourceSlices, DeviceClasses, ResourceClaims and
-ResourceClaimTemplates, fed by watch events, kept as parsed records (never whole objects).
+"""The DRA part of the cluster model: ResourceSlices, DeviceClasses, ResourceClaims,
+ResourceClaimTemplates and the pods that use claims, fed by watch events, kept as parsed records
+(never whole objects).
 
 Each kind has a store with ``replace`` (a full list), ``upsert`` and ``delete``, as the informers
 call them. What is derived (the inventory of complete pools, the memory claims consume per device)
 is computed on demand and cached until the next change, so a burst of claim events costs one
 recomputation. Touched from one event loop only, like :class:`vramguard.cluster.ClusterState`.
+
+**Pods with claims** (:func:`claim_pod`): the live pods naming a claim or holding a claim the
+scheduler made for their extended resources, slimmed to what their engines' reservations are
+derived from. Admission sums the engines of every pod sharing a claim; placement adds up the
+engines of the pods on a device. **Holds**: what a claim pod takes on each device from the moment
+the extender binds it until the claims' watch shows it (see :meth:`DraState.hold`).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from vramguard.demand.derive import reads_annotation
 from vramguard.dra.claims import (
     ClaimAllocation,
     ClaimSpec,
@@ -31,7 +39,8 @@ from vramguard.dra.devices import (
     RequestPolicy,
     read_resource_slices,
 )
-from vramguard.dra.fields import mapping, object_name
+from vramguard.dra.fields import items, mapping, object_name, text
+from vramguard.dra.pods import pod_claim_sources
 from vramguard.dra.sizing import distinct_shapes
 from vramguard.quantity import MiB
 
@@ -39,6 +48,7 @@ if TYPE_CHECKING:
     from vramguard.dra.review import DraContext
 
 JSON = dict[str, Any]
+TERMINAL_PHASES = ("Succeeded", "Failed")
 KIND_STORES = {
     "ResourceSlice": "slices",
     "DeviceClass": "classes",
@@ -123,6 +133,12 @@ class DraState:
         self.classes = KeyedStore(read_device_class, self._classes_changed)
         self.claims = KeyedStore(_claim_record, self._claims_changed)
         self.templates = KeyedStore(read_claim_template, self._changed)
+        self.pods = KeyedStore(claim_pod, self._pods_changed)
+        """Live pods using claims (:func:`claim_pod`), by namespace/name."""
+        self.pods_generation = 0
+        self._pods_by_uid: tuple[int, dict[str, JSON]] | None = None
+        self.holds: dict[str, tuple[tuple[str, int], ...]] = {}
+        """Pod UID -> ``(device uuid, bytes)`` its claims take, from its bind until its claims show it."""
 
     def _changed(self) -> None:
         self.generation += 1
@@ -139,6 +155,10 @@ class DraState:
 
     def _claims_changed(self) -> None:
         self._usage = None
+        self._changed()
+
+    def _pods_changed(self) -> None:
+        self.pods_generation += 1
         self._changed()
 
     # -- what the model answers -------------------------------------------------------------------
@@ -177,6 +197,42 @@ class DraState:
         record: ClaimSpec | None = self.templates.records.get(f"{namespace}/{name}")
         return record
 
+    def pod(self, uid: str) -> JSON | None:
+        """A live pod using claims, by UID (``None`` when the watch has not shown it)."""
+        if self._pods_by_uid is None or self._pods_by_uid[0] != self.pods_generation:
+            index = {str(mapping(p.get("metadata")).get("uid") or ""): p for p in self.pods.records.values()}
+            self._pods_by_uid = (self.pods_generation, index)
+        return self._pods_by_uid[1].get(uid)
+
+    def pods_naming(self, namespace: str, *, claim: str | None = None, template: str | None = None) -> list[JSON]:
+        """The namespace's live pods naming ResourceClaim ``claim`` or ResourceClaimTemplate ``template``."""
+        found = []
+        for key, pod in self.pods.records.items():
+            if not key.startswith(f"{namespace}/"):
+                continue
+            for source in pod_claim_sources(pod):
+                if (claim and source.claim_name == claim) or (template and source.template_name == template):
+                    found.append(pod)
+                    break
+        return found
+
+    def hold(self, uid: str, pod: JSON, taken: tuple[tuple[str, int], ...]) -> None:
+        """Keep what pod ``uid``'s claims take on each device (``(device uuid, bytes)``) while it is
+        being bound: the claims' watch may not show its allocation yet when the next pod is checked.
+        Counted only where no claim the watch shows is reserved for it; dropped when the pod goes."""
+        self.pods.upsert(pod)
+        self.holds[uid] = taken
+
+    def release(self, uid: str) -> None:
+        """Drop pod ``uid``'s hold (its Binding failed)."""
+        self.holds.pop(uid, None)
+
+    def live_holds(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """The holds of pods still live (the others are dropped here)."""
+        for uid in [u for u in self.holds if self.pod(u) is None]:
+            del self.holds[uid]
+        return self.holds
+
     def usage(self) -> dict[str, DeviceUsage]:
         """Per device uuid, the memory allocated claims consume there (cached until a change)."""
         if self._usage is None:
@@ -194,7 +250,9 @@ class DraState:
         """What admission checks claims against (see :class:`vramguard.dra.review.DraContext`)."""
         from vramguard.dra.review import DraContext  # noqa: PLC0415 - review builds on this module
 
-        return DraContext(self.device_classes(), self.devices(), self.claim, self.template, plugin_nodes or {})
+        return DraContext(
+            self.device_classes(), self.devices(), self.claim, self.template, plugin_nodes or {}, self.pods_naming
+        )
 
     def feed(self, objects: Iterable[Any], *, stand_in_memory: int | None = None) -> None:
         """Replace every store with the resource.k8s.io objects among ``objects`` (files given to the
@@ -301,6 +359,38 @@ def _claim_record(obj: JSON) -> tuple[ClaimSpec, ClaimAllocation | None, str]:
         "",
     )
     return read_claim(obj), read_allocation(obj), owner
+
+
+def claim_pod(obj: JSON) -> JSON | None:
+    """The fields of a live pod that uses claims (``spec.resourceClaims``, or the scheduler's claim
+    for its extended resources) that its engines' reservations are derived from; ``None`` for any
+    other pod. Also the watch's slimming, so the other pods cost nothing to keep."""
+    metadata = mapping(obj.get("metadata"))
+    spec = mapping(obj.get("spec"))
+    status = mapping(obj.get("status"))
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    if not items(spec.get("resourceClaims")) and not isinstance(status.get("extendedResourceClaimStatus"), Mapping):
+        return None
+    annotations = mapping(metadata.get("annotations"))
+    return {
+        "metadata": {
+            "name": text(metadata.get("name")),
+            "namespace": text(metadata.get("namespace")),
+            "uid": text(metadata.get("uid")),
+            "annotations": {k: v for k, v in annotations.items() if reads_annotation(k)},
+        },
+        "spec": {
+            key: spec[key]
+            for key in ("containers", "initContainers", "resourceClaims", "nodeName", "schedulerName")
+            if key in spec
+        },
+        "status": {
+            key: status[key]
+            for key in ("phase", "resourceClaimStatuses", "extendedResourceClaimStatus")
+            if key in status
+        },
+    }
 
 
 def _stand_in(memory: int) -> DraDevice:

@@ -8,11 +8,13 @@ log once (:attr:`vramguard.io.kube.Informer.may_be_absent`), so the service work
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vramguard.dra.state import DraState
+from vramguard.cluster import LIVE_PODS_SELECTOR
+from vramguard.dra.state import DraState, claim_pod
 from vramguard.dra.views import per_node_product
 from vramguard.io.runtime import Watch
 
@@ -21,16 +23,34 @@ RESOURCE_SLICES = f"{RESOURCE_API}/resourceslices"
 DEVICE_CLASSES = f"{RESOURCE_API}/deviceclasses"
 RESOURCE_CLAIMS = f"{RESOURCE_API}/resourceclaims"
 RESOURCE_CLAIM_TEMPLATES = f"{RESOURCE_API}/resourceclaimtemplates"
+PODS = "/api/v1/pods"
+
+
+def _slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod using claims as the DRA state keeps it; any other pod, its name only (the store drops it)."""
+    slim = claim_pod(pod)
+    if slim is not None:
+        return slim
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
+    return {"metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")}}
 
 
 def dra_watches(state: DraState, *, templates: bool = True) -> list[Watch]:
-    """Watches for ResourceSlices, DeviceClasses, ResourceClaims and (``templates``: admission
-    needs them, the extender does not) ResourceClaimTemplates; marks ``state`` as watched."""
+    """Watches for ResourceSlices, DeviceClasses, ResourceClaims, the live pods using claims, and
+    (``templates``: admission needs them, the extender does not) ResourceClaimTemplates; marks
+    ``state`` as watched.
+
+    The pods' watch is a second one beside the cluster model's, which keeps GPU-resource pods only:
+    every other pod is slimmed to nothing on arrival (:func:`vramguard.dra.state.claim_pod`), so it
+    costs the decoding of pod events, not memory."""
     state.watched = True
     watches = [
         Watch(RESOURCE_SLICES, state.slices, may_be_absent=True),
         Watch(DEVICE_CLASSES, state.classes, may_be_absent=True),
         Watch(RESOURCE_CLAIMS, state.claims, may_be_absent=True),
+        Watch(PODS, state.pods, {"fieldSelector": LIVE_PODS_SELECTOR}, slim=_slim_pod, name="pods-with-claims"),
     ]
     if templates:
         watches.append(Watch(RESOURCE_CLAIM_TEMPLATES, state.templates, may_be_absent=True))

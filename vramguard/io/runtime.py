@@ -50,6 +50,8 @@ class Watch:
     """Keeps only what the store reads (see :class:`vramguard.io.kube.Informer`)."""
     may_be_absent: bool = False
     """The API server may not serve it (404): an empty store, not an unhealthy watch."""
+    name: str | None = None
+    """Tells apart a second watch of the same collection (readiness and task names); default the resource."""
 
 
 class ServiceRuntime:
@@ -68,7 +70,10 @@ class ServiceRuntime:
             )
             for watch in watches
         ]
-        self.readiness = Readiness({f"watch-{informer.resource}": informer.healthy for informer in self.informers})
+        self._names = [watch.name or informer.resource for watch, informer in zip(watches, self.informers, strict=True)]
+        self.readiness = Readiness(
+            {f"watch-{name}": informer.healthy for name, informer in zip(self._names, self.informers, strict=True)}
+        )
         """Fails while any watch is unhealthy (not synced, or no progress for a while)."""
         self.tasks: dict[str, Coroutine[Any, Any, object]] = {}
         """Background tasks to supervise beside the watches (name -> coroutine)."""
@@ -85,7 +90,8 @@ class ServiceRuntime:
     async def serve(self, server: Coroutine[Any, Any, None], *, may_finish: Collection[str] = ()) -> None:
         """Run ``server`` with the watches and :attr:`tasks`; a task that dies ends it (see ``supervise``)."""
         background: dict[str, Coroutine[Any, Any, object]] = {
-            f"watch {informer.path}": informer.run() for informer in self.informers
+            f"watch {informer.path}" + ("" if name == informer.resource else f" ({name})"): informer.run()
+            for name, informer in zip(self._names, self.informers, strict=True)
         }
         background.update(self.tasks)
         await supervise(server, background, may_finish=may_finish)
