@@ -45,24 +45,39 @@ class Unreadable(Exception):
 
 @dataclass(slots=True)
 class Budget:
-    """The work one container's command line may cost; :class:`Unreadable` once it is spent."""
+    """The work command lines may cost (one container's, or all of a pod's); :class:`Unreadable`
+    once it is spent."""
 
     commands: int = MAX_COMMANDS
     parts: int = MAX_WORD_PARTS
     chars: int = MAX_EXPANSION_CHARS
+    whose: str = "its"
+    """Whose scripts the messages name: a container's own (``its``) or its pod's."""
 
     def command(self) -> None:
         """Count one simple command parsed or walked."""
         self.commands -= 1
         if self.commands < 0:
-            raise Unreadable(f"its shell scripts run more than {MAX_COMMANDS} commands, more than vramguard reads")
+            raise Unreadable(
+                f"{self.whose} shell scripts run more than {MAX_COMMANDS} commands, more than vramguard reads"
+            )
 
     def word(self, parts: int) -> None:
         """Count the pieces of one word parsed or expanded."""
         self.parts -= parts
         if self.parts < 0:
             raise Unreadable(
-                f"its shell scripts hold more than {MAX_WORD_PARTS} words and quotes, more than vramguard reads"
+                f"{self.whose} shell scripts hold more than {MAX_WORD_PARTS} words and quotes, "
+                "more than vramguard reads"
+            )
+
+    def references(self, count: int) -> None:
+        """Count ``count`` Kubernetes ``$(VAR)`` references about to be expanded (against the words)."""
+        self.parts -= count
+        if self.parts < 0:
+            raise Unreadable(
+                f"{self.whose} command lines hold more than {MAX_WORD_PARTS} $(VAR) references and shell words, "
+                "more than vramguard reads"
             )
 
     def expand(self, produced: int) -> None:
@@ -70,7 +85,8 @@ class Budget:
         self.chars -= produced
         if self.chars < 0:
             raise Unreadable(
-                f"its variables expand to more than {MAX_EXPANSION_CHARS >> 20} MiB of text, more than vramguard reads"
+                f"{self.whose} variables expand to more than {MAX_EXPANSION_CHARS >> 20} MiB of text, "
+                "more than vramguard reads"
             )
 
 
@@ -218,6 +234,7 @@ def _expanded(value: Any, env: ContainerEnv, budget: Budget) -> list[str]:
         if "$" not in word:  # most arguments hold no reference: only those with a ``$`` are expanded
             out.append(word)
             continue
+        budget.references(word.count("$("))
         expanded = expand_kubernetes(word, env, max(budget.chars, 0))
         if expanded is None:
             raise Unreadable(

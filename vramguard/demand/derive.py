@@ -77,6 +77,8 @@ def derive_pod_demand(
     if not isinstance(spec, dict):
         return PodDemand()
     containers: list[ContainerDemand] = []
+    # One budget for the whole pod: a pod of many containers costs no more than one of one container.
+    budget = Budget(whose="its pod's")
     for field_name, is_init_list in (("initContainers", True), ("containers", False)):
         entries = spec.get(field_name)
         if not isinstance(entries, list):
@@ -88,7 +90,7 @@ def derive_pod_demand(
             # beside every init container after it.
             sidecar = is_init_list and container.get("restartPolicy") == "Always"
             init = is_init_list and not sidecar
-            demand = derive_container_demand(container, annotations, init, options, group_size)
+            demand = derive_container_demand(container, annotations, init, options, group_size, budget)
             if demand is not None:
                 containers.append(replace(demand, sidecar=True) if sidecar else demand)
     errors = [e for c in containers for e in c.errors]
@@ -102,8 +104,10 @@ def derive_container_demand(
     init: bool = False,
     options: DemandOptions = DEFAULT_OPTIONS,
     group_size: int | None = None,
+    budget: Budget | None = None,
 ) -> ContainerDemand | None:
-    """The demand of one container, or ``None`` when it asks for no GPU resource."""
+    """The demand of one container, or ``None`` when it asks for no GPU resource. Its command line
+    is read within ``budget`` (shared by the pod's containers), or a budget of its own."""
     raw_name = container.get("name")
     name = raw_name if isinstance(raw_name, str) else "<unnamed>"
     found = Findings.for_container(name)
@@ -111,7 +115,7 @@ def derive_container_demand(
     if requested is None:
         return None
     resource, gpus = requested
-    budget = Budget()
+    budget = budget if budget is not None else Budget()
     env = container_env(container, budget)
     raw_image = container.get("image")
     image = raw_image if isinstance(raw_image, str) else ""
