@@ -182,6 +182,21 @@ def priority_classes(cluster: Any, unique: str) -> Iterator[tuple[str, str]]:
         cluster.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
+def bind_urgent_evicting(core_v1: Any, namespace: str) -> tuple[str | None, set[str]]:
+    """Wait for pod ``urgent`` to bind, finishing the deletions preemption starts as a kubelet would
+    (none runs here); the node it bound to and the pods evicted on the way."""
+    evicted: set[str] = set()
+
+    def urgent_bound() -> str | None:
+        for pod in core_v1.list_namespaced_pod(namespace).items:
+            if pod.metadata.deletion_timestamp is not None and pod.metadata.name not in evicted:
+                evicted.add(pod.metadata.name)
+                core_v1.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        return bound_to(core_v1, namespace, "urgent")
+
+    return wait_for("urgent bound", urgent_bound, timeout=120), evicted
+
+
 def test_preemption_evicts_the_pods_that_free_the_vram(
     cluster: Any, core_v1: Any, namespace: str, unique: str, priority_classes: tuple[str, str]
 ) -> None:
@@ -197,17 +212,8 @@ def test_preemption_evicts_the_pods_that_free_the_vram(
         assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
     core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.5"),
                                                      priority_class=high))
-    evicted: set[str] = set()
-
-    def urgent_bound() -> str | None:
-        # No kubelet runs here: finish the deletions the scheduler started, as a kubelet would.
-        for pod in core_v1.list_namespaced_pod(namespace).items:
-            if pod.metadata.deletion_timestamp is not None and pod.metadata.name not in evicted:
-                evicted.add(pod.metadata.name)
-                core_v1.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-        return bound_to(core_v1, namespace, "urgent")
-
-    assert wait_for("urgent bound", urgent_bound, timeout=120) == node
+    bound, evicted = bind_urgent_evicting(core_v1, namespace)
+    assert bound == node
     assert evicted == {"big-1", "big-2"}
     survivors = {p.metadata.name: p for p in core_v1.list_namespaced_pod(namespace).items}
     assert set(survivors) == {"small-1", "small-2", "urgent"}
@@ -237,15 +243,6 @@ def test_preemption_spares_the_pod_a_disruption_budget_protects(
         assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
     core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.4"),
                                                      priority_class=high))
-    evicted: set[str] = set()
-
-    def urgent_bound() -> str | None:
-        # No kubelet runs here: finish the deletions the scheduler started, as a kubelet would.
-        for pod in core_v1.list_namespaced_pod(namespace).items:
-            if pod.metadata.deletion_timestamp is not None and pod.metadata.name not in evicted:
-                evicted.add(pod.metadata.name)
-                core_v1.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-        return bound_to(core_v1, namespace, "urgent")
-
-    assert wait_for("urgent bound", urgent_bound, timeout=120) == node
+    bound, evicted = bind_urgent_evicting(core_v1, namespace)
+    assert bound == node
     assert evicted == {"plain"}
