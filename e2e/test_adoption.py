@@ -246,3 +246,31 @@ def test_preemption_spares_the_pod_a_disruption_budget_protects(
     bound, evicted = bind_urgent_evicting(core_v1, namespace)
     assert bound == node
     assert evicted == {"plain"}
+
+
+def test_preemption_for_vram_on_a_time_sliced_gpu_with_replicas_left(
+    cluster: Any, core_v1: Any, namespace: str, unique: str, priority_classes: tuple[str, str]
+) -> None:
+    """Eight replicas, three held by low-priority pods whose VRAM leaves less than half the GPU: a
+    0.5 pod of high priority. kube-scheduler's dry run needs no victim for a replica ("expected at
+    least one victim pod") and never asks /preempt; the extender's evictor evicts the two largest
+    through the Eviction API, each with a Preempted Event, and the pod binds."""
+    require_extender(cluster)
+    low, high = priority_classes
+    node = add_node(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=8))
+    sizes = {"low-1": "0.3", "low-2": "0.3", "low-big": "0.35"}
+    for name, size in sizes.items():
+        core_v1.create_namespaced_pod(namespace, gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size),
+                                                         priority_class=low))
+    for name in sizes:
+        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
+    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.5"),
+                                                     priority_class=high))
+    bound, evicted = bind_urgent_evicting(core_v1, namespace)
+    assert bound == node
+    assert "low-big" in evicted and len(evicted) == 2, evicted
+    for name in evicted:
+        events = core_v1.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        assert any(e.reason == "Preempted" and e.source.component == "vramguard-extender" for e in events), name
+    survivors = {p.metadata.name for p in core_v1.list_namespaced_pod(namespace).items}
+    assert survivors == {*sizes, "urgent"} - evicted

@@ -45,6 +45,7 @@ NOBODY: list[Check] = [
 ]
 EXTENDER: list[Check] = [
     ("create", "pods", "binding", "default", "", True),
+    ("create", "pods", "eviction", "default", "", True),
     ("get", "pods", "", "default", "", True),
     ("watch", "pods", "", "", "", True),
     ("list", "nodes", "", "", "", True),
@@ -57,7 +58,7 @@ EXPECTED: dict[str, list[Check]] = {
         *EXTENDER,
         ("patch", "nodes", "", "", "", False),
         ("delete", "pods", "", "default", "", False),
-        # The extender only reads pods and creates Bindings.
+        # The extender only reads pods and creates Bindings and Evictions.
         ("patch", "pods", "", "default", "", False),
     ],
     "vramguard-scheduler": [

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from extender.evictor import Evictor
 from extender.findings import FindingsReporter
 from extender.metrics import ExtenderMetrics, LedgerExposition
 from extender.preemption import LowestPriorities, mark_unhelpable, preempt_handler
@@ -41,6 +42,7 @@ def build_app(
     operational_routes: bool = True,
     leader: Callable[[], bool] | None = None,
     per_gpu_metrics: bool = False,
+    evictor: Evictor | None = None,
 ) -> web.Application:
     """The aiohttp application of the extender; ``synced`` gates every verb.
 
@@ -49,6 +51,7 @@ def build_app(
     scheduler has its own leader election, or a single replica).
     ``operational_routes`` False leaves probes and metrics to a listener of their own.
     ``per_gpu_metrics`` adds the ledger's series per GPU to those per node and product.
+    ``evictor`` hears of the pods filter refuses for VRAM and of those kube-scheduler preempts for.
     """
     metrics = ExtenderMetrics(registry, verbs.state, verbs.oldest_in_flight_seconds, per_gpu=per_gpu_metrics)
     verbs.findings = FindingsReporter(verbs.client, registry)
@@ -101,6 +104,8 @@ def build_app(
         if refused("filter"):
             return json_response(filter_result([], {}, {}, NOT_LEADER))
         outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()), lowest)
+        if evictor is not None:
+            evictor.refused(args.Pod, outcome.passing, outcome.failed)
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
@@ -132,7 +137,7 @@ def build_app(
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/prioritize", prioritize_handler)
     app.router.add_post("/bind", bind_handler)
-    preempt = preempt_handler(verbs.state, synced)
+    preempt = preempt_handler(verbs.state, synced, evictor.preempting if evictor is not None else None)
 
     async def preempt_if_leader(request: web.Request) -> web.Response:
         # Victims chosen by a standby would ignore the leader's reservations in flight.

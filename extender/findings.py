@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter
 
+from extender.events import post_pod_event
 from vramguard.cluster import PodKey
 from vramguard.codecs import CLASS_FINDINGS_ANNOTATION, encode_class_findings
-from vramguard.io.kube import ApiError, KubeClient, object_path
+from vramguard.io.kube import KubeClient
 from vramguard.placement import ClassFinding
 
 logger = logging.getLogger(__name__)
@@ -49,24 +49,6 @@ class FindingsReporter:
             self.counter.labels(str(finding.rule), mode).inc()
         if mode != "warn" or not findings or self.client is None:
             return
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         message = "; ".join(f.message for f in findings)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
-            },
-            "reason": EVENT_REASON,
-            "message": f"bound to {node}: {message}; namespace mode warn, enforce would refuse the node",
-            "type": "Warning",
-            "source": {"component": "vramguard-extender"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self.client.create(object_path("/api/v1/events", pod.namespace, "").rstrip("/"), event)
-        except ApiError as exc:
-            logger.warning("event for %s/%s: %s", pod.namespace, pod.name, exc.message or exc)
+        text = f"bound to {node}: {message}; namespace mode warn, enforce would refuse the node"
+        await post_pod_event(self.client, pod, EVENT_REASON, text, "Warning")

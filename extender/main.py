@@ -1,5 +1,5 @@
 """Run the extender: informers for Nodes, Namespaces, bound Pods, the agents' Leases and
-PodDisruptionBudgets, the policy watcher, HTTPS.
+PodDisruptionBudgets, the policy watcher, the evictor (preemption for VRAM), HTTPS.
 
 The verbs are served on ``host:port`` (mutual TLS in a cluster: only kube-scheduler, holding a
 client certificate from the client CA, gets an HTTP answer); probes and metrics on the plain-HTTP
@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 from extender.app import build_app
+from extender.evictor import Evictor
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
@@ -114,9 +115,12 @@ async def run(settings: ExtenderSettings) -> None:
                       registry=runtime.registry)
         if election is not None else None
     )
+    # Preemption for VRAM where kube-scheduler's own never starts; the serving replica only.
+    evictor = Evictor(state, client, runtime.registry,
+                      serving=elector.serving if elector is not None else lambda: True)
     app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False,
                     leader=elector.serving if elector is not None else None,
-                    per_gpu_metrics=settings.per_gpu_metrics)
+                    per_gpu_metrics=settings.per_gpu_metrics, evictor=evictor)
 
     async def wait_synced() -> None:
         await runtime.wait_synced()
@@ -158,6 +162,7 @@ async def run(settings: ExtenderSettings) -> None:
     runtime.tasks["wait-synced"] = wait_synced()
     runtime.tasks["lease-expiry"] = expire_leases()
     runtime.tasks["confirm-in-flight"] = confirm_in_flight()
+    runtime.tasks["vram-preemption"] = evictor.run()
     if elector is not None:
         runtime.tasks["leader-election"] = elector.run()
     if policy_file is not None:

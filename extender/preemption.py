@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -26,8 +26,9 @@ from extender.wire import ExtenderPreemptionArgs, preemption_result
 from vramguard.cluster import ClusterState, pod_priority
 from vramguard.io.http import read_model
 from vramguard.io.jsoncodec import json_response
-from vramguard.placement import Rule, filter_node
-from vramguard.preemption import Holder, choose_victims
+from vramguard.placement import PodClaims, Rule, filter_node
+from vramguard.policy import ClassChoice
+from vramguard.preemption import Holder, Victims, choose_victims
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,26 @@ def mark_unhelpable(
     return FilterOutcome(outcome.passing, failed, unresolvable)
 
 
+def victims_on(
+    state: ClusterState, node: str, claims: PodClaims, choice: ClassChoice, priority: int,
+    leaving: Collection[str] = (),
+) -> tuple[list[Holder], Victims] | None:
+    """The GPU holders of ``node`` and the lower-priority ones to evict so the pod fits its VRAM
+    budgets there (no victims: it fits already); ``None`` where the node refuses the pod for another
+    reason than VRAM, or where evicting every lower-priority holder is not enough. ``leaving``: UIDs
+    of pods already on their way out (evicted, still terminating), counted as gone."""
+    inventory = state.ledger.inventory(node)
+    if inventory is None or not claims.claims:
+        return None
+    verdict = filter_node(state.ledger, node, claims, choice)
+    if not verdict.ok and verdict.rule is not Rule.VRAM_BUDGET:
+        return None  # refused for a reason no eviction changes
+    holders = [h for h in _holders(state, node, priority) if h.pod.uid not in leaving]
+    budgets = state.disruption_budgets.in_namespaces(h.pod.namespace for h in holders)
+    chosen = choose_victims(inventory, state.policy.budget_rule(), holders, claims, budgets)
+    return None if chosen is None else (holders, chosen)
+
+
 def preempt(
     state: ClusterState, pod: Mapping[str, Any], proposed: Mapping[str, tuple[list[str], int]]
 ) -> dict[str, tuple[list[str], int]]:
@@ -145,21 +166,12 @@ def preempt(
     choice = state.choose_class(pod)
     claims = state.claims_for(pod, choice)
     priority = pod_priority(pod)
-    ledger = state.ledger
-    rule = state.policy.budget_rule()
     accepted: dict[str, tuple[list[str], int]] = {}
     for node, (uids, proposed_violations) in proposed.items():
-        inventory = ledger.inventory(node)
-        if inventory is None or not claims.claims:
+        found = victims_on(state, node, claims, choice, priority)
+        if found is None:
             continue
-        verdict = filter_node(ledger, node, claims, choice)
-        if not verdict.ok and verdict.rule is not Rule.VRAM_BUDGET:
-            continue  # refused for a reason no eviction changes
-        holders = _holders(state, node, priority)
-        budgets = state.disruption_budgets.in_namespaces(h.pod.namespace for h in holders)
-        chosen = choose_victims(inventory, rule, holders, claims, budgets)
-        if chosen is None:
-            continue
+        holders, chosen = found
         violations = proposed_violations
         if not chosen.pods:
             victims = list(uids)  # VRAM is not what is short: the scheduler's choice stands
@@ -173,8 +185,12 @@ def preempt(
     return accepted
 
 
-def preempt_handler(state: ClusterState, synced: Any) -> Any:
-    """The aiohttp handler of ``POST /preempt``; 503 until the cluster state is synced."""
+def preempt_handler(
+    state: ClusterState, synced: Any, preempting: Callable[[Mapping[str, Any]], None] | None = None
+) -> Any:
+    """The aiohttp handler of ``POST /preempt``; 503 until the cluster state is synced.
+    ``preempting``: told of each pod for which kube-scheduler now preempts on a node vramguard
+    accepted (the evictor then leaves that pod to the scheduler)."""
 
     async def handler(request: web.Request) -> web.Response:
         args = await read_model(request, ExtenderPreemptionArgs)
@@ -185,6 +201,8 @@ def preempt_handler(state: ClusterState, synced: Any) -> Any:
             # The result has no error field: a non-200 answer fails this preemption attempt.
             return json_response({"Error": "vramguard: cluster state not synced yet"}, status=503)
         accepted = preempt(state, args.Pod, proposed)
+        if accepted and preempting is not None:
+            preempting(args.Pod)
         logger.info("preempt: %d of %d candidate nodes accepted", len(accepted), len(proposed))
         return json_response(preemption_result(accepted))
 

@@ -213,12 +213,21 @@ def test_request_narrowed_by_the_container() -> None:
 
 def test_declaration_and_parallel_errors() -> None:
     declared = vllm_claim_pod(utilization=None)
-    declared["spec"]["containers"][0]["args"] = ["--model", "m"]
+    declared["spec"]["containers"][0]["args"] = ["--model", "m", "--gpu-memory-utilization", "0.2"]
     declared["metadata"]["annotations"] = {"vramguard.io/vram.vllm": "20Gi"}
     decision = review(state("memory", template("16Gi")), declared)
     assert decision.violations == (
         "claim gpu requests 16Gi of memory but the vramguard.io/vram declaration of container vllm will reserve "
         "20Gi; set capacity.requests.memory: 20Gi",
+    )
+    # Without the flag vLLM claims its default 0.9 of the device (vllm/config/cache.py,
+    # gpu_memory_utilization: float = 0.9, v0.21.0): a declaration of 20Gi does not make it smaller.
+    declared["spec"]["containers"][0]["args"] = ["--model", "m"]
+    decision = review(state("memory", template("16Gi")), declared)
+    assert decision.violations == (
+        "claim gpu requests 16Gi of memory but the vramguard.io/vram declaration of container vllm will reserve "
+        "0.90 x 80Gi + 1536Mi = 75264Mi (the engine's own claim, above the declaration); "
+        "set capacity.requests.memory: 75264Mi",
     )
     parallel = vllm_claim_pod()
     parallel["spec"]["containers"][0]["args"] += ["--tensor-parallel-size", "2"]

@@ -98,6 +98,39 @@ VLLM_090 = Need("vllm", "vLLM", Vram(fraction=Fraction(9, 10)))
             None,
             id="init-runs-before",
         ),
+        pytest.param(
+            "memory",
+            "24Gi",
+            [
+                Need("proxy", "container proxy's declaration", Vram(bytes=8 * GiB), sidecar=True, position=0),
+                Need("init", "vLLM", Vram(fraction=Fraction(3, 10)), init=True, position=1),
+                Need("b", "vLLM", Vram(fraction=Fraction(1, 10)), position=2),
+            ],
+            # kube-scheduler's phases: the init runs beside the sidecar started before it (8 + 24Gi),
+            # more than the app beside the sidecar (8 + 8Gi).
+            "claim gpu requests 24Gi of memory but container proxy's declaration will reserve 8Gi and vLLM will "
+            "reserve 0.30 x 80Gi = 24Gi; set capacity.requests.memory: 32Gi",
+            id="a-sidecar-runs-beside-a-later-init",
+        ),
+        pytest.param(
+            "memory",
+            "24Gi",
+            [
+                Need("init", "vLLM", Vram(fraction=Fraction(3, 10)), init=True, position=0),
+                Need("proxy", "container proxy's declaration", Vram(bytes=8 * GiB), sidecar=True, position=1),
+                Need("b", "vLLM", Vram(fraction=Fraction(1, 10)), position=2),
+            ],
+            None,
+            id="a-sidecar-started-after-the-init",
+        ),
+        pytest.param(
+            "memory",
+            "20Gi",
+            [Need("app", "container app's declaration", Vram(bytes=20 * GiB), floor=Vram(fraction=Fraction(3, 10)))],
+            "claim gpu requests 20Gi of memory but container app's declaration will reserve 0.30 x 80Gi = 24Gi "
+            "(the engine's own claim, above the declaration); set capacity.requests.memory: 24Gi",
+            id="a-declaration-below-the-engines-claim",
+        ),
     ],
 )
 def test_check_request(mode: str | int, memory: str | None, needs: list[Need], message: str | None) -> None:

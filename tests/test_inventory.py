@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport, ReportedGpu
-from vramguard.inventory import Gpu, human_product, mig_profile_bytes, read_inventory
+from vramguard.inventory import MAX_NODE_DEVICES, Gpu, human_product, mig_profile_bytes, read_inventory
 from vramguard.quantity import MiB
 
 H100 = {
@@ -155,6 +155,19 @@ def test_junk_labels_are_noted_not_raised() -> None:
     inventory = read_inventory(node({**H100, "nvidia.com/gpu.count": "two", "nvidia.com/gpu.memory": "-1"}))
     assert inventory.devices == ()
     assert any("gpu.count='two'" in note for note in inventory.notes)
+
+
+@pytest.mark.parametrize("obj", [
+    node({"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.10gb.count": "1"}, {"nvidia.com/mig-1g.10gb": "1e30"}),
+    node({"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.10gb.count": str(10**18)}),
+    node({**H100, "nvidia.com/gpu.count": str(10**18)}),
+], ids=["allocatable-1e30", "mig-count-label", "gpu-count-label"])
+def test_a_node_claiming_absurd_device_counts_is_cut_with_a_note(obj: dict[str, Any]) -> None:
+    # Whoever writes the node's labels or status (its kubelet) could otherwise make every reader
+    # build 10^30 devices.
+    inventory = read_inventory(obj)
+    assert len(inventory.devices) == MAX_NODE_DEVICES
+    assert any("more than any node has" in note for note in inventory.notes)
 
 
 def test_missing_memory_label_leaves_size_unknown() -> None:

@@ -58,6 +58,10 @@ DEFAULT_GPU_RESOURCES: tuple[str, ...] = (_FULL_GPU_LABELS, _FULL_GPU_LABELS + S
 DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
 _MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:[-+.].*)?$")
 _GB = 10**9
+MAX_NODE_DEVICES = 1024
+"""The most devices of one resource a node's labels or allocatable may describe (a node has 8 or 16
+GPUs, 7 MIG instances each at most): a node that says more is cut to this, with a note, so a lying
+label or allocatable (``1e30``) costs no more than a large real node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +289,7 @@ def _full_gpus(
         resource = offered[0]
         # An unhealthy GPU leaves allocatable (all its replicas) before it leaves the labels.
         count = min(count, -(-advertised[resource] // replicas))
+    count = _bounded(count, resource, notes)
     memory = _device_memory(memory_mib, mig_profile, f"{_FULL_GPU_LABELS}.memory", notes)
     product = human_product(product_label) if product_label else "unknown GPU"
     return [
@@ -331,6 +336,7 @@ def _mig_instances(
             count = -(-advertised.get(resource, 0) // replicas)
         else:
             count = _int_label(labels, f"{keys}.count", notes) or 0
+        count = _bounded(count, resource, notes)
         memory = _device_memory(_int_label(labels, f"{keys}.memory", notes), profile, f"{keys}.memory", notes)
         product_label = labels.get(f"{keys}.product")
         product = human_product(product_label) if product_label else parent_product
@@ -390,6 +396,13 @@ def _advertised(node: Mapping[str, Any], notes: list[str]) -> dict[str, int] | N
         if result:
             return result
     return result
+
+
+def _bounded(count: int, resource: str, notes: list[str]) -> int:
+    if count <= MAX_NODE_DEVICES:
+        return count
+    notes.append(f"{resource}: {count} devices is more than any node has; {MAX_NODE_DEVICES} counted")
+    return MAX_NODE_DEVICES
 
 
 def _int_label(labels: Mapping[str, str], key: str, notes: list[str]) -> int | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.engines.base import Findings, parse_fraction
-from vramguard.quantity import QuantityError, parse_bytes
+from vramguard.quantity import QuantityError, excerpt, parse_bytes
 
 MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
@@ -54,7 +54,7 @@ def _memory_limit(env: ContainerEnv, gpus: int, found: Findings) -> int | None:
         match = _ENTRY.match(part)
         if match is None:
             found.error(
-                f"{MEM_LIMIT}={entry.value}: {part.strip()!r} is not <device>=<amount>M|G "
+                f"{MEM_LIMIT}={excerpt(entry.value, quote=False)}: {excerpt(part.strip())} is not <device>=<amount>M|G "
                 "(for example 0=16G or 0=12288M)"
             )
             return None
@@ -64,13 +64,13 @@ def _memory_limit(env: ContainerEnv, gpus: int, found: Findings) -> int | None:
             found.error(f"{MEM_LIMIT}: {exc}")
             return None
         if amount == 0:
-            found.error(f"{MEM_LIMIT}={entry.value}: a limit of 0 leaves no memory")
+            found.error(f"{MEM_LIMIT}={excerpt(entry.value, quote=False)}: a limit of 0 leaves no memory")
             return None
         limits[match["device"]] = amount
     if not limits:
         found.error(f"{MEM_LIMIT} is empty")
         return None
-    found.evidence.append(f"env {MEM_LIMIT}={entry.value}")
+    found.evidence.append(f"env {MEM_LIMIT}={excerpt(entry.value, quote=False)}")
     indexed = [device for device in limits if device.isdigit()]
     missing = [str(i) for i in range(gpus) if str(i) not in limits]
     if indexed and len(limits) == len(indexed) and missing:
@@ -87,7 +87,7 @@ def _thread_percentage(env: ContainerEnv, found: Findings) -> int | None:
         return None
     value = parse_fraction(entry.value)
     if value is None or not 0 < value <= 100:
-        found.error(f"{THREAD_PERCENTAGE}={entry.value} is not a percentage in (0, 100]")
+        found.error(f"{THREAD_PERCENTAGE}={excerpt(entry.value, quote=False)} is not a percentage in (0, 100]")
         return None
-    found.evidence.append(f"env {THREAD_PERCENTAGE}={entry.value}")
+    found.evidence.append(f"env {THREAD_PERCENTAGE}={excerpt(entry.value, quote=False)}")
     return max(1, int(value))

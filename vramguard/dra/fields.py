@@ -10,16 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard.quantity import MiB, QuantityError, parse_bytes
+from vramguard.quantity import MAX_BYTES, MAX_QUANTITY_TEXT, MiB, QuantityError, parse_bytes
 
 MAX_TEXT = 253
 """The longest name or attribute text kept (a DNS subdomain's limit); longer values are cut."""
-
-
-MAX_QUANTITY_TEXT = 64
-"""A quantity written longer than this is not read (the API server's own limit is near it)."""
-MAX_BYTES = (1 << 63) - 1
-"""The largest quantity the API server stores (int64); larger values are junk."""
 
 
 def mapping(value: Any) -> Mapping[str, Any]:

@@ -304,23 +304,33 @@ def _annotations(pod: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def _containers(pod: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any], bool]]:
+@dataclass(frozen=True, slots=True)
+class _Container:
+    spec: Mapping[str, Any]
+    init: bool
+    """A regular init container."""
+    sidecar: bool
+    position: int
+
+
+def _containers(pod: Mapping[str, Any]) -> dict[str, _Container]:
     spec = mapping(pod.get("spec"))
-    found: dict[str, tuple[Mapping[str, Any], bool]] = {}
+    found: dict[str, _Container] = {}
     for field_name in ("initContainers", "containers"):
         for raw in items(spec.get(field_name)):
             container = mapping(raw)
             name = text(container.get("name"))
-            if name:
-                init = field_name == "initContainers" and container.get("restartPolicy") != "Always"
-                found.setdefault(name, (container, init))
+            if name and name not in found:
+                restarts = field_name == "initContainers" and container.get("restartPolicy") == "Always"
+                found[name] = _Container(container, field_name == "initContainers" and not restarts, restarts,
+                                         len(found))
     return found
 
 
 def _needs(
     users: Sequence[ClaimUse],
     request: ClaimRequest,
-    containers: Mapping[str, tuple[Mapping[str, Any], bool]],
+    containers: Mapping[str, _Container],
     annotations: Mapping[str, str],
     errors: list[str],
     notes: list[str],
@@ -334,24 +344,24 @@ def _needs(
         entry = containers.get(use.container)
         if entry is None:
             continue
-        container, init = entry
         # The engine's reading of the container, as if it asked for the request's devices as a resource:
         # the same engines, declarations, MPS limits and parallel-size checks as for device-plugin GPUs.
-        probe = {**container, "resources": {"limits": {resource: count}}}
-        demand = derive_container_demand(probe, annotations, init, options)
+        probe = {**entry.spec, "resources": {"limits": {resource: count}}}
+        demand = derive_container_demand(probe, annotations, entry.init, options)
         if demand is None:
             continue
         errors.extend(demand.errors)
         notes.extend(demand.warnings)
-        need = _need(demand, init)
+        need = _need(demand, entry.init, entry.sidecar, entry.position)
         if need is not None:
             needs.append(need)
     return needs
 
 
-def _need(demand: ContainerDemand, init: bool) -> Need | None:
-    vram = demand.reservation
-    if vram is None:
+def _need(demand: ContainerDemand, init: bool, sidecar: bool, position: int) -> Need | None:
+    """What the container reserves per device; a declaration never below the engine's own claim."""
+    reservations = demand.reservations
+    if not reservations:
         return None
     if demand.declared is not None:
         who = f"the {VRAM_ANNOTATION} declaration of container {demand.name}"
@@ -359,7 +369,8 @@ def _need(demand: ContainerDemand, init: bool) -> Need | None:
         who = f"the MPS limit of container {demand.name}"
     else:
         who = engine_title(demand.engine or "") or f"container {demand.name}"
-    return Need(demand.name, who, vram, init)
+    floor = reservations[1] if len(reservations) > 1 else None
+    return Need(demand.name, who, reservations[0], init, floor=floor, sidecar=sidecar, position=position)
 
 
 def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[Shortfall]:
@@ -370,7 +381,7 @@ def _extended(demand: PodDemand, context: DraContext, notes: list[str]) -> list[
         if device_class is None or not device_class.selects_gpus():
             continue
         devices = context.dra_served(device_class, container.resource)
-        need = _need(container, container.init)
+        need = _need(container, container.init, container.sidecar, index)
         if need is None or not devices:
             continue
         request = ClaimRequest(
@@ -525,6 +536,9 @@ def allocated_needs(pod: Mapping[str, Any], allocation: ClaimAllocation, request
             return []
         names = {container for container, _, mapped in status.requests if mapped == request}
         demand = derive_pod_demand(pod, DemandOptions(frozenset({r for _, r, _ in status.requests}), ()))
-        return [n for c in demand.containers if c.name in names for n in [_need(c, c.init)] if n is not None]
+        return [
+            n for position, c in enumerate(demand.containers) if c.name in names
+            for n in [_need(c, c.init, c.sidecar, position)] if n is not None
+        ]
     count_request = ClaimRequest(request, (DeviceRequest(request, "", count=1),))
     return pod_request_needs(pod, allocation.name, allocation, count_request)

@@ -42,25 +42,43 @@ class Need:
     """How messages name it: ``vLLM``, ``container app's declaration``."""
     vram: Vram
     init: bool = False
+    """A regular init container: it runs before the app containers, beside the sidecars started
+    before it."""
     copies: int = 1
     """Pods running this container at once on the same claim (a workload's replicas sharing one)."""
+    floor: Vram | None = None
+    """The engine's own claim beside a declaration: the container never holds less on a device."""
+    sidecar: bool = False
+    """An init container that keeps running (``restartPolicy: Always``)."""
+    position: int = 0
+    """Its place among the pod's containers (init containers first), which orders sidecars and inits."""
+
+    def held(self, device: DraDevice) -> Vram:
+        """What counts on ``device``: the declaration, or the engine's claim where that is larger."""
+        size = device.memory_bytes
+        if self.floor is not None and self.floor.on_device(size) > self.vram.on_device(size):
+            return self.floor
+        return self.vram
 
     def on(self, device: DraDevice) -> int:
         """Bytes it reserves on ``device`` (all its copies together)."""
-        return self.copies * self.vram.on_device(device.memory_bytes)
+        return self.copies * self.held(device).on_device(device.memory_bytes)
 
     def arithmetic(self, device: DraDevice) -> str:
         """``0.90 x 80Gi = 72Gi``, ``0.90 x 80Gi + 512Mi = 74240Mi`` (with the engine's allowances),
         ``16Gi``, or for copies ``3 x (0.30 x 80Gi = 24Gi) = 72Gi``."""
-        one = self.vram.on_device(device.memory_bytes)
-        extra = self.vram.allowance_bytes
+        vram = self.held(device)
+        one = vram.on_device(device.memory_bytes)
+        extra = vram.allowance_bytes
         plus = f" + {memory_text(extra)}" if extra else ""
-        if self.vram.fraction is not None:
-            single = f"{float(self.vram.fraction):.2f} x {memory_text(device.memory_bytes)}{plus} = {memory_text(one)}"
+        if vram.fraction is not None:
+            single = f"{float(vram.fraction):.2f} x {memory_text(device.memory_bytes)}{plus} = {memory_text(one)}"
         elif extra:
-            single = f"{memory_text(self.vram.share_on(device.memory_bytes))}{plus} = {memory_text(one)}"
+            single = f"{memory_text(vram.share_on(device.memory_bytes))}{plus} = {memory_text(one)}"
         else:
             single = memory_text(one)
+        if vram is not self.vram:
+            single += " (the engine's own claim, above the declaration)"
         return single if self.copies == 1 else f"{self.copies} x ({single}) = {memory_text(self.on(device))}"
 
 
@@ -86,9 +104,8 @@ class Shortfall:
 
     def message(self) -> str:
         """The finding's text, with the number to write."""
-        reserve = " and ".join(f"{n.who} will reserve {n.arithmetic(self.device)}" for n in self.needs if not n.init)
-        if not reserve:
-            reserve = " and ".join(f"{n.who} will reserve {n.arithmetic(self.device)}" for n in self.needs)
+        phase = largest_phase(self.needs, self.device)
+        reserve = " and ".join(f"{n.who} will reserve {n.arithmetic(self.device)}" for n in phase)
         if self.extended_resource is not None:
             return (
                 f"{self.extended_resource} on DRA device class {self.request.device_class} consumes "
@@ -117,11 +134,20 @@ class RequestCheck:
     """The largest device the request could get (what fractions are sized on)."""
 
 
+def largest_phase(needs: Sequence[Need], device: DraDevice) -> tuple[Need, ...]:
+    """The containers that hold the most on ``device`` at once, in kube-scheduler's phases: the app
+    containers with the sidecars, or one init container beside the sidecars started before it (the
+    app phase where they tie)."""
+    phases = [tuple(n for n in needs if not n.init)]
+    phases += [
+        (*(s for s in needs if s.sidecar and s.position < n.position), n) for n in needs if n.init
+    ]
+    return max(phases, key=lambda phase: sum(n.on(device) for n in phase))
+
+
 def reserved_on(needs: Sequence[Need], device: DraDevice) -> int:
-    """App containers run together (their reservations add up); init containers run one at a time first."""
-    apps = sum(n.on(device) for n in needs if not n.init)
-    init = max((n.on(device) for n in needs if n.init), default=0)
-    return max(apps, init)
+    """The most the containers hold on ``device`` at once (:func:`largest_phase`)."""
+    return sum(n.on(device) for n in largest_phase(needs, device))
 
 
 Candidates = Callable[[DeviceClassInfo, Selector], Sequence[DraDevice]]
