@@ -86,12 +86,16 @@ def _same(obj: Mapping[str, Any], ref: Mapping[str, Any]) -> bool:
     return obj.get("kind") == ref.get("kind") and obj["metadata"]["name"] == ref["metadata"]["name"]
 
 
-def render_chart(*values: str) -> list[JSON]:
+CLUSTER_VERSION = "v1.36.3"
+"""The Kubernetes version ``helm template`` renders for (what ``helm install`` reads from the cluster)."""
+
+
+def render_chart(*values: str, kube_version: str = CLUSTER_VERSION) -> list[JSON]:
     """``helm template`` of the chart with ``--set`` values (skips without helm)."""
     helm = helm_command()
     if helm is None:
         pytest.skip("helm is not installed")
-    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", kube_version]
     for value in values:
         args += ["--set", value]
     output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -522,3 +526,22 @@ def test_every_shipped_scheduler_configuration_sets_its_api_rate_limit(path: Pat
         connection = config.get("clientConnection") or {}
         assert connection.get("qps", 0) >= 500
         assert connection.get("burst", 0) >= connection.get("qps", 0)
+
+
+@pytest.mark.parametrize(("values", "kube_version", "tag"), [
+    ((), "v1.36.3", "v1.36.3"),
+    ((), "v1.35.2-eks-1552ad0", "v1.35.2"),
+    (("scheduler.image.tag=v1.36.1",), "v1.35.2-gke.1000", "v1.36.1"),
+])
+def test_the_second_scheduler_follows_the_clusters_version(values: tuple[str, ...], kube_version: str,
+                                                            tag: str) -> None:
+    rendered = render_chart(*values, kube_version=kube_version)
+    images = [c["image"] for _, spec in pod_specs(rendered) for c in spec["containers"]
+              if c["name"] == "kube-scheduler"]
+    assert images == [f"registry.k8s.io/kube-scheduler:{tag}"]
+
+
+def test_the_chart_refuses_a_cluster_without_the_apis_it_watches() -> None:
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        render_chart(kube_version="v1.33.5")
+    assert "kubeVersion" in refused.value.stderr

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_manifests import CHART, MANIFESTS, NAMESPACE, helm_command
+from tests.test_manifests import CHART, CLUSTER_VERSION, MANIFESTS, NAMESPACE, helm_command
 from vramguard.cli import main
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.policy import Policy, default_policy
@@ -138,7 +138,7 @@ def helm_webhook_configuration(policy: Path | None) -> JSON:
     helm = helm_command()
     if helm is None:
         pytest.skip("helm is not installed")
-    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", CLUSTER_VERSION]
     if policy is not None:
         args += ["--set-file", f"policy={policy}"]
     output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -163,7 +163,7 @@ def test_chart_ships_the_admission_policies_with_the_admin_groups_of_its_values(
         pytest.skip("helm is not installed")
 
     def policies(*values: str) -> dict[str, JSON]:
-        args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE]
+        args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", CLUSTER_VERSION]
         for value in values:
             args += ["--set", value]
         output = subprocess.run(args, capture_output=True, text=True, check=True).stdout

@@ -85,3 +85,13 @@ capabilities:
     - {name: policy, mountPath: /etc/vramguard/policy, readOnly: true}
     - {name: tmp, mountPath: /tmp}
 {{- end -}}
+
+{{/* kube-scheduler's image tag: scheduler.image.tag, else the cluster's version without a
+provider suffix (v1.36.3-eks-1552ad0 -> v1.36.3). */}}
+{{- define "vramguard.schedulerTag" -}}
+{{- if .Values.scheduler.image.tag -}}
+{{- .Values.scheduler.image.tag -}}
+{{- else -}}
+{{- regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- end -}}
