@@ -197,22 +197,32 @@ def bind_urgent_evicting(core_v1: Any, namespace: str) -> tuple[str | None, set[
     return wait_for("urgent bound", urgent_bound, timeout=120), evicted
 
 
+def fill_then_preempt(core_v1: Any, namespace: str, unique: str, node: str, sizes: dict[str, str], urgent: str,
+                      priorities: tuple[str, str], labels: dict[str, dict[str, str]] | None = None,
+                      ) -> tuple[str | None, set[str]]:
+    """Place the low-priority vLLM pods ``sizes`` (name -> utilization) on ``node``, then a
+    high-priority one of ``urgent``; the node it bound to and the pods evicted on the way."""
+    low, high = priorities
+    for name, size in sizes.items():
+        pod = gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size), priority_class=low)
+        if labels is not None:
+            pod["metadata"]["labels"] = labels[name]
+        core_v1.create_namespaced_pod(namespace, pod)
+    for name in sizes:
+        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
+    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm(urgent),
+                                                     priority_class=high))
+    return bind_urgent_evicting(core_v1, namespace)
+
+
 def test_preemption_evicts_the_pods_that_free_the_vram(
     cluster: Any, core_v1: Any, namespace: str, unique: str, priority_classes: tuple[str, str]
 ) -> None:
     """A 0.5 pod of high priority on a full GPU evicts the two 0.35 pods, not the 0.1 ones."""
     require_extender(cluster)
-    low, high = priority_classes
     node = add_node(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=4))
     sizes = {"small-1": "0.1", "small-2": "0.1", "big-1": "0.35", "big-2": "0.35"}
-    for name, size in sizes.items():
-        core_v1.create_namespaced_pod(namespace, gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size),
-                                                         priority_class=low))
-    for name in sizes:
-        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
-    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.5"),
-                                                     priority_class=high))
-    bound, evicted = bind_urgent_evicting(core_v1, namespace)
+    bound, evicted = fill_then_preempt(core_v1, namespace, unique, node, sizes, "0.5", priority_classes)
     assert bound == node
     assert evicted == {"big-1", "big-2"}
     survivors = {p.metadata.name: p for p in core_v1.list_namespaced_pod(namespace).items}
@@ -228,22 +238,14 @@ def test_preemption_spares_the_pod_a_disruption_budget_protects(
     A PodDisruptionBudget protects the 0.45 one (minAvailable 1 over its one pod: no disruption
     allowed), so the 0.4 one goes, as kube-scheduler's own preemption would choose."""
     require_extender(cluster)
-    low, high = priority_classes
     node = add_node(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=4))
     protected = {"app": f"protected-{unique}"}
     cluster.request("POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "protect"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": protected}}})
     sizes = {"protected": "0.45", "plain": "0.4", "tiny-1": "0.03", "tiny-2": "0.03"}
-    for name, size in sizes.items():
-        pod = gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size), priority_class=low)
-        pod["metadata"]["labels"] = protected if name == "protected" else {"app": f"plain-{unique}"}
-        core_v1.create_namespaced_pod(namespace, pod)
-    for name in sizes:
-        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
-    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.4"),
-                                                     priority_class=high))
-    bound, evicted = bind_urgent_evicting(core_v1, namespace)
+    labels = {name: protected if name == "protected" else {"app": f"plain-{unique}"} for name in sizes}
+    bound, evicted = fill_then_preempt(core_v1, namespace, unique, node, sizes, "0.4", priority_classes, labels)
     assert bound == node
     assert evicted == {"plain"}
 
@@ -256,17 +258,9 @@ def test_preemption_for_vram_on_a_time_sliced_gpu_with_replicas_left(
     least one victim pod") and never asks /preempt; the extender's evictor evicts the two largest
     through the Eviction API, each with a Preempted Event, and the pod binds."""
     require_extender(cluster)
-    low, high = priority_classes
     node = add_node(core_v1, unique, gpu_nodes.time_sliced("h100", "H100-80GB", replicas=8))
     sizes = {"low-1": "0.3", "low-2": "0.3", "low-big": "0.35"}
-    for name, size in sizes.items():
-        core_v1.create_namespaced_pod(namespace, gpu_pod(name, unique, "nvidia.com/gpu", 1, args=vllm(size),
-                                                         priority_class=low))
-    for name in sizes:
-        assert wait_for(f"{name} bound", lambda name=name: bound_to(core_v1, namespace, name)) == node
-    core_v1.create_namespaced_pod(namespace, gpu_pod("urgent", unique, "nvidia.com/gpu", 1, args=vllm("0.5"),
-                                                     priority_class=high))
-    bound, evicted = bind_urgent_evicting(core_v1, namespace)
+    bound, evicted = fill_then_preempt(core_v1, namespace, unique, node, sizes, "0.5", priority_classes)
     assert bound == node
     assert "low-big" in evicted and len(evicted) == 2, evicted
     for name in evicted:
