@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from cachetools import LRUCache
@@ -121,7 +122,7 @@ class Evictor:
             return
         earlier = self._waiting.get(key.uid)
         since = earlier.since if earlier is not None else self.clock()
-        self._waiting[key.uid] = _Refusal(key.namespace, key.name, since, tuple(helpable)[:NODES_PER_POD])
+        self._waiting[key.uid] = _Refusal(key.namespace, key.name, since, tuple(islice(helpable, NODES_PER_POD)))
 
     def preempting(self, pod: Mapping[str, Any]) -> None:
         """kube-scheduler preempts for the pod itself (``/preempt`` accepted a node)."""

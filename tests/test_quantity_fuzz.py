@@ -21,14 +21,13 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
 from tests.builders import gpu_node, vllm_pod
+from tests.sync_app import SyncApp
 from tests.test_extender import make
 from tests.test_webhook_fuzz import Webhook, check_review_answer
 from vramguard.cli import main
@@ -52,7 +51,6 @@ HUGE = "more than any GPU holds"
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                       HealthCheck.too_slow])
 
-Client = TestClient[web.Request, web.Application]
 
 
 @st.composite
@@ -185,7 +183,7 @@ def findings(body: dict[str, Any]) -> list[str]:
 def test_the_webhook_refuses_a_huge_declaration_clearly_in_every_mode(
     webhook: Webhook, value: str, namespace: str
 ) -> None:
-    status, body = webhook.post(json.dumps(review(gpu_pod({KEY: value}), namespace)).encode())
+    status, body = webhook.validate(json.dumps(review(gpu_pod({KEY: value}), namespace)).encode())
     check_review_answer(status, body, "r1")
     named = [f for f in findings(body) if KEY in f]
     assert named and all(len(f) < 2 * LONGEST_MESSAGE for f in named), findings(body)
@@ -210,7 +208,7 @@ QUANTITY_FIELDS = {
 def test_any_quantity_a_pod_may_carry_gets_a_well_formed_answer(
     webhook: Webhook, field: str, value: str, namespace: str
 ) -> None:
-    status, body = webhook.post(json.dumps(review(QUANTITY_FIELDS[field](value), namespace)).encode())
+    status, body = webhook.validate(json.dumps(review(QUANTITY_FIELDS[field](value), namespace)).encode())
     check_review_answer(status, body, "r1")
     if field != "mps-limit":  # its messages quote the variable as written
         assert all(len(f) < 4 * LONGEST_MESSAGE for f in findings(body)), "a message grew with the value"
@@ -219,33 +217,17 @@ def test_any_quantity_a_pod_may_carry_gets_a_well_formed_answer(
 # --------------------------------------------------------------------------- the extender
 
 
-class Extender:
+class Extender(SyncApp):
     """The extender's app on its own event loop, so that synchronous hypothesis tests can call it."""
 
     def __init__(self) -> None:
         _, verbs, _ = make([gpu_node("h100")])
         synced = asyncio.Event()
         synced.set()
-        self.loop = asyncio.new_event_loop()
-        app = build_app(verbs, synced, Readiness(), CollectorRegistry())
-
-        async def start() -> Client:
-            client: Client = TestClient(TestServer(app))
-            await client.start_server()
-            return client
-
-        self.client = self.loop.run_until_complete(start())
+        super().__init__(build_app(verbs, synced, Readiness(), CollectorRegistry()))
 
     def filter(self, pod: dict[str, Any]) -> tuple[int, Any]:
-        async def call() -> tuple[int, Any]:
-            response = await self.client.post("/filter", json={"Pod": pod, "Nodes": None, "NodeNames": ["h100"]})
-            return response.status, await response.json()
-
-        return self.loop.run_until_complete(call())
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.client.close())
-        self.loop.close()
+        return self.post("/filter", json={"Pod": pod, "Nodes": None, "NodeNames": ["h100"]})
 
 
 @pytest.fixture(scope="module")

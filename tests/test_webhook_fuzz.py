@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from tests.sync_app import SyncApp
 from vramguard.admission import MAX_WARNINGS, SUPPORTED_KINDS, WARNING_LIMIT
 from vramguard.policy import Policy
 from webhook.app import PolicySource, WebhookState, create_webhook_app
@@ -34,10 +32,8 @@ NAMESPACES = ("team-a", "enforced", "warned", "audited", "unknown")
 AUDIT_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
-Client = TestClient[web.Request, web.Application]
 
-
-class Webhook:
+class Webhook(SyncApp):
     """A webhook app on its own event loop, so that synchronous hypothesis tests can call it."""
 
     def __init__(self) -> None:
@@ -55,26 +51,10 @@ class Webhook:
                                                  "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
             "status": {"allocatable": {"nvidia.com/gpu": "8"}},
         }])
-        self.loop = asyncio.new_event_loop()
-        app = create_webhook_app(state, registry=CollectorRegistry())
+        super().__init__(create_webhook_app(state, registry=CollectorRegistry()))
 
-        async def start() -> Client:
-            client: Client = TestClient(TestServer(app))
-            await client.start_server()
-            return client
-
-        self.client = self.loop.run_until_complete(start())
-
-    def post(self, body: bytes) -> tuple[int, Any]:
-        async def call() -> tuple[int, Any]:
-            response = await self.client.post("/validate", data=body, headers={"Content-Type": "application/json"})
-            return response.status, await response.json()
-
-        return self.loop.run_until_complete(call())
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.client.close())
-        self.loop.close()
+    def validate(self, body: bytes) -> tuple[int, Any]:
+        return self.post("/validate", data=body, headers={"Content-Type": "application/json"})
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +176,7 @@ def check_review_answer(status: int, body: Any, uid: str) -> None:
 @FUZZ
 @given(review=reviews())
 def test_any_well_formed_review_gets_a_well_formed_answer(webhook: Webhook, review: dict[str, Any]) -> None:
-    status, body = webhook.post(json.dumps(review).encode())
+    status, body = webhook.validate(json.dumps(review).encode())
     check_review_answer(status, body, review["request"]["uid"])
 
 
@@ -212,7 +192,7 @@ def test_damaged_reviews_get_a_review_or_a_400(webhook: Webhook, review: dict[st
             node = node[key]
     if isinstance(node, dict):
         node[path[-1]] = junk
-    status, body = webhook.post(json.dumps(review).encode())
+    status, body = webhook.validate(json.dumps(review).encode())
     assert status in (200, 400), body
     if status == 400:
         assert isinstance(body["error"], str) and body["error"]
@@ -223,6 +203,6 @@ def test_damaged_reviews_get_a_review_or_a_400(webhook: Webhook, review: dict[st
 @FUZZ
 @given(body=st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode())))
 def test_arbitrary_bodies_are_a_400(webhook: Webhook, body: bytes) -> None:
-    status, answer = webhook.post(body)
+    status, answer = webhook.validate(body)
     assert status == 400, answer
     assert answer["error"]
