@@ -119,8 +119,17 @@ class DraTest:
             if len(placed) >= bound and len(placed) + len(judged) == len(names):
                 return verdicts
             if time.monotonic() > deadline:
-                raise AssertionError(f"pods did not settle: {json.dumps(verdicts, indent=1)}")
+                conditions = {name: self._scheduled_condition(name) for name in names}
+                raise AssertionError(f"pods did not settle: {json.dumps(conditions, indent=1)}")
             time.sleep(0.3)
+
+    def _scheduled_condition(self, name: str) -> dict[str, Any]:
+        """The pod's node and PodScheduled condition, whatever its reason (for a failure's message)."""
+        pod = self.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+        condition: dict[str, Any] = next(
+            (c for c in pod["status"].get("conditions") or () if c["type"] == "PodScheduled"), {}
+        )
+        return {"node": pod["spec"].get("nodeName"), **{k: condition.get(k) for k in ("status", "reason", "message")}}
 
     def _verdict(self, name: str) -> tuple[str | None, str]:
         pod = self.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from vramguard.cluster import ClusterState, pod_key
 from vramguard.dra.pods import uses_claims
-from vramguard.dra.tenancy import ClaimPlacement, device_tenants, place_claims, used_claims
+from vramguard.dra.tenancy import ClaimPlacement, device_tenants, place_claims, pod_rank, used_claims
 from vramguard.io.dra import RESOURCE_CLAIMS
 from vramguard.io.kube import ApiError, KubeClient, object_path
 from vramguard.policy import ClassChoice
@@ -33,7 +33,7 @@ def refused_nodes(
     if not uses_claims(pod) or not state.dra.watched:
         return failed, unresolvable
     sizing = state.choose_class(pod).enforcement == "enforce"
-    tenants = device_tenants(state.dra, pod_key(pod).uid)
+    tenants = device_tenants(state.dra, pod_key(pod).uid, pod_rank(pod))
     for node in nodes:
         refusals = place_claims(state.dra, pod, node, sizing=sizing, tenants=tenants).refusals
         if refusals:

@@ -534,3 +534,24 @@ async def test_of_two_pods_prebound_together_the_first_bind_wins() -> None:
     state.dra.pods.upsert(fake.pods["vllm-0"])
     state.dra.pods.delete(fake.pods["vllm-0"])  # vllm-0 goes: vllm-1 fits beside its own leftover claim
     assert (await verbs.filter(pods[1], [NODE])).passing == [NODE]
+
+
+@pytest.mark.parametrize("first", [0, 1])
+async def test_of_two_pods_at_090_prebound_together_exactly_one_binds_whichever_bind_comes_first(first: int) -> None:
+    """Neither vLLM at 0.90 fits beside the other's 8Gi claim. Each bind counts only the unchecked
+    claims of the pods created before it, so the two never refuse each other on every retry."""
+    state, verbs, fake = make(gpus("memory"))
+    pods = [claim_pod(f"vllm-{i}", "0.90") for i in range(2)]
+    for i, pod in enumerate(pods):
+        pod["metadata"]["creationTimestamp"] = f"2026-12-06T03:04:2{i}Z"
+        fake.pods[pod["metadata"]["name"]] = pod
+        state.dra.pods.upsert(pod)
+        prebind(fake, made_claim(pod, "8Gi"), "8Gi", (pod["metadata"]["name"],))
+        state.dra.claims.upsert(fake.claims[f"{pod['metadata']['name']}-gpu"])
+    errors = {}
+    for i in (first, 1 - first):
+        errors[i] = await verbs.bind(f"vllm-{i}", "default", f"uid-vllm-{i}", NODE)
+    assert sorted(bool(e) for e in errors.values()) == [False, True], errors
+    refused = next(e for e in errors.values() if e)
+    assert "gpu-0 (NVIDIA H100 80GB HBM3) has" in refused and "left beside the engines" in refused, refused
+    assert len(fake.bindings) == 1

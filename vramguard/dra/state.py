@@ -378,6 +378,7 @@ def claim_pod(obj: JSON) -> JSON | None:
             "name": text(metadata.get("name")),
             "namespace": text(metadata.get("namespace")),
             "uid": text(metadata.get("uid")),
+            "creationTimestamp": text(metadata.get("creationTimestamp")),
             "annotations": {k: v for k, v in annotations.items() if reads_annotation(k)},
         },
         "spec": {

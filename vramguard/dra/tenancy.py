@@ -22,7 +22,10 @@ calls bind), the devices are known and checked as they are.
 claims before it calls bind for any: a pod counts by its engines once a bind has checked it (it
 then *holds* what it takes on each device, :meth:`vramguard.dra.state.DraState.hold`) or the pods'
 watch shows it bound; a pod whose claim is reserved but that no bind has checked yet counts by what
-its claim consumes (each bind is checked against those before it, so the first of a wave wins); a
+its claim consumes, but only against the pods after it in creation order (:func:`pod_rank`): a
+bind is checked against the unchecked claims of the pods before it, never those after it, so of a
+wave that cannot all fit exactly the first to reach bind that fits wins (counting each other's claims
+both ways, two pods at 0.90 prebound together refused each other's binds on every retry); a
 claim left allocated but reserved for no pod counts for the allocator's room only (kube-scheduler
 v1.36's Unreserve, after a refused bind, takes the pod out of ``status.reservedFor`` and keeps the
 allocation; the pod keeps it when it is retried).
@@ -63,17 +66,29 @@ class Tenant:
         return max(self.consumed, self.reserved) if self.in_use else 0
 
 
-def device_tenants(state: DraState, skip_pod: str = "") -> dict[str, list[Tenant]]:
+def pod_rank(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """The order pods racing to bind are checked in: creation time (RFC 3339 in UTC sorts as text),
+    then UID. A total order, so of two unchecked pods exactly one counts the other's claim."""
+    metadata = mapping(pod.get("metadata"))
+    return text(metadata.get("creationTimestamp")) or "", text(metadata.get("uid")) or ""
+
+
+def device_tenants(
+    state: DraState, skip_pod: str = "", rank: tuple[str, str] | None = None
+) -> dict[str, list[Tenant]]:
     """Per device uuid, the claims allocated there with what the engines of their pods reserve, and
     the holds no claim shows yet. A pod counts by its engines once bind has checked it (it holds) or
     the pods' watch shows it bound; a pod the scheduler has reserved a claim for but that no bind
-    has checked counts by what its claim consumes (each bind is checked against those before it,
-    not against those racing it). Pod ``skip_pod`` (the pod being placed) is left out."""
+    has checked counts by what its claim consumes. Pod ``skip_pod`` (the pod being placed) is left
+    out; with its ``rank`` (:func:`pod_rank`), so is a claim reserved only for unchecked pods ranked
+    after it: they are checked against this pod when their bind comes, not this pod against them."""
     devices = state.inventory().by_key()
     holds = state.live_holds()
     tenants: dict[str, list[Tenant]] = {}
     shown: dict[str, set[str]] = {}
     for allocation in state.allocations():
+        if rank is not None and _racing_after(state, allocation, skip_pod, holds, rank):
+            continue
         pods = {
             uid: pod
             for _, uid in allocation.reserved_for
@@ -101,6 +116,20 @@ def device_tenants(state: DraState, skip_pod: str = "") -> dict[str, list[Tenant
 
 def _bound(pod: Mapping[str, Any]) -> bool:
     return bool(mapping(pod.get("spec")).get("nodeName"))
+
+
+def _racing_after(
+    state: DraState, allocation: ClaimAllocation, skip_pod: str, holds: Mapping[str, Any], rank: tuple[str, str]
+) -> bool:
+    """Whether the claim is reserved for pods no bind has checked yet, all ranked after ``rank``."""
+    uids = [uid for _, uid in allocation.reserved_for if uid]
+    if not uids or skip_pod in uids:
+        return False
+    for uid in uids:
+        pod = state.pod(uid)
+        if pod is None or _bound(pod) or uid in holds or pod_rank(pod) <= rank:
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +176,7 @@ def place_claims(
     metadata = mapping(pod.get("metadata"))
     namespace, uid = text(metadata.get("namespace")) or "", text(metadata.get("uid")) or ""
     if tenants is None:
-        tenants = device_tenants(state, uid)
+        tenants = device_tenants(state, uid, pod_rank(pod))
     placement = ClaimPlacement()
     on_node = state.devices(node)
     takes: dict[str, int] = {}
