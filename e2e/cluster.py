@@ -522,6 +522,13 @@ class Cluster:
                 )
                 self.create(webhook)
                 _log(f"registered ValidatingWebhookConfiguration {webhook['metadata']['name']}")
+                mutating = services.localize_webhook_configuration(
+                    services.mutating_webhook_configuration(cfg.manifests),
+                    webhook_url=urls["webhook"],
+                    ca_b64=ca.cert_b64,
+                )
+                self.create(mutating)
+                _log(f"registered MutatingWebhookConfiguration {mutating['metadata']['name']}")
                 for policy in services.admission_policies(cfg.manifests):
                     self.create(policy)
         self.state.vramguard.update(urls)  # the extender replicas (if any) are there already

@@ -338,6 +338,12 @@ def admission_policies(root: Path = MANIFESTS) -> list[dict[str, Any]]:
     return manifest_objects(["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"], root / "webhook")
 
 
+def mutating_webhook_configuration(root: Path = MANIFESTS) -> dict[str, Any]:
+    """The shipped MutatingWebhookConfiguration (routing GPU pods to the vramguard scheduler)."""
+    [found] = manifest_objects(["MutatingWebhookConfiguration"], root)
+    return copy.deepcopy(found)
+
+
 def webhook_configuration(root: Path = MANIFESTS) -> dict[str, Any]:
     """The shipped ValidatingWebhookConfiguration, or the built-in default."""
     found = manifest_objects(["ValidatingWebhookConfiguration"], root)
@@ -361,6 +367,7 @@ def object_path(obj: Mapping[str, Any]) -> str:
         "Role": f"{rbac}/namespaces/{namespace}/roles",
         "RoleBinding": f"{rbac}/namespaces/{namespace}/rolebindings",
         "ValidatingWebhookConfiguration": f"{admission}/validatingwebhookconfigurations",
+        "MutatingWebhookConfiguration": f"{admission}/mutatingwebhookconfigurations",
         "ValidatingAdmissionPolicy": f"{admission}/validatingadmissionpolicies",
         "ValidatingAdmissionPolicyBinding": f"{admission}/validatingadmissionpolicybindings",
         "FlowSchema": "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas",

@@ -36,7 +36,7 @@ from vramguard.demand.model import Vram
 from vramguard.inventory import read_inventory
 from vramguard.ledger import Ledger
 from vramguard.placement import pod_claims
-from vramguard.policy import ClassChoice, DirectPlacement, Policy, default_policy
+from vramguard.policy import ClassChoice, DirectPlacement, Policy, Routing, default_policy
 from vramguard.quantity import GiB, MiB, format_bytes
 
 POLICY = Policy.from_yaml(
@@ -688,16 +688,32 @@ classes:
 WIRED = AdmissionRules(POLICY.model_copy(update={"schedulers": ("vramguard",)}))
 NOT_WIRED = (
     "spec.schedulerName default-scheduler does not call vramguard, so nothing would check this pod's GPU "
-    "memory; set spec.schedulerName: vramguard (policy schedulers: vramguard)"
+    "memory; set spec.schedulerName: vramguard (policy schedulers: vramguard); the mutating webhook did not "
+    "route it (is it running?)"
 )
+NOT_ROUTED = AdmissionRules(POLICY.model_copy(update={
+    "schedulers": ("vramguard",), "routing": Routing(enabled=False)
+}))
 GOOD = vllm("vllm", "--gpu-memory-utilization", "0.3")
 SCHEDULERS = {
     "default-scheduler-implied": (pod(GOOD), "Pod", (NOT_WIRED,)),
     "default-scheduler-named": (pod(GOOD, schedulerName="default-scheduler"), "Pod", (NOT_WIRED,)),
     "wired-scheduler": (pod(GOOD, schedulerName="vramguard"), "Pod", ()),
     "direct-placement-is-checked-otherwise": (pod(GOOD, nodeName="n1", schedulerName="x"), "Pod", ()),
-    "workload-template": (deployment(pod(GOOD)), "Deployment", (NOT_WIRED,)),
+    # Its pods are routed as they are created.
+    "workload-template": (deployment(pod(GOOD)), "Deployment", ()),
+    "workload-naming-another-scheduler": (
+        deployment(pod(GOOD, schedulerName="x")),
+        "Deployment",
+        ("spec.schedulerName x does not call vramguard, so nothing would check this pod's GPU memory; set "
+         "spec.schedulerName: vramguard (policy schedulers: vramguard)",),
+    ),
 }
+
+
+def test_without_routing_a_workload_must_name_the_scheduler() -> None:
+    decision = review(deployment(pod(GOOD)), kind="Deployment", rules=NOT_ROUTED)
+    assert decision.violations == (NOT_WIRED.split("; the mutating", maxsplit=1)[0],)
 
 
 @pytest.mark.parametrize(("obj", "kind", "violations"), SCHEDULERS.values(), ids=SCHEDULERS.keys())

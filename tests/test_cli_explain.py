@@ -77,6 +77,7 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         "templates": [{"name": "deployment", "pods": 1, "gpu": True}],
         "skipped": False,
         "claims": [],
+        "injected": [],
         "containers": [
             {
                 "name": "vllm",
@@ -207,3 +208,40 @@ def test_explain_names_the_refusing_rule(tmp_path: Path, capsys: pytest.CaptureF
         "refusal [vram-budget, refused]: container vllm: needs 80.5 GiB per GPU (1 of the GPU + 512.0 MiB), more "
         "than the 80.0 GiB VRAM budget of a 80.0 GiB GPU"
     ) in out
+
+
+LIMITED = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: team, labels: {vramguard.io/qos-class: shared}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm, namespace: team}
+spec:
+  template:
+    spec:
+      containers:
+      - name: vllm
+        image: vllm/vllm-openai:v0.21.0
+        args: ["--model", "m", "--gpu-memory-utilization", "0.45"]
+        resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+
+def test_explain_shows_the_memory_limits_admission_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.yaml").write_text(LIMITED)
+    policy = tmp_path / "policy.yaml"
+    shipped = (Path(__file__).parent.parent / "vramguard" / "default_policy.yaml").read_text()
+    policy.write_text(shipped.replace("enforce_memory_limits: false", "enforce_memory_limits: true"))
+    _, out, _ = run(capsys, "explain", "--policy", str(policy), "--gpu-memory", "80Gi", str(tmp_path / "m.yaml"))
+    # vLLM v0.21.0: 0.45 x 80 GiB and one CUDA context (512 MiB), in MiB.
+    mib = int(0.45 * 80 * 1024) + 512
+    assert (
+        f"written at admission (enforce_memory_limits): vllm NVIDIA_GPU_MEMORY_REQUEST={mib}, "
+        f"vllm NVIDIA_GPU_MEMORY_LIMIT={mib}" in out
+    ), out
+    _, out, _ = run(capsys, "explain", "--policy", str(policy), str(tmp_path / "m.yaml"))
+    assert "class shared writes GPU memory limits at admission: pass --gpu-memory to see them" in out
+    _, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(tmp_path / "m.yaml"))
+    assert "written at admission" not in out  # the shipped policy writes none

@@ -168,6 +168,7 @@ def test_scheduler_config_is_the_shipped_second_scheduler_config() -> None:
         (CHART / "files" / "policy.yaml", ROOT / "vramguard" / "default_policy.yaml"),
         (CHART / "files" / "scheduler-config.yaml", BASE / "scheduler-config.yaml"),
         (CHART / "files" / "validating-webhook.yaml", MANIFESTS / "webhook" / "validating-webhook.yaml"),
+        (CHART / "files" / "mutating-webhook.yaml", MANIFESTS / "webhook" / "mutating-webhook.yaml"),
         (CHART / "files" / "admission-policies.yaml", MANIFESTS / "webhook" / "admission-policies.yaml"),
         (CHART / "files" / "agent-node-scope.yaml", BASE / "agent-node-scope.yaml"),
         (CHART / "files" / "alerts.yaml", MANIFESTS / "monitoring" / "vramguard-alerts.yaml"),

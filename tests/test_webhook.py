@@ -301,7 +301,8 @@ async def test_junk_inside_the_object_is_never_a_server_error(client_for: Any) -
 async def test_wrong_method_and_path(client_for: Any) -> None:
     client = await client_for(make_state())
     assert (await client.get("/validate")).status == 405
-    assert (await client.post("/mutate", json={})).status == 404
+    assert (await client.get("/mutate")).status == 405
+    assert (await client.post("/convert", json={})).status == 404
 
 
 # --------------------------------------------------------------------------- cluster state
@@ -504,7 +505,8 @@ async def test_scheduler_not_wired_to_vramguard_is_refused(client_for: Any) -> N
     _, body = await post(client, admission_review(vllm_pod()))
     assert body["response"]["status"]["message"] == (
         "spec.schedulerName default-scheduler does not call vramguard, so nothing would check this pod's GPU "
-        "memory; set spec.schedulerName: vramguard (policy schedulers: vramguard)"
+        "memory; set spec.schedulerName: vramguard (policy schedulers: vramguard); the mutating webhook did "
+        "not route it (is it running?)"
     )
     _, body = await post(client, admission_review(vllm_pod(schedulerName="vramguard")))
     assert body["response"]["allowed"] is True

@@ -1,4 +1,4 @@
-"""The ValidatingWebhookConfiguration generator, the shipped file, the CLI and the Helm chart."""
+"""The Validating- and MutatingWebhookConfiguration generators, the shipped files, the CLI and the Helm chart."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from tests.test_manifests import CHART, CLUSTER_VERSION, MANIFESTS, NAMESPACE, h
 from vramguard.cli import main
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.policy import Policy, default_policy
-from vramguard.webhook_config import WebhookTarget, render, webhook_configuration
+from vramguard.webhook_config import (
+    MUTATING_HEADER,
+    WebhookTarget,
+    mutating_webhook_configuration,
+    render,
+    webhook_configuration,
+)
 
 SHIPPED = MANIFESTS / "webhook" / "validating-webhook.yaml"
 JSON = dict[str, Any]
@@ -222,3 +228,67 @@ def test_claims_entry() -> None:
     assert "'resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations" in condition
     assert "'resource.kubernetes.io/pod-claim-name' in object.metadata.annotations" in condition
     assert condition.startswith("object != null && !(")
+
+
+MUTATING = MANIFESTS / "webhook" / "mutating-webhook.yaml"
+
+
+def test_the_mutating_configuration_sends_gpu_pod_creates_and_never_blocks_them() -> None:
+    config = mutating_webhook_configuration(default_policy(), WebhookTarget(excluded_namespaces=("kube-system",)))
+    assert config["kind"] == "MutatingWebhookConfiguration"
+    [webhook] = config["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore" and webhook["reinvocationPolicy"] == "Never"
+    assert webhook["clientConfig"]["service"]["path"] == "/mutate"
+    assert webhook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                                 "operations": ["CREATE"], "scope": "Namespaced"}]
+    assert webhook["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
+        {"key": "vramguard.io/routing", "operator": "NotIn", "values": ["disabled"]},
+    ]
+    validating = webhook_configuration(default_policy())["webhooks"][0]["matchConditions"]
+    assert webhook["matchConditions"] == validating  # the same pods: those asking for a GPU
+
+
+def test_shipped_mutating_file_is_the_generator_output() -> None:
+    fix = "vramguard webhook-config --mutating > manifests/webhook/mutating-webhook.yaml (and copy it to the chart)"
+    assert MUTATING.read_text() == render(mutating_webhook_configuration(default_policy()), MUTATING_HEADER), fix
+    assert main(["webhook-config", "--mutating"]) == 0
+
+
+def helm_objects(*values: str) -> list[JSON]:
+    helm = helm_command()
+    if helm is None:
+        pytest.skip("helm is not installed")
+    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", CLUSTER_VERSION]
+    for value in values:
+        args += ["--set", value]
+    return [d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d]
+
+
+def test_chart_registers_the_mutating_webhook_unless_routing_is_off() -> None:
+    [config] = [d for d in helm_objects("webhook.caBundle=Q0E=") if d["kind"] == "MutatingWebhookConfiguration"]
+    [webhook] = config["webhooks"]
+    assert webhook["clientConfig"] == {
+        "caBundle": "Q0E=",
+        "service": {"name": "vramguard-webhook", "namespace": NAMESPACE, "path": "/mutate", "port": 443},
+    }
+    assert webhook["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "vramguard.io/routing", "operator": "NotIn", "values": ["disabled"]
+    }
+    off = helm_objects("webhook.mutating.enabled=false")
+    assert not [d for d in off if d["kind"] == "MutatingWebhookConfiguration"]
+
+
+def test_in_default_scheduler_mode_the_mutating_webhook_is_there_only_for_memory_limits(tmp_path: Path) -> None:
+    objects = helm_objects("mode=default-scheduler")
+    # Nothing is routed there: every pod's scheduler calls the extender.
+    assert [d for d in objects if d["kind"] == "MutatingWebhookConfiguration"] == []
+    helm = helm_command()
+    assert helm is not None
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((MANIFESTS / "base" / "policy.yaml").read_text().replace(
+        "enforce_memory_limits: false", "enforce_memory_limits: true"))
+    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", CLUSTER_VERSION,
+            "--set", "mode=default-scheduler", "--set-file", f"policy={policy}"]
+    output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    assert [d for d in yaml.safe_load_all(output) if d and d["kind"] == "MutatingWebhookConfiguration"]

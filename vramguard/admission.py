@@ -90,6 +90,14 @@ from vramguard.dra.claims import read_claim, read_claim_template
 from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_claim_users, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Ledger, ResourceOffer
+from vramguard.mutation import (
+    DEFAULT_SCHEDULER,
+    ROUTING_LABEL,
+    Mutation,
+    plan_mutation,
+    routes_namespace,
+    routing_scheduler,
+)
 from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes, quantity_text
@@ -449,6 +457,14 @@ class AdmissionRules:
             self._demands.popitem(last=False)
         return derived
 
+    def mutation(self, namespace: str, pod: Mapping[str, Any], cluster: ClusterView) -> Mutation:
+        """What the mutating webhook changes in a Pod being created (:mod:`vramguard.mutation`)."""
+        demand, claims = self._derive(pod)
+        choice = self._class(pod, cluster, _Findings())
+        demand, _ = self._believed(demand, claims, choice, _Findings())
+        offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
+        return plan_mutation(self.policy, pod, namespace, cluster.namespace_labels, demand, choice, offers, cluster.dra)
+
     def review(self, subject: Subject, cluster: ClusterView) -> Decision:
         """Decide on one CREATE or UPDATE of a Pod or a workload, in the namespace's enforcement mode."""
         mode, mode_problem = self.policy.enforcement_for(cluster.namespace_labels)
@@ -624,7 +640,7 @@ class AdmissionRules:
         if isinstance(node, str) and node:
             self._direct_placement(subject, node, demand, choice, cluster, found)
         else:
-            self._scheduler(template, found)
+            self._scheduler(subject.kind, template, cluster.namespace_labels, found)
 
     @staticmethod
     def _believed(
@@ -644,16 +660,32 @@ class AdmissionRules:
         believed = demand.distrusting_env_only()
         return believed, quota_claims(believed)
 
-    def _scheduler(self, template: Mapping[str, Any], found: _Findings) -> None:
-        """A GPU pod must be placed by a scheduler that calls the extender, or nothing checks its GPU."""
+    def _scheduler(
+        self, kind: str, template: Mapping[str, Any], namespace_labels: Mapping[str, str] | None, found: _Findings
+    ) -> None:
+        """A GPU pod must be placed by a scheduler that calls the extender, or nothing checks its GPU.
+
+        A workload's template naming none is fine where routing applies: its pods are routed as
+        they are created. A Pod arrives here after the mutating webhook: one still unrouted was not
+        routed (the webhook was down, or the namespace opts out)."""
         name = _mapping(template.get("spec")).get("schedulerName")
-        name = name if isinstance(name, str) and name else "default-scheduler"  # the API server default
+        name = name if isinstance(name, str) and name else DEFAULT_SCHEDULER  # the API server default
         wired = self.policy.schedulers
+        routed = routing_scheduler(self.policy) is not None and routes_namespace(namespace_labels)
+        if kind != "Pod" and name == DEFAULT_SCHEDULER and routed:
+            return
         if name not in wired:
+            hint = ""
+            if name == DEFAULT_SCHEDULER and routing_scheduler(self.policy) is not None:
+                hint = (
+                    "; the mutating webhook did not route it (is it running?)"
+                    if routes_namespace(namespace_labels)
+                    else f"; the namespace opts out of routing ({ROUTING_LABEL}=disabled)"
+                )
             found.violate(
                 Code.SCHEDULER,
                 f"spec.schedulerName {name} does not call vramguard, so nothing would check this pod's GPU "
-                f"memory; set spec.schedulerName: {wired[0]} (policy schedulers: {', '.join(wired)})"
+                f"memory; set spec.schedulerName: {wired[0]} (policy schedulers: {', '.join(wired)}){hint}",
             )
 
     def _direct_placement(
@@ -1001,6 +1033,8 @@ class AdmissionRules:
         elif violations:
             annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(violations)
             annotations[AUDIT_CLASS_KEY] = choice.name
+            # Audit is silent, except for a pod nothing will guard: its GPU is shared unchecked.
+            warnings.extend(f"not guarded: {f.message}" for f in problems if f.code is Code.SCHEDULER)
         warnings.extend(f.message for f in remarks)
         return Decision(
             allowed=allowed,

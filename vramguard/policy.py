@@ -110,6 +110,10 @@ class QosClass(_Strict):
     """Whether an engine recognised only from environment variables (JAX's ``XLA_PYTHON_CLIENT_*``)
     is believed. Any container can set ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.01``; when false, such a
     container counts as unknown VRAM (``unknown_vram``) unless it declares its VRAM."""
+    enforce_memory_limits: bool = False
+    """Whether the mutating webhook writes each GPU container's derived reservation as the
+    container toolkit's ``NVIDIA_GPU_MEMORY_REQUEST``/``LIMIT`` (and, in an MPS-only class,
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) where the pod sets none (:mod:`vramguard.mutation`)."""
 
     @field_validator("sharing")
     @classmethod
@@ -190,6 +194,14 @@ class AllowanceSettings(AllowanceAmounts):
         )
 
 
+class Routing(_Strict):
+    """Where the mutating webhook sends GPU pods that name no scheduler (:mod:`vramguard.mutation`)."""
+
+    enabled: bool = True
+    scheduler: str | None = Field(default=None, min_length=1)
+    """Default: the first of ``schedulers`` that is not ``default-scheduler``."""
+
+
 class DirectPlacement(_Strict):
     """Who may create GPU pods with ``spec.nodeName`` set that do not fit the node's ledger.
 
@@ -243,6 +255,9 @@ class Policy(_Strict):
     schedulers: tuple[str, ...] = Field(default=("vramguard",), min_length=1)
     """Scheduler names (profiles) whose kube-scheduler calls the vramguard extender: the extender
     binds only their pods, and a GPU pod naming another scheduler would walk around the guard."""
+    routing: Routing = Field(default_factory=Routing)
+    """GPU pods naming no scheduler (or ``default-scheduler``) are routed to the vramguard scheduler
+    at creation (mutating webhook); a namespace labelled ``vramguard.io/routing: disabled`` opts out."""
     direct_placement: DirectPlacement = Field(default_factory=DirectPlacement)
     """Requesters allowed to place GPU pods directly (``spec.nodeName``) past the ledger (webhook)."""
     budget: BudgetSettings = Field(default_factory=BudgetSettings)

@@ -1,4 +1,5 @@
-"""The webhook's HTTP side: ``POST /validate`` decodes an AdmissionReview, asks the rules, encodes the answer.
+"""The webhook's HTTP side: ``POST /validate`` decodes an AdmissionReview, asks the rules, encodes
+the answer; ``POST /mutate`` answers the mutating webhook (:mod:`vramguard.mutation`) the same way.
 
 Two error channels, kept apart: a request that is not a usable AdmissionReview is answered with
 an HTTP 4xx and ``{"error": ...}`` (the API server then applies the failure policy); a pod that
@@ -241,6 +242,13 @@ class _Metrics:
             labelnames=("kind", "operation", "result"),
             registry=registry,
         )
+        self.mutations = Counter(
+            "vramguard_webhook_mutations_total",
+            "Pods the mutating webhook answered, by what it did (routed: to the vramguard scheduler; "
+            "limited: memory limits written; unchanged; skipped: not a Pod CREATE).",
+            labelnames=("result",),
+            registry=registry,
+        )
         gpu_pods = Gauge(
             "vramguard_webhook_gpu_pods", "Live GPU pods the webhook counts for quotas.", registry=registry
         )
@@ -266,14 +274,48 @@ _METRICS_KEY = web.AppKey("vramguard_webhook_metrics", _Metrics)
 def create_webhook_app(
     state: WebhookState, *, registry: CollectorRegistry, readiness: Readiness | None = None
 ) -> web.Application:
-    """The webhook application: ``POST /validate`` plus the probes and metrics of ``vramguard.io.http``."""
+    """The webhook application: ``POST /validate`` and ``POST /mutate``, plus the probes and metrics
+    of ``vramguard.io.http``."""
     app = create_app(
         registry=registry, readiness=readiness, metrics_prefix="vramguard_webhook", client_max_size=BODY_LIMIT
     )
     app[STATE_KEY] = state
     app[_METRICS_KEY] = _Metrics(registry, state)
     app.router.add_post("/validate", validate)
+    app.router.add_post("/mutate", mutate)
     return app
+
+
+async def mutate(request: web.Request) -> web.Response:
+    """Answer one AdmissionReview of the mutating webhook: a Pod being created gets the patch of
+    :meth:`AdmissionRules.mutation` (routing, enforced limits); anything else is allowed unchanged."""
+    state = request.app[STATE_KEY]
+    metrics = request.app[_METRICS_KEY]
+    review = await read_model(request, AdmissionReview)
+    admission = review.request
+    gvk = admission.kind
+    pod_create = (gvk.group, gvk.version, gvk.kind) == ("", "v1", "Pod") and admission.operation == "CREATE"
+    if not pod_create or admission.subResource:
+        metrics.mutations.labels("skipped").inc()
+        return json_response(review_response(admission.uid, True))
+    subject = _subject(admission)
+    labels = await state.namespace_labels(subject.namespace)
+    cluster = state.cluster
+    node = _node_name(subject.obj)
+    view = ClusterView(
+        labels,
+        cluster.offers(),
+        cluster.node_offers(node) if node else None,
+        dra=cluster.dra_context() if cluster.dra.watched else None,
+    )
+    mutation = state.policy.rules.mutation(subject.namespace, subject.obj, view)
+    if mutation.routed_to:
+        metrics.mutations.labels("routed").inc()
+    if mutation.injections:
+        metrics.mutations.labels("limited").inc()
+    if not mutation.patch:
+        metrics.mutations.labels("unchanged").inc()
+    return json_response(review_response(admission.uid, True, warnings=mutation.notes, patch=mutation.patch))
 
 
 async def validate(request: web.Request) -> web.Response:

@@ -6,6 +6,8 @@ newer API server's additions never turn into a 400.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -64,9 +66,14 @@ def review_response(
     message: str | None = None,
     warnings: Sequence[str] = (),
     audit_annotations: Mapping[str, str] | None = None,
+    patch: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The AdmissionReview to answer with; a denial carries ``status`` with code 403 and the message."""
+    """The AdmissionReview to answer with; a denial carries ``status`` with code 403 and the message,
+    a mutation its JSON Patch (base64 of the JSON, as the wire wants it)."""
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(patch), separators=(",", ":")).encode()).decode()
     if not allowed:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": message or "denied by vramguard"}
     if warnings:

@@ -30,7 +30,7 @@ class WebhookPatchError(Exception):
 
 
 class AdmissionApi(Protocol):
-    """The two calls of ``kubernetes.client.AdmissionregistrationV1Api`` used here."""
+    """The calls of ``kubernetes.client.AdmissionregistrationV1Api`` used here."""
 
     def read_validating_webhook_configuration(self, name: str, *, _request_timeout: float | None = ...) -> Any:
         """Return the named ValidatingWebhookConfiguration."""
@@ -44,6 +44,19 @@ class AdmissionApi(Protocol):
         _request_timeout: float | None = ...,
     ) -> Any:
         """Apply a patch to the named ValidatingWebhookConfiguration."""
+
+    def read_mutating_webhook_configuration(self, name: str, *, _request_timeout: float | None = ...) -> Any:
+        """Return the named MutatingWebhookConfiguration."""
+
+    def patch_mutating_webhook_configuration(
+        self,
+        name: str,
+        body: list[dict[str, Any]],
+        *,
+        _content_type: str | None = ...,
+        _request_timeout: float | None = ...,
+    ) -> Any:
+        """Apply a patch to the named MutatingWebhookConfiguration."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -111,7 +124,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--patch-webhook",
         metavar="NAME",
-        help="set caBundle in every webhook of this ValidatingWebhookConfiguration",
+        help="set caBundle in every webhook of this ValidatingWebhookConfiguration, and of the "
+        "MutatingWebhookConfiguration of the same name where there is one",
     )
     parser.add_argument(
         "--kubeconfig",
@@ -198,17 +212,26 @@ def run(args: argparse.Namespace) -> int:
         print("the new CA's key was not saved (use --ca-key-out to keep it); renewing will need a new CA")
 
     if api is not None:
-        try:
-            count = patch_webhook_ca_bundle(api, args.patch_webhook, leaf.ca_pem())
-        except WebhookPatchError as exc:
-            print(f"{_PROG}: error: {exc}", file=sys.stderr)
-            return _EXIT_PATCH_FAILED
-        print(f"set caBundle in {count} webhook(s) of ValidatingWebhookConfiguration {args.patch_webhook}")
+        for kind, required in (("validating", True), ("mutating", False)):
+            try:
+                count = patch_webhook_ca_bundle(api, args.patch_webhook, leaf.ca_pem(), kind=kind, required=required)
+            except WebhookPatchError as exc:
+                print(f"{_PROG}: error: {exc}", file=sys.stderr)
+                return _EXIT_PATCH_FAILED
+            if count:
+                print(f"set caBundle in {count} webhook(s) of {_KINDS[kind]} {args.patch_webhook}")
     return _EXIT_OK
 
 
-def patch_webhook_ca_bundle(api: AdmissionApi, name: str, ca_pem: bytes) -> int:
-    """Set ``clientConfig.caBundle`` of every webhook in ValidatingWebhookConfiguration ``name``.
+_KINDS = {"validating": "ValidatingWebhookConfiguration", "mutating": "MutatingWebhookConfiguration"}
+
+
+def patch_webhook_ca_bundle(
+    api: AdmissionApi, name: str, ca_pem: bytes, *, kind: str = "validating", required: bool = True
+) -> int:
+    """Set ``clientConfig.caBundle`` of every webhook in the ``kind`` (``validating`` or
+    ``mutating``) webhook configuration ``name``; one that does not exist is an error only when
+    ``required`` (else 0 are patched).
 
     Uses a JSON patch guarded by ``test`` operations on each webhook's name, so a concurrent
     reordering of the list fails instead of patching the wrong entry, and no other field of the
@@ -220,15 +243,19 @@ def patch_webhook_ca_bundle(api: AdmissionApi, name: str, ca_pem: bytes) -> int:
     except ImportError as exc:  # pragma: no cover - kubernetes is a declared dependency
         raise WebhookPatchError(f"the kubernetes client is not installed: {exc}") from None
 
+    title = _KINDS[kind]
+    read = getattr(api, f"read_{kind}_webhook_configuration")
     try:
-        configuration = api.read_validating_webhook_configuration(name, _request_timeout=_API_TIMEOUT_S)
+        configuration = read(name, _request_timeout=_API_TIMEOUT_S)
     except ApiException as exc:
-        raise WebhookPatchError(f"cannot read ValidatingWebhookConfiguration {name}: {_api_reason(exc)}") from None
+        if exc.status == 404 and not required:
+            return 0
+        raise WebhookPatchError(f"cannot read {title} {name}: {_api_reason(exc)}") from None
     except Exception as exc:
         raise WebhookPatchError(f"request to the API server failed: {_one_line(exc)}") from None
     webhooks = list(getattr(configuration, "webhooks", None) or [])
     if not webhooks:
-        raise WebhookPatchError(f"ValidatingWebhookConfiguration {name} has no webhooks to patch")
+        raise WebhookPatchError(f"{title} {name} has no webhooks to patch")
 
     bundle = base64.b64encode(ca_pem).decode("ascii")
     patch: list[dict[str, Any]] = []
@@ -237,11 +264,11 @@ def patch_webhook_ca_bundle(api: AdmissionApi, name: str, ca_pem: bytes) -> int:
         # "add" creates caBundle or replaces it: JSON patch "replace" fails when it is absent.
         patch.append({"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": bundle})
     try:
-        api.patch_validating_webhook_configuration(
+        getattr(api, f"patch_{kind}_webhook_configuration")(
             name, patch, _content_type="application/json-patch+json", _request_timeout=_API_TIMEOUT_S
         )
     except ApiException as exc:
-        raise WebhookPatchError(f"cannot patch ValidatingWebhookConfiguration {name}: {_api_reason(exc)}") from None
+        raise WebhookPatchError(f"cannot patch {title} {name}: {_api_reason(exc)}") from None
     except Exception as exc:
         raise WebhookPatchError(f"request to the API server failed: {_one_line(exc)}") from None
     return len(webhooks)

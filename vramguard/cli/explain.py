@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from vramguard.admission import workload_pods
-from vramguard.demand import ContainerDemand
+from vramguard.demand import ContainerDemand, PodDemand
 from vramguard.demand.objects import load_each_document
 from vramguard.dra.fields import memory_text
 from vramguard.dra.review import ClaimReview, DraContext, review_pod_claims
 from vramguard.dra.state import KIND_STORES, DraState
+from vramguard.ledger import ResourceOffer
+from vramguard.mutation import plan_limits
 from vramguard.placement import pod_refusals
-from vramguard.policy import Policy, PolicyError, default_policy, load_policy
+from vramguard.policy import ClassChoice, Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import QuantityError, format_bytes, parse_bytes
 from vramguard.workloads import object_parts, parts_demand, serving_runtimes, unread_warning
 
@@ -118,6 +120,7 @@ def explain_object(
         "warnings": [],
         "skipped": False,
         "claims": [],
+        "injected": [],
     }
     if parts is None:
         warning = unread_warning(obj, options.is_gpu)
@@ -149,11 +152,29 @@ def explain_object(
                 report["class"] = report["class"] or choice.name
                 report["enforcement"] = report["enforcement"] or choice.enforcement
             _claims_report(report, review, choice.enforcement == "enforce", prefix, named)
+        if demand.wants_gpu and choice.qos.enforce_memory_limits:
+            injected, notes = _limits(demand, choice, gpu_memory)
+            report["injected"].extend({**i, **named} for i in injected)
+            report["warnings"].extend(prefix + n for n in notes)
         report["templates"].append({"name": part.name, "pods": part.pods, "gpu": demand.wants_gpu})
         report["containers"].extend({**_container_report(c, gpu_memory), **named} for c in demand.containers)
         report["errors"].extend(prefix + e for e in errors)
         report["warnings"].extend(prefix + w for w in demand.warnings)
     return report
+
+
+def _limits(
+    demand: PodDemand, choice: ClassChoice, gpu_memory: int | None
+) -> tuple[list[dict[str, str]], list[str]]:
+    """The memory limits the mutating webhook writes for a class with ``enforce_memory_limits``,
+    on GPUs of ``gpu_memory``."""
+    if gpu_memory is None:
+        return [], [f"class {choice.name} writes GPU memory limits at admission: pass --gpu-memory to see them"]
+    offer = ResourceOffer(gpu_memory, gpu_memory, gpu_memory, frozenset(choice.qos.sharing))
+    injections, notes = plan_limits(
+        demand, {c.resource: offer for c in demand.containers}, mps=tuple(choice.qos.sharing) == ("mps",)
+    )
+    return [{"container": i.container, "name": i.name, "value": i.value} for i in injections], notes
 
 
 def _claims_report(
@@ -287,6 +308,9 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
                 f"{t['name']} {t['pods']}" for t in report["templates"]))
         if report.get("class"):
             lines.append(f"  class {report['class']} (namespace mode {report['enforcement']})")
+        if report.get("injected"):
+            lines.append("  written at admission (enforce_memory_limits): " + ", ".join(
+                f"{i['container']} {i['name']}={i['value']}" for i in report["injected"]))
         for refusal in report.get("refusals", ()):
             how = "refused" if refusal["enforced"] else "not enforced in this mode"
             lines.append(f"  refusal [{refusal['rule']}, {how}]: {refusal['message']}")

@@ -1,4 +1,5 @@
-"""``vramguard webhook-config``: print the ValidatingWebhookConfiguration for a policy.
+"""``vramguard webhook-config``: print the ValidatingWebhookConfiguration for a policy (with
+``--mutating``, the MutatingWebhookConfiguration that routes GPU pods to the vramguard scheduler).
 
 The entries' failure policies are split on the namespaces' enforcement mode, and a namespace
 without the ``vramguard.io/enforce`` label follows the policy's default: regenerate the
@@ -12,7 +13,13 @@ import sys
 from pathlib import Path
 
 from vramguard.policy import PolicyError, default_policy, load_policy
-from vramguard.webhook_config import WebhookTarget, render, webhook_configuration
+from vramguard.webhook_config import (
+    MUTATING_HEADER,
+    WebhookTarget,
+    mutating_webhook_configuration,
+    render,
+    webhook_configuration,
+)
 
 __all__ = ["register", "run"]
 
@@ -40,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAMESPACE",
         help=f"namespace never sent to the webhook (repeatable; default: {', '.join(defaults.excluded_namespaces)})",
     )
+    parser.add_argument(
+        "--mutating",
+        action="store_true",
+        help="print the MutatingWebhookConfiguration instead (routing to the vramguard scheduler, memory limits)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -52,5 +64,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     excluded = tuple(args.exclude) if args.exclude else WebhookTarget().excluded_namespaces
     target = WebhookTarget(namespace=args.namespace, service=args.service, excluded_namespaces=excluded)
-    sys.stdout.write(render(webhook_configuration(policy, target)))
+    if args.mutating:
+        sys.stdout.write(render(mutating_webhook_configuration(policy, target), MUTATING_HEADER))
+    else:
+        sys.stdout.write(render(webhook_configuration(policy, target)))
     return EXIT_OK
