@@ -726,7 +726,10 @@ def test_gpu_pods_must_name_a_scheduler_wired_to_vramguard(obj: dict[str, Any], 
 
 def test_scheduler_violation_only_warns_in_a_warn_namespace() -> None:
     decision = review(pod(GOOD), rules=WIRED, mode="warn")
-    assert decision.allowed and decision.warnings[0].startswith("would deny: spec.schedulerName default-scheduler")
+    assert decision.allowed
+    assert decision.warnings[0] == (
+        "would deny: default-scheduler does not call vramguard (not routed); set schedulerName: vramguard"
+    )
 
 
 # --------------------------------------------------------------------------- direct placement

@@ -239,7 +239,9 @@ def deployment(template: dict[str, Any]) -> dict[str, Any]:
 def test_an_unrouted_gpu_pod_is_a_warning_even_in_audit_mode() -> None:
     decision = review_mode(vllm_pod(), "Pod", {})
     assert decision.allowed and decision.mode == "audit"
-    assert [w for w in decision.warnings if w.startswith("not guarded: spec.schedulerName default-scheduler")]
+    assert "not guarded: default-scheduler does not call vramguard (not routed); set schedulerName: vramguard" in (
+        decision.warnings
+    ), decision.warnings
 
 
 def test_an_unrouted_gpu_pod_is_refused_where_the_namespace_enforces() -> None:

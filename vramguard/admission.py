@@ -289,6 +289,8 @@ class Finding:
     message: str
     container: str | None = None
     """The container it is about, when it is about one."""
+    brief: str | None = None
+    """The message cut to what a warning line holds, where the whole one would not fit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -675,17 +677,18 @@ class AdmissionRules:
         if kind != "Pod" and name == DEFAULT_SCHEDULER and routed:
             return
         if name not in wired:
-            hint = ""
+            hint = brief_hint = ""
             if name == DEFAULT_SCHEDULER and routing_scheduler(self.policy) is not None:
-                hint = (
-                    "; the mutating webhook did not route it (is it running?)"
-                    if routes_namespace(namespace_labels)
-                    else f"; the namespace opts out of routing ({ROUTING_LABEL}=disabled)"
-                )
+                if routed:
+                    hint, brief_hint = "; the mutating webhook did not route it (is it running?)", " (not routed)"
+                else:
+                    hint = f"; the namespace opts out of routing ({ROUTING_LABEL}=disabled)"
+                    brief_hint = " (namespace opts out of routing)"
             found.violate(
                 Code.SCHEDULER,
                 f"spec.schedulerName {name} does not call vramguard, so nothing would check this pod's GPU "
                 f"memory; set spec.schedulerName: {wired[0]} (policy schedulers: {', '.join(wired)}){hint}",
+                brief=f"{name[:40]} does not call vramguard{brief_hint}; set schedulerName: {wired[0][:30]}",
             )
 
     def _direct_placement(
@@ -1034,7 +1037,7 @@ class AdmissionRules:
             annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(violations)
             annotations[AUDIT_CLASS_KEY] = choice.name
             # Audit is silent, except for a pod nothing will guard: its GPU is shared unchecked.
-            warnings.extend(f"not guarded: {f.message}" for f in problems if f.code is Code.SCHEDULER)
+            warnings.extend(f"not guarded: {f.brief or f.message}" for f in problems if f.code is Code.SCHEDULER)
         warnings.extend(f.message for f in remarks)
         return Decision(
             allowed=allowed,
@@ -1105,8 +1108,8 @@ class _Findings:
     violations: list[Finding] = field(default_factory=list)
     notes: list[Finding] = field(default_factory=list)
 
-    def violate(self, code: Code, message: str, container: str | None = None) -> None:
-        self.violations.append(Finding(code, message, container))
+    def violate(self, code: Code, message: str, container: str | None = None, brief: str | None = None) -> None:
+        self.violations.append(Finding(code, message, container, brief))
 
     def note(self, code: Code, message: str, container: str | None = None) -> None:
         self.notes.append(Finding(code, message, container))
@@ -1119,6 +1122,8 @@ def _would_deny(finding: Finding) -> tuple[str, ...]:
     """A violation as ``warn`` mode returns it. A claim's memory message too long for one warning is
     split before the number to write (``set capacity.requests.memory: 72Gi``), which must survive."""
     text = f"would deny: {finding.message}"
+    if len(text) > WARNING_LIMIT and finding.brief:
+        return (f"would deny: {finding.brief}",)
     head, _, fix = finding.message.rpartition("; ")
     if len(text) <= WARNING_LIMIT or finding.code not in _SPLIT_CODES or not head:
         return (text,)

@@ -1,0 +1,195 @@
+"""Routing in the second-scheduler layout (the layout of managed clusters): the mutating webhook sends
+GPU pods that name no scheduler to the vramguard scheduler, so workloads are guarded unedited.
+
+The cluster runs both schedulers: kube-scheduler as shipped (no extender: it would place every pod
+that has a replica free) and the vramguard scheduler with the shipped configuration, calling the
+extender on loopback. The webhook configurations registered are the shipped files.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import gpu_nodes, kube
+from e2e.cluster import Cluster, ClusterConfig
+from e2e.test_webhook import warnings_of
+
+WAIT = 60.0
+MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+# vLLM's own Kubernetes guide (docs/deployment/k8s.md, "Deployment with GPUs"): a Deployment that
+# names no scheduler and starts `vllm serve` through a shell, at vLLM's default
+# --gpu-memory-utilization (0.9 in v0.6.3, vllm/engine/arg_utils.py). Its Secret and PVC are left
+# out: no kubelet runs here, so nothing mounts them.
+VLLM_DOCS_DEPLOYMENT: dict[str, Any] = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "vllm"},
+    "spec": {
+        "replicas": 2,
+        "selector": {"matchLabels": {"app": "vllm"}},
+        "template": {
+            "metadata": {"labels": {"app": "vllm"}},
+            "spec": {
+                "containers": [{
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:v0.6.3",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/sh", "-c"],
+                    "args": [
+                        "vllm serve mistralai/Mistral-7B-Instruct-v0.3 --trust-remote-code "
+                        "--enable-chunked-prefill --max_num_batched_tokens 1024"
+                    ],
+                    "ports": [{"containerPort": 8000}],
+                    "resources": {
+                        "limits": {"cpu": "10", "memory": "16Gi", "nvidia.com/gpu": "1"},
+                        "requests": {"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "1"},
+                    },
+                }],
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def layout(local_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The second-scheduler layout, with the extender and both webhooks."""
+    cluster = Cluster(ClusterConfig(
+        directory=tmp_path_factory.mktemp("routing-cluster"),
+        kube_version=local_control_plane.version,
+        second_scheduler=True,
+        vramguard="on",
+    ))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+class Scene:
+    """One test's namespace and GPU node on :func:`layout`."""
+
+    def __init__(self, cluster: Cluster, unique: str) -> None:
+        self.cluster = cluster
+        self.unique = unique
+        self.core = kube.kubernetes_module().client.CoreV1Api(cluster.api_client())
+        self.apps = kube.kubernetes_module().client.AppsV1Api(cluster.api_client())
+        self.namespaces: list[str] = []
+        spec = gpu_nodes.time_sliced(f"h100-{unique}", "H100-80GB", replicas=4)
+        self.node = spec.name
+        gpu_nodes.create_gpu_node(self.core, spec)
+
+    def namespace(self, suffix: str, labels: dict[str, str] | None = None) -> str:
+        name = f"routing-{suffix}-{self.unique}"
+        self.core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+        self.namespaces.append(name)
+        return name
+
+    def pods(self, namespace: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(namespace).items)
+
+    def settled(self, namespace: str, count: int) -> list[Any]:
+        """Wait until ``count`` pods exist and each is bound or judged unschedulable."""
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            pods = self.pods(namespace)
+            if len(pods) == count and all(p.spec.node_name or _unschedulable(p) for p in pods):
+                return pods
+            time.sleep(0.3)
+        pytest.fail(f"pods of {namespace} did not settle: {[(p.metadata.name, p.spec.node_name) for p in pods]}")
+
+    def cleanup(self) -> None:
+        for namespace in self.namespaces:
+            for pod in self.pods(namespace):
+                self.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+            self.core.delete_namespace(namespace)
+        self.core.delete_node(self.node)
+
+
+def _unschedulable(pod: Any) -> str:
+    for condition in pod.status.conditions or ():
+        if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+            return str(condition.message)
+    return ""
+
+
+@pytest.fixture
+def scene(layout: Cluster, unique: str) -> Iterator[Scene]:
+    made = Scene(layout, unique)
+    yield made
+    made.cleanup()
+
+
+def gpu_pod(name: str, utilization: str, scheduler: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{
+        "name": "vllm", "image": "vllm/vllm-openai:v0.21.0",
+        "args": ["--model", "m", "--gpu-memory-utilization", utilization],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }]}
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def test_an_unedited_vllm_deployment_is_routed_and_never_overcommits_the_gpu(scene: Scene) -> None:
+    """Two replicas at vLLM's default 0.9 on one H100 with four time-slicing replicas: kube-scheduler
+    alone would place both. Routed, one is placed and the other waits with the arithmetic."""
+    namespace = scene.namespace("deployment")
+    scene.apps.create_namespaced_deployment(namespace, VLLM_DOCS_DEPLOYMENT)
+    pods = scene.settled(namespace, 2)
+    assert {p.spec.scheduler_name for p in pods} == {"vramguard"}
+    bound = [p for p in pods if p.spec.node_name]
+    assert [p.spec.node_name for p in bound] == [scene.node]
+    [waiting] = [p for p in pods if not p.spec.node_name]
+    assert "VRAM" in _unschedulable(waiting), _unschedulable(waiting)
+
+
+def test_an_opted_out_namespace_keeps_its_pods_on_their_scheduler_and_is_told(scene: Scene) -> None:
+    namespace = scene.namespace("opted-out", {"vramguard.io/routing": "disabled"})
+    response = scene.core.create_namespaced_pod(namespace, gpu_pod("left", "0.9"), _preload_content=False)
+    assert "not guarded: default-scheduler does not call vramguard (namespace opts out of routing); set " \
+        "schedulerName: vramguard" in warnings_of(response), warnings_of(response)
+    [pod] = scene.settled(namespace, 1)
+    assert pod.spec.scheduler_name == "default-scheduler"
+
+
+def test_a_pod_naming_another_scheduler_is_left_to_it(scene: Scene) -> None:
+    namespace = scene.namespace("other")
+    response = scene.core.create_namespaced_pod(namespace, gpu_pod("batch", "0.5", "volcano"), _preload_content=False)
+    assert "not guarded: volcano does not call vramguard; set schedulerName: vramguard" in warnings_of(response)
+    pod = scene.core.read_namespaced_pod("batch", namespace)
+    assert pod.spec.scheduler_name == "volcano" and not pod.spec.node_name
+
+
+def test_without_the_mutating_webhook_an_enforcing_namespace_refuses_the_unrouted_pod(scene: Scene) -> None:
+    """Routing never makes things worse: with the mutating webhook gone (down: its failurePolicy is
+    Ignore), an enforcing namespace refuses the pod instead of letting it past the guard, and an
+    auditing one admits it with the warning."""
+    enforcing = scene.namespace("enforce", {"vramguard.io/enforce": "enforce"})
+    auditing = scene.namespace("audit")
+    saved = scene.cluster.request("GET", f"{MUTATING}/vramguard")
+    scene.cluster.request("DELETE", f"{MUTATING}/vramguard")
+    try:
+        with pytest.raises(kube.api_exception()) as refused:
+            scene.core.create_namespaced_pod(enforcing, gpu_pod("refused", "0.3"))
+        assert "the mutating webhook did not route it" in str(getattr(refused.value, "body", ""))
+        response = scene.core.create_namespaced_pod(auditing, gpu_pod("admitted", "0.3"), _preload_content=False)
+        assert any(w.startswith("not guarded:") for w in warnings_of(response))
+    finally:
+        for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+            saved["metadata"].pop(key, None)
+        try:
+            scene.cluster.request("POST", MUTATING, saved)
+        except urllib.error.HTTPError as error:
+            if error.code != 409:
+                raise
+    # Back: the next pod is routed.
+    scene.core.create_namespaced_pod(enforcing, gpu_pod("routed", "0.3"))
+    assert scene.core.read_namespaced_pod("routed", enforcing).spec.scheduler_name == "vramguard"
