@@ -11,9 +11,9 @@ HELM_VERSION := v3.22.0
 KUSTOMIZE_VERSION := v5.7.1
 export PATH := $(TOOLS):$(PATH)
 
-.PHONY: test unit e2e lint demo bench tools clean lock lock-check audit sbom image image-check image-e2e
+.PHONY: test unit e2e lint chart demo bench tools clean lock lock-check audit sbom image image-check image-e2e
 
-test: lint unit e2e  ## all tests: lint, unit, end-to-end on a real control plane
+test: lint chart unit e2e  ## all tests: lint, the chart, unit, end-to-end on a real control plane
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+chart: tools  ## helm lint and helm package of the chart (dist/vramguard-VERSION.tgz)
+	helm lint --strict charts/vramguard --kube-version v1.36.3
+	helm lint --strict charts/vramguard --kube-version v1.34.0 --set mode=default-scheduler --set certManager.enabled=true
+	helm package charts/vramguard --destination dist
 
 unit: $(INSTALLED) tools
 	$(BIN)/python -m pytest tests

@@ -45,10 +45,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Kubernetes version or minor for the local control plane (default $KUBE_VERSION or 1.36)",
     )
     group.addoption(
-        "--e2e-second-scheduler",
-        dest="e2e_second_scheduler",
+        "--e2e-default-scheduler",
+        dest="e2e_default_scheduler",
         action="store_true",
-        help="run vramguard behind a second scheduler named 'vramguard' in the session cluster",
+        help="wire the extender into the session cluster's default scheduler (default: the layout the "
+        "chart installs, a second scheduler named 'vramguard' that the mutating webhook routes GPU pods to)",
     )
     group.addoption(
         "--e2e-no-vramguard",
@@ -93,7 +94,7 @@ def _session_cluster(
     local = Cluster.up(
         tmp_path_factory.mktemp(name),
         kube_version=request.config.getoption("e2e_kube_version"),
-        second_scheduler=request.config.getoption("e2e_second_scheduler"),
+        second_scheduler=not request.config.getoption("e2e_default_scheduler"),
         vramguard=vramguard,
     )
     try:

@@ -289,7 +289,8 @@ def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[N
     try:
         wait_until("the quota webhook /readyz", lambda: http_status(url + "/readyz", context=cluster.ssl_context())
                    == 200, timeout=60, process=process)
-        ns = Namespace(cluster, name, {})
+        # Its pods stay on default-scheduler, the scheduler this webhook's policy names.
+        ns = Namespace(cluster, name, {"vramguard.io/routing": "disabled"})
         # The configuration `vramguard webhook-config` prints for this policy (default enforce).
         configuration = services.localize_webhook_configuration(
             webhook_configuration(Policy.model_validate(policy)), webhook_url=url, ca_b64=cluster.ca.cert_b64

@@ -152,6 +152,14 @@ class _FakeAdmissionApi:
     def patch_validating_webhook_configuration(self, name: str, body: Any, **kwargs: Any) -> None:
         self.patches.append((name, body, kwargs))
 
+    def read_mutating_webhook_configuration(self, name: str, **_: Any) -> _FakeConfiguration:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+        raise ApiException(status=404, reason="Not Found")
+
+    def patch_mutating_webhook_configuration(self, name: str, body: Any, **kwargs: Any) -> None:
+        self.patches.append((name, body, kwargs))
+
 
 def test_patch_sets_every_webhook_and_guards_the_order() -> None:
     api = _FakeAdmissionApi(["pods.vramguard.io", "templates.vramguard.io"])
@@ -325,3 +333,19 @@ def test_client_certificate_bad_input(
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+class _FakeMutatingApi(_FakeAdmissionApi):
+    def read_mutating_webhook_configuration(self, name: str, **_: Any) -> _FakeConfiguration:
+        return _FakeConfiguration(self.names)
+
+
+def test_patch_sets_the_mutating_configuration_of_the_same_name_where_there_is_one() -> None:
+    present = _FakeMutatingApi(["pod-routing.vramguard.io"])
+    assert certs_cli.patch_webhook_ca_bundle(present, WEBHOOK_CONFIG, b"PEM", kind="mutating", required=False) == 1
+    [(_, body, _)] = present.patches
+    assert body[1]["path"] == "/webhooks/0/clientConfig/caBundle"
+    missing = _FakeAdmissionApi([])
+    assert certs_cli.patch_webhook_ca_bundle(missing, WEBHOOK_CONFIG, b"PEM", kind="mutating", required=False) == 0
+    with pytest.raises(certs_cli.WebhookPatchError, match="cannot read MutatingWebhookConfiguration"):
+        certs_cli.patch_webhook_ca_bundle(missing, WEBHOOK_CONFIG, b"PEM", kind="mutating")

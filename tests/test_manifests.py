@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
@@ -271,11 +272,21 @@ def test_writable_paths_are_volumes(rendered: list[JSON]) -> None:
                     assert mount.get("readOnly") is True, f"{workload}: hostPath mounted writable"
 
 
+KEPT_SECRETS = ["vramguard-ca", "vramguard-webhook-tls", "vramguard-extender-tls", "vramguard-scheduler-client-tls"]
+
+
 def test_nobody_reads_secrets_and_no_wildcards(rendered: list[JSON]) -> None:
+    """Only the certificate keeper touches Secrets: it creates them (a verb RBAC cannot limit by
+    name), and reads and replaces only the four it keeps, in its own namespace. It lists nothing."""
     for role in (o for o in rendered if o["kind"] in ("ClusterRole", "Role")):
         for rule in role.get("rules") or []:
             name = role["metadata"]["name"]
-            assert "secrets" not in rule.get("resources", []), name
+            if "secrets" in rule.get("resources", []):
+                assert (role["kind"], name) == ("Role", "vramguard-certificates"), name
+                assert rule["resources"] == ["secrets"], name
+                assert rule["verbs"] == ["create"] or (
+                    rule["verbs"] == ["get", "update"] and rule.get("resourceNames") == KEPT_SECRETS
+                ), rule
             assert "*" not in rule.get("resources", []) and "*" not in rule.get("verbs", []), name
             assert "*" not in rule.get("apiGroups", []), name
 
@@ -364,8 +375,8 @@ def test_helm_values_reach_the_objects() -> None:
 
 
 def test_helm_matches_kustomize_for_rbac() -> None:
-    def rules(objects: list[JSON]) -> dict[str, Any]:
-        return {o["metadata"]["name"]: o.get("rules") or o.get("roleRef")
+    def rules(objects: list[JSON]) -> dict[tuple[str, str], Any]:
+        return {(o["kind"], o["metadata"]["name"]): o.get("rules") or o.get("roleRef")
                 for o in objects if o["kind"] in ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")}
 
     assert rules(render_chart()) == rules(render_kustomization(BASE))
@@ -429,7 +440,10 @@ def test_the_control_plane_components_requests_get_the_schedulers_priority_level
 
 
 def test_alert_rules_are_complete_and_use_exported_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
+
     from extender import metrics  # noqa: PLC0415 - the metric names come from the code
+    from vramguard.io.cert_keeper import KeeperStatus  # noqa: PLC0415
     from vramguard.io.tls import CERTIFICATE_EXPIRY_METRIC  # noqa: PLC0415
 
     rules = [rule for group in load(MANIFESTS / "monitoring" / "vramguard-alerts.yaml")["groups"]
@@ -440,6 +454,10 @@ def test_alert_rules_are_complete_and_use_exported_metrics() -> None:
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
     assert CERTIFICATE_EXPIRY_METRIC in exprs["VramguardCertificateExpiringSoon"]
     assert "14 * 86400" in exprs["VramguardCertificateExpiringSoon"]
+    keeper = exprs["VramguardCertificateKeeperFailing"]
+    assert "vramguard_certificates_last_success_timestamp_seconds" in keeper
+    collector = KeeperStatus(registry := CollectorRegistry())
+    assert "vramguard_certificates_last_success_timestamp_seconds" in generate_latest(registry).decode(), collector
     assert exprs["VramguardWatchDead"] == "vramguard_watch_healthy == 0"
     assert "vramguard_watch_oversized_events_total" in exprs["VramguardWatchOversizedEvents"]
     assert exprs["VramguardExtenderNoLeader"] == "sum(vramguard_extender_leader) == 0"
@@ -546,3 +564,15 @@ def test_the_chart_refuses_a_cluster_without_the_apis_it_watches() -> None:
     with pytest.raises(subprocess.CalledProcessError) as refused:
         render_chart(kube_version="v1.33.5")
     assert "kubeVersion" in refused.value.stderr
+
+
+def test_chart_image_and_package_versions_move_in_lockstep() -> None:
+    """One version names the package, the image (scripts/image.sh reads pyproject.toml), the chart
+    and the image the chart and the kustomize base deploy."""
+    version = re.search(r'(?m)^version = "(.+)"$', (ROOT / "pyproject.toml").read_text())
+    assert version is not None
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == version[1]
+    [image] = yaml.safe_load((BASE / "kustomization.yaml").read_text())["images"]
+    assert image["newTag"] == version[1]
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["image"]["tag"] == ""  # appVersion

@@ -9,11 +9,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from vramguard.cli import agent, audit, certs, explain, extender, plan, scheduler_config, webhook, webhook_config
+from vramguard.cli import (
+    agent,
+    audit,
+    certs,
+    explain,
+    extender,
+    keep_certs,
+    plan,
+    scheduler_config,
+    webhook,
+    webhook_config,
+)
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 REGISTRY: tuple[Registrar, ...] = (
     explain.register, plan.register, audit.register, extender.register, webhook.register, webhook_config.register,
-    scheduler_config.register, certs.register, agent.register,
+    scheduler_config.register, certs.register, keep_certs.register, agent.register,
 )

@@ -44,6 +44,7 @@ __all__ = [
     "PrivateKey",
     "ServingCertificate",
     "ServingFiles",
+    "ca_from_pem",
     "create_ca",
     "generate_private_key",
     "issue_client_certificate",
@@ -389,8 +390,16 @@ def load_ca(cert_file: Path | str, key_file: Path | str, password: bytes | None 
     certificate, or the certificate is not a CA allowed to sign certificates.
     """
     cert_path, key_path = Path(cert_file), Path(key_file)
-    cert_bytes = _read(cert_path, "CA certificate")
-    key_bytes = _read(key_path, "CA key")
+    return ca_from_pem(
+        _read(cert_path, "CA certificate"), _read(key_path, "CA key"), password, where=(str(cert_path), str(key_path))
+    )
+
+
+def ca_from_pem(
+    cert_bytes: bytes, key_bytes: bytes, password: bytes | None = None, *, where: tuple[str, str] = ("ca", "key")
+) -> CertificateAuthority:
+    """A CA from its PEM certificate and key (``where`` names them in errors); see :func:`load_ca`."""
+    cert_path, key_path = where
     try:
         certificate = x509.load_pem_x509_certificate(cert_bytes)
     except ValueError:
