@@ -4,8 +4,8 @@
 # the extender as a sidecar (see manifests/base/scheduler.yaml).
 #
 #   make image        (scripts/image.sh: Docker or podman; a local stand-in base without a registry)
-#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
-#       --build-arg SOURCE=$(git remote get-url origin) -t vramguard:0.1.0 .
+#   docker build --build-arg VERSION=0.2.0 --build-arg REVISION=$(git rev-parse HEAD) \
+#       --build-arg SOURCE=$(git remote get-url origin) -t vramguard:0.2.0 .
 #
 # The runtime stage writes nothing outside /tmp (mount an emptyDir there), so it runs with
 # readOnlyRootFilesystem: true as the numeric non-root user 65532. Bytecode is compiled at build

@@ -1,9 +1,11 @@
 """Routing in the second-scheduler layout (the layout of managed clusters): the mutating webhook sends
 GPU pods that name no scheduler to the vramguard scheduler, so workloads are guarded unedited.
 
-The cluster runs both schedulers: kube-scheduler as shipped (no extender: it would place every pod
-that has a replica free) and the vramguard scheduler with the shipped configuration, calling the
-extender on loopback. The webhook configurations registered are the shipped files.
+The cluster is the Helm chart rendered with its defaults: both schedulers, kube-scheduler as
+shipped (no extender: it would place every pod that has a replica free) and the vramguard scheduler
+with the chart's configuration calling the extender on loopback; the chart's RBAC, webhook
+configurations, admission policies and policy. The services run as processes (or from the image,
+as the rest of the suite).
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from __future__ import annotations
 import time
 import urllib.error
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e import gpu_nodes, kube
 from e2e.cluster import Cluster, ClusterConfig
 from e2e.test_webhook import warnings_of
+from tests.test_manifests import render_chart
 
 WAIT = 60.0
 MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -57,14 +62,35 @@ VLLM_DOCS_DEPLOYMENT: dict[str, Any] = {
 }
 
 
+def chart_defaults(root: Path) -> Path:
+    """The chart rendered with its defaults (``helm template``), laid out as the harness reads
+    manifests: every object, the second scheduler's configuration from its ConfigMap; returns the
+    policy file from the policy ConfigMap."""
+    objects = render_chart()
+    (root / "scheduler").mkdir(parents=True)
+    (root / "chart.yaml").write_text(yaml.safe_dump_all(objects))
+    configmaps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    (root / "scheduler" / "second-scheduler.yaml").write_text(configmaps["vramguard-scheduler-config"]["config.yaml"])
+    policy = root / "policy.yaml"
+    policy.write_text(configmaps["vramguard-policy"]["policy.yaml"])
+    return policy
+
+
 @pytest.fixture(scope="module")
 def layout(local_control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The second-scheduler layout, with the extender and both webhooks."""
+    """The chart rendered with its defaults: the second scheduler's configuration, RBAC, both webhook
+    configurations, the admission policies and the policy, with the extender and the webhook."""
+    root = tmp_path_factory.mktemp("chart-defaults")
+    policy = chart_defaults(root)
     cluster = Cluster(ClusterConfig(
         directory=tmp_path_factory.mktemp("routing-cluster"),
         kube_version=local_control_plane.version,
         second_scheduler=True,
         vramguard="on",
+        manifests=root,
+        policy=policy,
+        # The chart's sidecar: kube-scheduler's own election picks the one extender it calls.
+        service_args={"extender": ["--leader-elect=false"]},
     ))
     cluster.start()
     try:

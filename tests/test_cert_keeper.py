@@ -14,7 +14,14 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry, generate_latest
 
 from vramguard.io import certs
-from vramguard.io.cert_keeper import RESTART_ANNOTATION, KeeperNames, KeeperStatus, keep_certificates, keep_forever
+from vramguard.io.cert_keeper import (
+    RESTART_ANNOTATION,
+    KeeperError,
+    KeeperNames,
+    KeeperStatus,
+    keep_certificates,
+    keep_forever,
+)
 from vramguard.io.kube import ApiError
 
 NS = "vramguard-system"
@@ -205,9 +212,41 @@ def test_the_ca_is_rotated_in_its_last_year_and_the_old_one_stays_trusted() -> N
     for name in ("vramguard-webhook-tls", "vramguard-extender-tls", "vramguard-scheduler-client-tls"):
         leaf(api, name).verify_directly_issued_by(x509.load_pem_x509_certificate(new))
         assert api.secret(name)["ca.crt"] == bundle
-    # Once the old CA has expired, the bundle drops it.
-    keep(api, T0 + dt.timedelta(days=3651))
+    # A week later the transition is over: the bundle drops the old CA, and the leaves follow.
+    assert keep(api, later + dt.timedelta(days=6)).issued == []
+    result = keep(api, later + dt.timedelta(days=8))
     assert api.secret("vramguard-ca")["ca.crt"] == new
+    assert len(result.issued) == 3 and api.secret("vramguard-webhook-tls")["ca.crt"] == new
+
+
+def test_secrets_made_by_hand_are_taken_over_without_a_gap_in_trust() -> None:
+    """An installation whose Secrets `vramguard certs` made: the first pass issues everything from its
+    own CA, and trusts the old CA for the week the pods take to reload what they serve."""
+    api = installed()
+    manual = certs.create_ca("vramguard CA for vramguard-webhook.vramguard-system", now=T0 - dt.timedelta(days=30))
+    for service in ("vramguard-webhook", "vramguard-extender"):
+        name = f"{service}-tls"
+        leaf_pair = certs.issue_service_certificate(manual, service, NS, now=T0 - dt.timedelta(days=30))
+        api.put(f"/api/v1/namespaces/{NS}/secrets/{name}", {"type": "kubernetes.io/tls", "data": {
+            "tls.crt": base64.b64encode(leaf_pair.cert_pem()).decode(),
+            "tls.key": base64.b64encode(leaf_pair.key_pem()).decode(),
+            "ca.crt": base64.b64encode(manual.cert_pem()).decode(),
+        }})
+    result = keep(api)
+    assert set(result.issued) == {"vramguard-webhook-tls", "vramguard-extender-tls", "vramguard-scheduler-client-tls"}
+    bundle = api.secret("vramguard-ca")["ca.crt"]
+    assert bundle == api.secret("vramguard-ca")["tls.crt"] + manual.cert_pem()
+    wanted = base64.b64encode(bundle).decode()
+    assert {w["clientConfig"]["caBundle"] for w in api.objects[VALIDATING]["webhooks"]} == {wanted}
+    keep(api, T0 + dt.timedelta(days=8))
+    assert api.secret("vramguard-ca")["ca.crt"] == api.secret("vramguard-ca")["tls.crt"]
+
+
+def test_a_secret_of_another_type_is_not_overwritten() -> None:
+    api = installed()
+    api.put(f"/api/v1/namespaces/{NS}/secrets/vramguard-extender-tls", {"type": "Opaque", "data": {}})
+    with pytest.raises(KeeperError, match=r"is of type Opaque, not kubernetes\.io/tls: delete it"):
+        keep(api)
 
 
 def test_a_keeper_that_loses_the_race_uses_the_winners_certificate() -> None:

@@ -371,7 +371,7 @@ def test_helm_values_reach_the_objects() -> None:
     assert {w["timeoutSeconds"] for w in webhook["webhooks"]} == {7}
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "vramguard-webhook")
     assert deployment["spec"]["replicas"] == 3
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/vg:0.1.0"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/vg:0.2.0"
 
 
 def test_helm_matches_kustomize_for_rbac() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_manifests import CHART, CLUSTER_VERSION, MANIFESTS, NAMESPACE, helm_command
+from tests.test_manifests import CHART, CLUSTER_VERSION, MANIFESTS, NAMESPACE, helm_command, render_chart
 from vramguard.cli import main
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.policy import Policy, default_policy
@@ -255,18 +255,8 @@ def test_shipped_mutating_file_is_the_generator_output() -> None:
     assert main(["webhook-config", "--mutating"]) == 0
 
 
-def helm_objects(*values: str) -> list[JSON]:
-    helm = helm_command()
-    if helm is None:
-        pytest.skip("helm is not installed")
-    args = [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", CLUSTER_VERSION]
-    for value in values:
-        args += ["--set", value]
-    return [d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d]
-
-
 def test_chart_registers_the_mutating_webhook_unless_routing_is_off() -> None:
-    [config] = [d for d in helm_objects("webhook.caBundle=Q0E=") if d["kind"] == "MutatingWebhookConfiguration"]
+    [config] = [d for d in render_chart("webhook.caBundle=Q0E=") if d["kind"] == "MutatingWebhookConfiguration"]
     [webhook] = config["webhooks"]
     assert webhook["clientConfig"] == {
         "caBundle": "Q0E=",
@@ -275,12 +265,12 @@ def test_chart_registers_the_mutating_webhook_unless_routing_is_off() -> None:
     assert webhook["namespaceSelector"]["matchExpressions"][1] == {
         "key": "vramguard.io/routing", "operator": "NotIn", "values": ["disabled"]
     }
-    off = helm_objects("webhook.mutating.enabled=false")
+    off = render_chart("webhook.mutating.enabled=false")
     assert not [d for d in off if d["kind"] == "MutatingWebhookConfiguration"]
 
 
 def test_in_default_scheduler_mode_the_mutating_webhook_is_there_only_for_memory_limits(tmp_path: Path) -> None:
-    objects = helm_objects("mode=default-scheduler")
+    objects = render_chart("mode=default-scheduler")
     # Nothing is routed there: every pod's scheduler calls the extender.
     assert [d for d in objects if d["kind"] == "MutatingWebhookConfiguration"] == []
     helm = helm_command()

@@ -4,4 +4,4 @@ Every module here except ``vramguard.io`` (the I/O adapters) and ``vramguard.cli
 line) is the pure core: decisions only, no network, no Kubernetes client, no NVML.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

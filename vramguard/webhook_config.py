@@ -105,6 +105,12 @@ _KINDS = (
 )
 
 
+def _client_config(target: WebhookTarget) -> dict[str, Any]:
+    return {
+        "service": {"namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port}
+    }
+
+
 def enforcement_selectors(default_mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``vramguard.io/enforce`` match expressions of the ``Fail`` and the ``Ignore`` entries."""
     if default_mode == "enforce":
@@ -219,9 +225,7 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
                 "timeoutSeconds": target.timeout_seconds,
                 "failurePolicy": failure,
                 "matchPolicy": "Equivalent",
-                "clientConfig": {"service": {
-                    "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
-                }},
+                "clientConfig": _client_config(target),
                 "rules": [{**rule, "operations": list(operations), "scope": "Namespaced"} for rule in rules],
                 "namespaceSelector": {"matchExpressions": [dict(e) for e in expressions]},
                 "matchConditions": [dict(condition)],
@@ -270,9 +274,7 @@ def mutating_webhook_configuration(policy: Policy, target: WebhookTarget | None 
             "failurePolicy": "Ignore",
             "reinvocationPolicy": "Never",
             "matchPolicy": "Equivalent",
-            "clientConfig": {"service": {
-                "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
-            }},
+            "clientConfig": _client_config(target),
             "rules": [{
                 "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"],
                 "scope": "Namespaced",
@@ -303,9 +305,7 @@ def _claims_entry(
         "timeoutSeconds": target.timeout_seconds,
         "failurePolicy": failure,
         "matchPolicy": "Equivalent",
-        "clientConfig": {"service": {
-            "namespace": target.namespace, "name": target.service, "path": target.path, "port": target.port,
-        }},
+        "clientConfig": _client_config(target),
         "rules": [{
             "apiGroups": ["resource.k8s.io"],
             "apiVersions": ["v1"],

@@ -5,9 +5,10 @@ the only ServiceAccount that may write the Secrets: the services that serve untr
 hold the CA's key) and, on each pass, makes the cluster hold:
 
 - a private CA, in the Secret ``vramguard-ca`` (``tls.crt``, ``tls.key``, and ``ca.crt``: the
-  bundle of the CAs still trusted). It lives ten years; within its last year a new CA takes over
-  signing, and the bundle keeps the old one until it expires, so nothing issued by it stops
-  being trusted before it is replaced;
+  bundle of the CAs trusted). It lives ten years; within its last year a new CA takes over
+  signing, and the bundle keeps the old one for a week of transition (so is a CA found in the TLS
+  Secrets on the first pass, made by ``vramguard certs`` or an earlier installation): every
+  certificate is issued again at once, and the week covers the pods reloading them;
 - the webhook's and the extender's serving certificates (``vramguard-webhook-tls``,
   ``vramguard-extender-tls``) for their Services' DNS names, and kube-scheduler's client
   certificate for the extender's mutual TLS (``vramguard-scheduler-client-tls``), each a
@@ -60,6 +61,10 @@ RENEW_AT_REMAINING = 1 / 3
 RESTART_ANNOTATION = "vramguard.io/certificates"
 """On kube-scheduler's pod template: a digest of its client certificate and the bundle."""
 CLIENT_NAME = "kube-scheduler"
+TRANSITION = dt.timedelta(days=7)
+"""How long the CAs trusted before the current one stay in the bundle."""
+PREVIOUS_UNTIL_ANNOTATION = "vramguard.io/previous-cas-until"
+"""On the CA's Secret: until when the bundle keeps the CAs trusted before the current one."""
 ATTEMPTS = 3
 """Passes over a Secret that another keeper changed meanwhile, before giving up until the next run."""
 SECRETS = "/api/v1/secrets"
@@ -215,31 +220,59 @@ def _log(result: KeepResult) -> None:
 async def _keep_ca(
     client: KubeClient, names: KeeperNames, now: dt.datetime, result: KeepResult
 ) -> tuple[certs.CertificateAuthority, bytes]:
-    """The CA that signs, and the bundle of CAs trusted; creates or rotates them as needed."""
+    """The CA that signs, and the bundle of CAs trusted; creates or rotates them as needed.
+
+    The CAs trusted before the current one took over (the previous CA after a rotation; on a first
+    pass, the CAs of Secrets made by hand or by an earlier installation) stay in the bundle for
+    :data:`TRANSITION`, while the pods reload what they serve and present: then they go."""
     for _ in range(ATTEMPTS):
         secret = await _read_secret(client, names.namespace, names.ca_secret)
         current = _ca_of(secret)
         stored = _data(secret or {}, certs.CA_CERT_FILE)
+        until = _annotation_time(secret, PREVIOUS_UNTIL_ANNOTATION)
         if current is not None and current.certificate.not_valid_after_utc - now > CA_RENEW_BEFORE:
             signing = current
-            result.expiries[names.ca_secret] = current.certificate.not_valid_after_utc.timestamp()
-            bundle = _bundle([current.certificate, *_certificates(stored)], now)
+            previous = _certificates(stored) if until is not None and now < until else []
+            bundle = _bundle([current.certificate, *previous], now)
             if bundle == stored:
-                return current, bundle  # a CA trusted before has expired: the bundle drops it below
+                result.expiries[names.ca_secret] = current.certificate.not_valid_after_utc.timestamp()
+                return current, bundle
+            # A previous CA's transition ended (or it expired): the bundle drops it.
         else:
             signing = certs.create_ca(f"vramguard CA ({names.namespace})", days=certs.CA_VALIDITY_DAYS, now=now)
-            kept = [current.certificate] if current is not None else []
-            bundle = _bundle([signing.certificate, *kept], now)
+            previous = [current.certificate] if current is not None else await _adopted_cas(client, names)
+            bundle = _bundle([signing.certificate, *previous], now)
+            until = now + TRANSITION
         data = {
             certs.TLS_CERT_FILE: signing.cert_pem(),
             certs.TLS_KEY_FILE: signing.key_pem(),
             certs.CA_CERT_FILE: bundle,
         }
-        if await _write_secret(client, names.namespace, names.ca_secret, "Opaque", data, secret):
+        annotations = {PREVIOUS_UNTIL_ANNOTATION: until.isoformat()} if until is not None else {}
+        if await _write_secret(client, names.namespace, names.ca_secret, "Opaque", data, secret, annotations):
             result.ca_rotated = current is not None and signing is not current
             result.expiries[names.ca_secret] = signing.certificate.not_valid_after_utc.timestamp()
             return signing, bundle
     raise KeeperError(f"Secret {names.namespace}/{names.ca_secret} kept changing under this keeper")
+
+
+async def _adopted_cas(client: KubeClient, names: KeeperNames) -> list[x509.Certificate]:
+    """The CAs of the TLS Secrets there before the keeper's first CA (``vramguard certs``, an
+    earlier installation), trusted through the transition so nothing fails while pods reload."""
+    found: list[x509.Certificate] = []
+    for leaf in _leaves(names):
+        secret = await _read_secret(client, names.namespace, leaf.secret)
+        found.extend(_certificates(_data(secret or {}, certs.CA_CERT_FILE)))
+    return found
+
+
+def _annotation_time(secret: Mapping[str, Any] | None, key: str) -> dt.datetime | None:
+    value = (((secret or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+    try:
+        moment = dt.datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None
 
 
 def _ca_of(secret: Mapping[str, Any] | None) -> certs.CertificateAuthority | None:
@@ -415,6 +448,7 @@ async def _write_secret(
     kind: str,
     data: Mapping[str, bytes],
     previous: Mapping[str, Any] | None,
+    annotations: Mapping[str, str] | None = None,
 ) -> bool:
     """Create the Secret, or replace ``previous`` at its resourceVersion; False when another
     keeper wrote it first (read it again)."""
@@ -426,12 +460,16 @@ async def _write_secret(
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
     try:
+        if annotations:
+            body["metadata"]["annotations"] = {**body["metadata"].get("annotations", {}), **annotations}
         if previous is None:
             await client.create(collection_path(SECRETS, namespace), body)
         else:
             metadata = previous.get("metadata") or {}
             body["metadata"]["resourceVersion"] = metadata.get("resourceVersion")
             body["metadata"]["labels"] = {**(metadata.get("labels") or {}), **LABELS}
+            kept = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != PREVIOUS_UNTIL_ANNOTATION}
+            body["metadata"]["annotations"] = {**kept, **(annotations or {})}
             if previous.get("type") not in (None, kind):
                 raise KeeperError(
                     f"Secret {namespace}/{name} is of type {previous.get('type')}, not {kind}: delete it to let "
