@@ -150,7 +150,7 @@ cmd_check() {
     check "runs as 65532:65532 by default" bash -c "[[ \$($ENGINE image inspect --format '{{.Config.User}}' $IMAGE) == 65532:65532 ]] && [[ \$($ENGINE run --rm --entrypoint python $IMAGE -c 'import os; print(os.getuid(), os.getgid())') == '65532 65532' ]]"
     check "entrypoint --help on a read-only root" run_image "$IMAGE" --help
     local sub
-    for sub in extender webhook agent explain plan audit certs; do
+    for sub in extender webhook agent explain plan audit certs keep-certs webhook-config scheduler-config; do
         check "vramguard $sub --help" run_image "$IMAGE" "$sub" --help
     done
     check "kubectl-vram --help" run_image --entrypoint kubectl-vram "$IMAGE" --help
