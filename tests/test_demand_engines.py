@@ -768,3 +768,73 @@ def test_configurable_gpu_resources() -> None:
 )
 def test_implicit_default_is_flagged(spec: dict[str, Any], implicit: bool) -> None:
     assert derive_pod_demand(spec).containers[0].implicit_default is implicit
+
+
+VLLM_TYPOS = {
+    # vLLM's parser refuses an option it does not know (argparse "unrecognized arguments"): the pod
+    # crash-loops, so a misspelled memory or parallelism option is an error, naming the option meant.
+    "utilization": (["--gpu-memory-utlization", "0.3"], "--gpu-memory-utlization", "--gpu-memory-utilization"),
+    "tensor": (["--tensor-paralel-size", "2"], "--tensor-paralel-size", "--tensor-parallel-size"),
+    "underscored": (["--gpu_memory_utilisation", "0.3"], "--gpu_memory_utilisation", "--gpu-memory-utilization"),
+}
+
+
+@pytest.mark.parametrize(("flags", "written", "meant"), VLLM_TYPOS.values(), ids=VLLM_TYPOS.keys())
+def test_a_misspelled_vllm_memory_or_parallel_option_is_an_error(flags: list[str], written: str, meant: str) -> None:
+    spec = pod(container("vllm", image="vllm/vllm-openai:v0.21.0", args=["--model", "m", *flags]))
+    [demand] = derive_pod_demand(spec).containers
+    assert (
+        f"container vllm: {written}: vLLM has no such option and exits at start (\"unrecognized arguments\"); "
+        f"did you mean {meant}?"
+    ) in demand.errors, demand.errors
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--gpu_memory_utilization", "0.3"],  # underscores: vLLM's parser reads them as dashes
+        ["--data-parallel-size-local", "1"],  # extends a known option: a real one
+        ["--max-model-len", "4096", "--max-num-seqs", "8", "--enable-chunked-prefill"],
+        ["--pipeline-parallel-size", "1", "--tensor-parallel-size", "1", "--data-parallel-size", "1"],
+    ],
+    ids=["underscores", "extension", "unrelated", "all-known"],
+)
+def test_real_vllm_options_are_no_misspelling(flags: list[str]) -> None:
+    spec = pod(container("vllm", image="vllm/vllm-openai:v0.21.0", args=["--model", "m", *flags]))
+    [demand] = derive_pod_demand(spec).containers
+    assert not [e for e in demand.errors if "did you mean" in e], demand.errors
+
+
+def test_names_meant_for_vramguard_that_it_does_not_read_are_warned_about() -> None:
+    spec = pod(
+        container("vllm", image="vllm/vllm-openai:v0.21.0", args=["--model", "m", "--gpu-memory-utilization", "0.3"]),
+        container("side", gpus=None, resources={"limits": {"nvidia.com/gpus": "1"}}),
+        annotations={
+            "vramguard.io/vrma": "20Gi",  # misspelled
+            "vramgaurd.io/vram": "20Gi",  # misspelled domain
+            "vramguard.io/vram.worker": "10Gi",  # names no container
+            "vramguard.io/qos-class": "guaranteed",  # a label
+            "vramguard.io/vram.vllm": "30Gi",  # read
+            "example.com/owner": "team-a",  # none of vramguard's business
+        },
+    )
+    warnings = derive_pod_demand(spec).warnings
+    assert "annotation 'vramguard.io/vrma' is not one vramguard reads; did you mean vramguard.io/vram?" in warnings
+    assert "annotation 'vramgaurd.io/vram' is not one vramguard reads; did you mean vramguard.io/vram?" in warnings
+    assert "annotation 'vramguard.io/vram.worker' names no container of the pod (side, vllm): nothing reads it" in (
+        warnings
+    )
+    assert "vramguard.io/qos-class is a label, not an annotation: nothing reads it as an annotation" in warnings
+    assert (
+        "container 'side': resource 'nvidia.com/gpus' is no GPU resource (no node offers it, and the pod waits); "
+        "did you mean nvidia.com/gpu?"
+    ) in warnings
+    assert not [w for w in warnings if "example.com" in w or "vram.vllm" in w]
+
+
+def test_a_pod_with_only_names_vramguard_reads_draws_no_such_warning() -> None:
+    spec = pod(
+        container("vllm", image="vllm/vllm-openai:v0.21.0", args=["--model", "m", "--gpu-memory-utilization", "0.3"]),
+        annotations={"vramguard.io/vram": "30Gi", "vramguard.io/placement": "{}", "prometheus.io/scrape": "true"},
+    )
+    assert not [w for w in derive_pod_demand(spec).warnings if "vramguard reads" in w or "did you mean" in w]

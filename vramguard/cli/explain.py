@@ -6,12 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from vramguard.admission import workload_pods
+from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
 from vramguard.demand import ContainerDemand, PodDemand
-from vramguard.demand.objects import load_each_document
 from vramguard.dra.fields import memory_text
 from vramguard.dra.review import ClaimReview, DraContext, review_pod_claims
 from vramguard.dra.state import KIND_STORES, DraState
@@ -36,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "or a refusal its namespace enforces; 2: unreadable input or document; 3: no errors, but an "
         "object of a kind vramguard does not read asks for a GPU (skipped).",
     )
-    parser.add_argument("file", metavar="FILE|-", help="manifest file, or - for standard input")
+    add_input_arguments(parser)
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument(
         "--gpu-memory",
@@ -52,14 +51,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None
         policy = load_policy(args.policy) if getattr(args, "policy", None) else default_policy()
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, QuantityError, PolicyError) as exc:
+        sources = read_sources(args)
+    except (InputError, QuantityError, PolicyError) as exc:
         print(f"vramguard explain: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    documents = load_each_document(text)
-    for document in documents:
-        if document.error is not None:
-            print(f"vramguard explain: {args.file}: document {document.index}: {document.error}", file=sys.stderr)
+    documents = [document for source in sources for document in source.documents]
+    for source in sources:
+        for document in source.documents:
+            if document.error is not None:
+                print(f"vramguard explain: {source.name}: document {document.index}: {document.error}",
+                      file=sys.stderr)
     objects = [obj for document in documents for obj in document.objects]
     namespaces = {_name(o): _labels(o) for o in objects if o.get("kind") == "Namespace"}
     runtimes = serving_runtimes(objects)

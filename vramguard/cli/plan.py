@@ -21,11 +21,10 @@ import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
 from vramguard.demand import DemandOptions, PodDemand
-from vramguard.demand.objects import load_each_document
 from vramguard.dra.allocate import DraBook
 from vramguard.dra.claims import ClaimRequest, DeviceRequest
 from vramguard.dra.classes import class_for_extended_resource
@@ -55,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "placed; 1: some pods stay pending; 2: unreadable input, document or policy; 3: every pod "
         "placed, but an object of a kind vramguard does not read asks for a GPU (skipped).",
     )
-    parser.add_argument("file", metavar="FILE|-", help="manifest file, or - for standard input")
+    add_input_arguments(parser)
     parser.add_argument("--policy", metavar="FILE", help="policy file (default: the shipped policy)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.set_defaults(handler=run)
@@ -77,14 +76,15 @@ def run(args: argparse.Namespace) -> int:
     """Plan the input and print it; the exit code says whether every pod was placed."""
     try:
         policy = load_policy(args.policy) if args.policy else default_policy()
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, PolicyError) as exc:
+        sources = read_sources(args)
+    except (InputError, PolicyError) as exc:
         print(f"vramguard plan: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    documents = load_each_document(text)
-    for document in documents:
-        if document.error is not None:
-            print(f"vramguard plan: {args.file}: document {document.index}: {document.error}", file=sys.stderr)
+    documents = [document for source in sources for document in source.documents]
+    for source in sources:
+        for document in source.documents:
+            if document.error is not None:
+                print(f"vramguard plan: {source.name}: document {document.index}: {document.error}", file=sys.stderr)
     plan = make_plan([obj for document in documents for obj in document.objects], policy)
     if args.output == "json":
         print(json.dumps({"placed": plan.placed, "pending": plan.pending, "gpus": plan.gpus,

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramguard.codecs import VRAM_ANNOTATION, is_vramguard_key, vram_annotation
+from vramguard.codecs import (
+    CLASS_FINDINGS_ANNOTATION,
+    ENFORCE_LABEL,
+    PLACEMENT_ANNOTATION,
+    QOS_CLASS_LABEL,
+    VRAM_ANNOTATION,
+    is_vramguard_key,
+    vram_annotation,
+)
 from vramguard.demand.allowances import DEFAULT_TABLE, AllowanceTable
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import Budget, container_env
@@ -95,7 +104,70 @@ def derive_pod_demand(
                 containers.append(replace(demand, sidecar=True) if sidecar else demand)
     errors = [e for c in containers for e in c.errors]
     warnings = [w for c in containers for w in c.warnings]
+    warnings.extend(_misspellings(annotations, spec, options))
     return PodDemand(tuple(containers), tuple(errors), tuple(warnings))
+
+
+# What a pod may carry under vramguard.io/ (the placement and findings are the Binding's).
+POD_ANNOTATIONS = (VRAM_ANNOTATION, PLACEMENT_ANNOTATION, CLASS_FINDINGS_ANNOTATION)
+MISSPELLING_CUTOFF = 0.85
+"""``difflib`` ratio above which a name reads as a misspelling of one vramguard knows."""
+
+
+def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], options: DemandOptions) -> list[str]:
+    """Warnings for names that look meant for vramguard but are not what it reads: a misspelled
+    ``vramguard.io/*`` annotation, a declaration naming no container, a resource name one letter
+    off a GPU resource (the container then asks for no GPU, and no node offers that resource)."""
+    found: list[str] = []
+    pod_containers = [c for key in ("initContainers", "containers") for c in _items(spec.get(key))]
+    names = {c["name"] for c in pod_containers if isinstance(c.get("name"), str)}
+    for key in list(annotations)[:MAX_ANNOTATIONS_CHECKED]:
+        if key in POD_ANNOTATIONS:
+            continue
+        target, _, named = key.partition(VRAM_ANNOTATION + ".")
+        if not target and named:
+            if named not in names:
+                found.append(
+                    f"annotation {excerpt(key)} names no container of the pod "
+                    f"({', '.join(sorted(names)[:8]) or 'none'}): nothing reads it"
+                )
+            continue
+        if key in (QOS_CLASS_LABEL, ENFORCE_LABEL):
+            found.append(f"{key} is a label, not an annotation: nothing reads it as an annotation")
+            continue
+        if "vram" not in key.lower():
+            continue  # the cheap test first: this runs for every pod the services see
+        close = difflib.get_close_matches(key, POD_ANNOTATIONS, n=1, cutoff=MISSPELLING_CUTOFF)
+        if close or is_vramguard_key(key):
+            hint = f"; did you mean {close[0]}?" if close else f" (it reads {VRAM_ANNOTATION}[.<container>])"
+            found.append(f"annotation {excerpt(key)} is not one vramguard reads{hint}")
+    gpu_names = sorted(options.gpu_resources)
+    for container in pod_containers:
+        resources = container.get("resources")
+        resources = resources if isinstance(resources, Mapping) else {}
+        for section in ("limits", "requests"):
+            for resource in _items_keys(resources.get(section)):
+                if options.is_gpu(resource) or "gpu" not in resource.lower():
+                    continue
+                close = difflib.get_close_matches(resource, gpu_names, n=1, cutoff=MISSPELLING_CUTOFF)
+                if close:
+                    found.append(
+                        f"container {excerpt(str(container.get('name')))}: resource {excerpt(resource)} is no GPU "
+                        f"resource (no node offers it, and the pod waits); did you mean {close[0]}?"
+                    )
+    return list(dict.fromkeys(found))
+
+
+MAX_ANNOTATIONS_CHECKED = 256
+"""Annotations looked at for misspellings; a pod with thousands is read no slower."""
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    return [item for item in value[:MAX_DEVICES] if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _items_keys(value: Any) -> list[str]:
+    return [key for key in list(value)[:64] if isinstance(key, str)] if isinstance(value, Mapping) else []
 
 
 def derive_container_demand(

@@ -91,6 +91,15 @@ class Document:
 _SEPARATOR = re.compile(r"^---(?:[ \t].*)?$")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
 def load_each_document(text: str) -> list[Document]:
     """Every document of a JSON or multi-document YAML text, each read on its own.
 
@@ -99,9 +108,9 @@ def load_each_document(text: str) -> list[Document]:
     objects. ``kind: List`` items are flattened.
     """
     try:
-        whole: Any = json.loads(text)
+        whole: Any = json.loads(text, object_pairs_hook=_unique_keys)
     except ValueError:
-        pass
+        pass  # not JSON, or JSON with a key twice: read as YAML, which says where
     else:
         return [_document(1, whole, 0)]
     documents: list[Document] = []
@@ -118,9 +127,34 @@ def load_each_document(text: str) -> list[Document]:
     return [d for d in documents if d.objects or d.error is not None]
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice: YAML 1.2 forbids it, and the
+    last value would win without a word (two files concatenated without ``---`` read as one object,
+    the second Node's fields replacing the first's)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<": merged keys may be overridden, by design
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: the base constructor says so
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"duplicate key {key!r} (two objects without '---' between them?)",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _parse(index: int, text: str, first_line: int) -> Document:
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {first_line + mark.line + 1}" if mark is not None else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ class Flag:
     def evidence(self) -> str:
         """The flag as a person would type it (``--flag 0.3``, ``env NAME=0.3``)."""
         return self.name if self.value is None else f"{self.name}{self.separator}{excerpt(self.value, quote=False)}"
+
+
+NEAR_MISS_CUTOFF = 0.9
+"""``difflib`` ratio above which an unknown option reads as a misspelling: one or two letters off an
+option of 20-odd characters (``--gpu-memory-utlization``: 0.98), while distinct options sharing words
+stay apart (``--data-parallel-size`` against ``--tensor-parallel-size``: 0.86)."""
 
 
 class Options:
@@ -101,6 +108,23 @@ class Options:
     def has(self, names: Iterable[str]) -> bool:
         """Whether any of ``names`` is present, with or without a value."""
         return any(name in self._found for name in names)
+
+    def near_misses(self, options: Iterable[str]) -> list[tuple[str, str]]:
+        """Long options given that are none of ``options`` but within a letter or two of one of them
+        (``--gpu-memory-utlization``), as ``(as written, meant)``, in the order given. Underscores and
+        dashes compare equal, and an option extending one (``--data-parallel-size-local``) is no miss."""
+        wanted = {name.replace("_", "-") for name in options if name.startswith("--")}
+        misses: list[tuple[str, str]] = []
+        for name, (_, written, _, _) in sorted(self._found.items(), key=lambda item: item[1][0]):
+            canonical = name.replace("_", "-")
+            if not canonical.startswith("--") or canonical in wanted:
+                continue
+            if any(canonical.startswith(option + "-") for option in wanted):
+                continue
+            close = difflib.get_close_matches(canonical, sorted(wanted), n=1, cutoff=NEAR_MISS_CUTOFF)
+            if close:
+                misses.append((written, close[0]))
+        return misses
 
 
 def _is_negative_number(word: str) -> bool:

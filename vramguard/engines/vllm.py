@@ -77,6 +77,12 @@ _SIZES_WITH_DATA = (*_SIZES, DATA_PARALLEL)
 _SIZES_WITH_LOCAL_DATA = (*_SIZES, DATA_PARALLEL_LOCAL)
 NODES = ("--nnodes",)
 """Multi-node serving without Ray: the parallel sizes are totals over ``--nnodes`` pods."""
+MISSPELLABLE = (
+    *UTILIZATION, *KV_CACHE_BYTES, *(name for names in _SIZES for name in names), *DATA_PARALLEL,
+    *DATA_PARALLEL_LOCAL, *CONFIG, *NODES, *EAGER,
+)
+"""The options that decide what vLLM holds: a misspelling of one is an error, since vLLM's argument
+parser refuses any option it does not know, and the pod would crash-loop."""
 EXECUTOR = ("--distributed-executor-backend",)
 
 
@@ -99,6 +105,11 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     """What vLLM started with ``args`` in an image ``image`` will hold on each of its GPUs."""
     found = Findings.for_container(container)
     options = Options(args, underscores=True)
+    for written, meant in options.near_misses(MISSPELLABLE):
+        found.error(
+            f"{written}: vLLM has no such option and exits at start (\"unrecognized arguments\"); "
+            f"did you mean {meant}?"
+        )
     parallel = _parallel(options, found)
     tag = image_tag(image)
     version = version_from_tag(tag)
