@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -223,6 +225,20 @@ def stop_agent(agent: subprocess.Popen[bytes]) -> None:
     agent.wait(15)
 
 
+def wait_until_extender_reserves(cluster: Any, node: str, at_least: int, timeout: float = 30.0) -> None:
+    """Until the extender's ledger series (rendered every 10 s) show ``at_least`` bytes held on ``node``."""
+    pattern = re.compile(r'^vramguard_node_reserved_bytes\{[^}]*node="' + re.escape(node) + r'"[^}]*\} (\S+)$', re.M)
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(cluster.ops_url("extender") + "/metrics", timeout=10) as response:
+            held = sum(float(value) for value in pattern.findall(response.read().decode()))
+        if held >= at_least:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the extender holds {held:.0f} bytes on {node} after {timeout:g} s")
+        time.sleep(0.5)
+
+
 def wait_for_report(core_v1: Any, node: str, agent: subprocess.Popen[bytes], tmp_path: Path,
                     done: Any, timeout: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
@@ -268,6 +284,8 @@ def test_measured_use_above_the_declaration_keeps_a_later_pod_pending(
         try:
             report = wait_for_report(core_v1, node, agent, tmp_path, lambda r: "used" in r)
             assert report["used"] == {uid: {"1": 40 * 2**30}}
+            # The report is on the Node; the extender learns it through its watch, a moment later.
+            wait_until_extender_reserves(cluster, node, 40 * 2**30)
             big = {"vramguard.io/vram": "40Gi"}
             assert place(core_v1, namespace, "big", unique, big) is None
             # The filter's line for the kind of device (each GPU's room: kubectl vram nodes).

@@ -13,7 +13,7 @@ import yaml
 
 from vramguard.demand import DemandOptions
 from vramguard.policy import Policy, PolicyError, default_policy
-from vramguard.workloads import object_parts, parts_demand, template_parts
+from vramguard.workloads import object_parts, parts_demand, template_parts, unread_warning
 
 OPTIONS = DemandOptions()
 VLLM = "vllm/vllm-openai:v0.21.0"
@@ -255,3 +255,36 @@ def test_a_policy_without_workload_kinds_reads_the_shipped_ones(extra: str, kind
     # The shipped webhook configuration registers the shipped kinds whatever policy is in force.
     policy = Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\n" + extra)
     assert len(policy.workload_kinds) == kinds
+
+
+UNREAD_FORMS = {
+    # NVIDIA Dynamo's DynamoGraphDeployment: services.<name>.resources.limits.gpu (its docs' examples).
+    "dynamo": ({"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": "d"},
+                "spec": {"services": {"VllmWorker": {"resources": {"limits": {"gpu": "1"}}}}}},
+               "spec.services.VllmWorker.resources.limits"),
+    # KubeAI's Model: resourceProfile names a GPU profile and a count.
+    "kubeai": ({"apiVersion": "kubeai.org/v1", "kind": "Model", "metadata": {"name": "m"},
+                "spec": {"engine": "VLLM", "resourceProfile": "nvidia-gpu-l4:1"}},
+               "spec.resourceProfile ('nvidia-gpu-l4:1')"),
+    # The NIM operator's NIMService with DRA resources.
+    "nim-dra": ({"apiVersion": "apps.nvidia.com/v1alpha1", "kind": "NIMService", "metadata": {"name": "n"},
+                 "spec": {"draResources": [{"resourceClaimTemplateName": "gpu"}]}},
+                "spec.draResources"),
+    # HAMi's resources in a kind nobody described.
+    "hami": ({"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "t"},
+              "spec": {"resources": {"limits": {"nvidia.com/gpumem": "3000"}}}},
+             "spec.resources.limits"),
+}
+
+
+@pytest.mark.parametrize(("obj", "path"), UNREAD_FORMS.values(), ids=UNREAD_FORMS.keys())
+def test_every_form_of_asking_for_a_gpu_in_an_unread_kind_is_warned_about(obj: dict[str, Any], path: str) -> None:
+    warning = unread_warning(obj, DemandOptions().is_gpu)
+    assert warning is not None and f"asks for a GPU at {path}" in warning, warning
+    assert "workload_kinds" in warning
+
+
+def test_an_unread_kind_without_any_gpu_form_is_not_warned_about() -> None:
+    obj = {"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "t"},
+           "spec": {"resources": {"limits": {"cpu": "1"}}, "accelerator": "none", "resourceProfile": "cpu:4"}}
+    assert unread_warning(obj, DemandOptions().is_gpu) is None

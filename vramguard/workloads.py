@@ -36,8 +36,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
-from vramguard.demand.derive import GROUP_SIZE_ANNOTATION
+from vramguard.demand.derive import GPU_ANNOTATIONS, GROUP_SIZE_ANNOTATION, OTHER_GPU_RESOURCES
 from vramguard.demand.objects import pod_template
+from vramguard.quantity import excerpt
 
 __all__ = [
     "TemplatePart",
@@ -188,13 +189,20 @@ def template_parts(
     return parts
 
 
+GPU_FIELDS = frozenset({"resourceClaims", "draResources", "deviceClassName", "resourceClaimTemplateName"})
+"""Fields that ask for devices through DRA, in pods and in operators' specs (NIM's ``draResources``)."""
+GPU_PROFILE_FIELDS = frozenset({"resourceProfile", "gpuProfile", "accelerator", "acceleratorType"})
+"""Fields operators size GPUs with (KubeAI's ``resourceProfile: nvidia-gpu-a100:8``): a GPU when the
+value names one."""
+
+
 def gpu_request_paths(
     value: Any, is_gpu: Callable[[str], bool], path: str = "", depth: int = 0, found: list[str] | None = None
 ) -> list[str]:
-    """Where a GPU resource is asked for anywhere in an object (``spec.x.resources.limits``).
-
-    ``is_gpu`` tells whether a resource name is a GPU. Used to warn about objects of kinds nobody
-    described: they may run GPU pods vramguard cannot see.
+    """Where an object asks for a GPU in any form vramguard knows (``spec.x.resources.limits``):
+    a GPU resource, another sharing system's resource or annotation, a ``gpu`` limit (NVIDIA
+    Dynamo), a DRA field, a GPU profile. Used to warn about objects of kinds nobody described: they
+    may run GPU pods vramguard cannot see.
     """
     found = [] if found is None else found
     if depth > 32 or len(found) >= 8:
@@ -202,10 +210,15 @@ def gpu_request_paths(
     if isinstance(value, Mapping):
         for key, child in value.items():
             here = f"{path}.{key}" if path else str(key)
-            if key in ("limits", "requests") and isinstance(child, Mapping) and any(
-                isinstance(name, str) and is_gpu(name) for name in child
-            ):
+            if not isinstance(key, str):
+                continue
+            if (key in ("limits", "requests") and isinstance(child, Mapping) and any(
+                isinstance(name, str) and (is_gpu(name) or name in OTHER_GPU_RESOURCES or name == "gpu")
+                for name in child
+            )) or key in GPU_ANNOTATIONS or (key in GPU_FIELDS and child):
                 found.append(here)
+            elif key in GPU_PROFILE_FIELDS and isinstance(child, str) and "gpu" in child.lower():
+                found.append(f"{here} ({excerpt(child)})")
             else:
                 gpu_request_paths(child, is_gpu, here, depth + 1, found)
     elif isinstance(value, list):

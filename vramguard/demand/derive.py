@@ -108,6 +108,15 @@ def derive_pod_demand(
     return PodDemand(tuple(containers), tuple(errors), tuple(warnings))
 
 
+OTHER_GPU_RESOURCES = {
+    "nvidia.com/gpumem": "HAMi", "nvidia.com/gpumem-percentage": "HAMi", "nvidia.com/gpucores": "HAMi",
+    "volcano.sh/vgpu-number": "Volcano", "volcano.sh/vgpu-memory": "Volcano", "volcano.sh/vgpu-cores": "Volcano",
+    "aliyun.com/gpu-mem": "gpushare", "aliyun.com/gpu-count": "gpushare",
+}
+"""GPU resources of other sharing systems (their device plugins advertise them): a container asking
+for one uses a GPU that vramguard's GPU resources do not name."""
+GPU_ANNOTATIONS = {"gpu-fraction": "KAI scheduler", "gpu-memory": "KAI scheduler"}
+"""Annotations another scheduler gives a GPU share with (KAI scheduler's fractions and memory)."""
 # What a pod may carry under vramguard.io/ (the placement and findings are the Binding's).
 POD_ANNOTATIONS = (VRAM_ANNOTATION, PLACEMENT_ANNOTATION, CLASS_FINDINGS_ANNOTATION)
 MISSPELLING_CUTOFF = 0.85
@@ -141,20 +150,36 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
         if close or is_vramguard_key(key):
             hint = f"; did you mean {close[0]}?" if close else f" (it reads {VRAM_ANNOTATION}[.<container>])"
             found.append(f"annotation {excerpt(key)} is not one vramguard reads{hint}")
+    for key in annotations:
+        if key in GPU_ANNOTATIONS:
+            found.append(
+                f"annotation {excerpt(key)} gives a GPU share the {GPU_ANNOTATIONS[key]} way, which vramguard does "
+                f"not read: declare the pod's VRAM with {VRAM_ANNOTATION}"
+            )
     gpu_names = sorted(options.gpu_resources)
     for container in pod_containers:
         resources = container.get("resources")
         resources = resources if isinstance(resources, Mapping) else {}
-        for section in ("limits", "requests"):
-            for resource in _items_keys(resources.get(section)):
-                if options.is_gpu(resource) or "gpu" not in resource.lower():
-                    continue
-                close = difflib.get_close_matches(resource, gpu_names, n=1, cutoff=MISSPELLING_CUTOFF)
-                if close:
-                    found.append(
-                        f"container {excerpt(str(container.get('name')))}: resource {excerpt(resource)} is no GPU "
-                        f"resource (no node offers it, and the pod waits); did you mean {close[0]}?"
-                    )
+        asked = [name for section in ("limits", "requests") for name in _items_keys(resources.get(section))]
+        counted = any(options.is_gpu(name) for name in asked)
+        for resource in dict.fromkeys(asked):
+            if resource in OTHER_GPU_RESOURCES and not options.is_gpu(resource):
+                system = OTHER_GPU_RESOURCES[resource]
+                found.append(
+                    f"container {excerpt(str(container.get('name')))}: {excerpt(resource)} is {system}'s, which "
+                    "vramguard does not read: "
+                    + ("its engine is counted on the whole GPU, not under the share it sets"
+                       if counted else f"this GPU's memory is not checked (declare {VRAM_ANNOTATION})")
+                )
+                continue
+            if options.is_gpu(resource) or "gpu" not in resource.lower():
+                continue
+            close = difflib.get_close_matches(resource, gpu_names, n=1, cutoff=MISSPELLING_CUTOFF)
+            if close:
+                found.append(
+                    f"container {excerpt(str(container.get('name')))}: resource {excerpt(resource)} is no GPU "
+                    f"resource (no node offers it, and the pod waits); did you mean {close[0]}?"
+                )
     return list(dict.fromkeys(found))
 
 
