@@ -859,3 +859,35 @@ def test_other_sharing_systems_declarations_are_named_not_dropped() -> None:
         "annotation 'gpu-fraction' gives a GPU share the KAI scheduler way, which vramguard does not read: declare "
         "the pod's VRAM with vramguard.io/vram"
     ) in warnings
+
+
+SGLANG = ["python3", "-m", "sglang.launch_server", "--model-path", "m"]
+TGI = "ghcr.io/huggingface/text-generation-inference:3.3.4"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        # SGLang's launch_server parses with argparse, which exits on an option it does not know.
+        (container("sglang", command=[*SGLANG, "--mem-fraction-statc", "0.8"]),
+         '--mem-fraction-statc: SGLang has no such option and exits at start ("unrecognized arguments"); '
+         "did you mean --mem-fraction-static?"),
+        # TGI's launcher parses with clap, which refuses an unexpected argument.
+        (container("tgi", image=TGI, args=["--model-id", "m", "--num-shards", "2"]),
+         "--num-shards: TGI's launcher has no such option and exits at start (\"unexpected argument\"); "
+         "did you mean --num-shard?"),
+    ],
+    ids=["sglang", "tgi"],
+)
+def test_misspelled_sglang_and_tgi_options_are_errors(spec: dict[str, Any], expected: str) -> None:
+    [demand] = derive_pod_demand(pod(spec)).containers
+    assert [e for e in demand.errors if expected in e], demand.errors
+
+
+def test_real_sglang_and_tgi_options_are_no_misspelling() -> None:
+    sglang = container("sglang", command=[*SGLANG, "--ep-size", "2", "--tp-size", "2", "--mem-fraction-static", "0.8"],
+                       gpus=2)
+    tgi = container("tgi", image=TGI, args=["--model-id", "m", "--num-shard", "1", "--cuda-memory-fraction", "0.5"])
+    for spec in (sglang, tgi):
+        [demand] = derive_pod_demand(pod(spec)).containers
+        assert not [e for e in demand.errors if "did you mean" in e], demand.errors

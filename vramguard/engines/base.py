@@ -109,6 +109,12 @@ class Options:
         """Whether any of ``names`` is present, with or without a value."""
         return any(name in self._found for name in names)
 
+    def report_misspellings(self, options: Iterable[str], engine: str, refusal: str, found: Findings) -> None:
+        """An error for each :meth:`near_misses` of ``options``: ``engine``'s parser refuses an option it
+        does not know (``refusal``, its message), so the pod would crash-loop."""
+        for written, meant in self.near_misses(options):
+            found.error(f"{written}: {engine} has no such option and exits at start ({refusal}); did you mean {meant}?")
+
     def near_misses(self, options: Iterable[str]) -> list[tuple[str, str]]:
         """Long options given that are none of ``options`` but within a letter or two of one of them
         (``--gpu-memory-utlization``), as ``(as written, meant)``, in the order given. Underscores and

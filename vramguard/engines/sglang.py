@@ -69,6 +69,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     del env, image
     found = Findings.for_container(container)
     options = Options(args)
+    options.report_misspellings((*MEM_FRACTION, *TENSOR, *PIPELINE, *DATA, *NODES), "SGLang",
+                                '"unrecognized arguments"', found)
     sizes = (TENSOR, PIPELINE) + (() if options.has(DP_ATTENTION) else (DATA,))
     parallel = parallel_layout(options, sizes, found, NODES)
     fraction_flag = options.last(MEM_FRACTION)

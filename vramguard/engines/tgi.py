@@ -51,6 +51,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     del image
     found = Findings.for_container(container)
     options = Options(args)
+    options.report_misspellings((*MEMORY_FRACTION, *NUM_SHARD), "TGI's launcher", '"unexpected argument"', found)
     flag = options.last(MEMORY_FRACTION) or env_flag(env, MEMORY_FRACTION_ENV, found)
     vram: Vram | None
     implicit = flag is None

@@ -105,11 +105,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     """What vLLM started with ``args`` in an image ``image`` will hold on each of its GPUs."""
     found = Findings.for_container(container)
     options = Options(args, underscores=True)
-    for written, meant in options.near_misses(MISSPELLABLE):
-        found.error(
-            f"{written}: vLLM has no such option and exits at start (\"unrecognized arguments\"); "
-            f"did you mean {meant}?"
-        )
+    options.report_misspellings(MISSPELLABLE, "vLLM", '"unrecognized arguments"', found)
     parallel = _parallel(options, found)
     tag = image_tag(image)
     version = version_from_tag(tag)
