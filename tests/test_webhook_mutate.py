@@ -12,6 +12,7 @@ import pytest
 from tests.test_webhook import BAD_REQUESTS, admission_review, client_for, make_state, vllm_pod
 from vramguard.mutation import LIMIT_ENV, ROUTING_LABEL
 from vramguard.policy import Policy
+from webhook.app import BODY_LIMIT
 
 __all__ = ["client_for"]  # the fixture, imported for these tests
 
@@ -96,3 +97,13 @@ async def test_malformed_requests_are_a_clear_400(client_for: Any, body: bytes, 
         return
     assert response.status == 400
     assert fragment in (await response.json())["error"]
+
+
+async def test_a_body_over_the_limit_is_413_not_a_patch(client_for: Any) -> None:
+    obj = vllm_pod()
+    obj["metadata"]["annotations"] = {"filler": "x" * BODY_LIMIT}
+    client = await client_for(make_state(ROUTING_POLICY))
+    response = await client.post("/mutate", data=json.dumps(admission_review(obj)).encode(),
+                                 headers={"Content-Type": "application/json"})
+    assert response.status == 413
+    assert f"exceeds the limit of {BODY_LIMIT} bytes" in (await response.json())["error"]

@@ -299,15 +299,8 @@ async def mutate(request: web.Request) -> web.Response:
         metrics.mutations.labels("skipped").inc()
         return json_response(review_response(admission.uid, True))
     subject = _subject(admission)
-    labels = await state.namespace_labels(subject.namespace)
-    cluster = state.cluster
-    node = _node_name(subject.obj)
-    view = ClusterView(
-        labels,
-        cluster.offers(),
-        cluster.node_offers(node) if node else None,
-        dra=cluster.dra_context() if cluster.dra.watched else None,
-    )
+    # The same view as /validate: a claim template created just before its pod is read directly.
+    view = await state.view(subject, _object_uid(subject.obj))
     mutation = state.policy.rules.mutation(subject.namespace, subject.obj, view)
     if mutation.routed_to:
         metrics.mutations.labels("routed").inc()

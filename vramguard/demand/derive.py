@@ -129,41 +129,40 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
     off a GPU resource (the container then asks for no GPU, and no node offers that resource)."""
     found: list[str] = []
     pod_containers = [c for key in ("initContainers", "containers") for c in _items(spec.get(key))]
-    names = {c["name"] for c in pod_containers if isinstance(c.get("name"), str)}
     for key in list(annotations)[:MAX_ANNOTATIONS_CHECKED]:
-        if key in POD_ANNOTATIONS:
-            continue
-        target, _, named = key.partition(VRAM_ANNOTATION + ".")
-        if not target and named:
-            if named not in names:
-                found.append(
-                    f"annotation {excerpt(key)} names no container of the pod "
-                    f"({', '.join(sorted(names)[:8]) or 'none'}): nothing reads it"
-                )
-            continue
-        if key in (QOS_CLASS_LABEL, ENFORCE_LABEL):
-            found.append(f"{key} is a label, not an annotation: nothing reads it as an annotation")
-            continue
-        if "vram" not in key.lower():
-            continue  # the cheap test first: this runs for every pod the services see
-        close = difflib.get_close_matches(key, POD_ANNOTATIONS, n=1, cutoff=MISSPELLING_CUTOFF)
-        if close or is_vramguard_key(key):
-            hint = f"; did you mean {close[0]}?" if close else f" (it reads {VRAM_ANNOTATION}[.<container>])"
-            found.append(f"annotation {excerpt(key)} is not one vramguard reads{hint}")
-    for key in annotations:
         if key in GPU_ANNOTATIONS:
             found.append(
                 f"annotation {excerpt(key)} gives a GPU share the {GPU_ANNOTATIONS[key]} way, which vramguard does "
                 f"not read: declare the pod's VRAM with {VRAM_ANNOTATION}"
             )
+            continue
+        if "vram" not in key.lower() or key in POD_ANNOTATIONS:
+            continue  # the cheap tests first: this runs for every pod the services see
+        target, _, named = key.partition(VRAM_ANNOTATION + ".")
+        if not target and named:
+            names = {c["name"] for c in pod_containers if isinstance(c.get("name"), str)}
+            if named not in names:
+                found.append(
+                    f"annotation {excerpt(key)} names no container of the pod "
+                    f"({', '.join(sorted(names)[:8]) or 'none'}): nothing reads it"
+                )
+        elif key in (QOS_CLASS_LABEL, ENFORCE_LABEL):
+            found.append(f"{key} is a label, not an annotation: nothing reads it as an annotation")
+        else:
+            close = difflib.get_close_matches(key, POD_ANNOTATIONS, n=1, cutoff=MISSPELLING_CUTOFF)
+            if close or is_vramguard_key(key):
+                hint = f"; did you mean {close[0]}?" if close else f" (it reads {VRAM_ANNOTATION}[.<container>])"
+                found.append(f"annotation {excerpt(key)} is not one vramguard reads{hint}")
     gpu_names = sorted(options.gpu_resources)
     for container in pod_containers:
         resources = container.get("resources")
         resources = resources if isinstance(resources, Mapping) else {}
-        asked = [name for section in ("limits", "requests") for name in _items_keys(resources.get(section))]
-        counted = any(options.is_gpu(name) for name in asked)
-        for resource in dict.fromkeys(asked):
-            if resource in OTHER_GPU_RESOURCES and not options.is_gpu(resource):
+        asked = {name: options.is_gpu(name) for s in ("limits", "requests") for name in _items_keys(resources.get(s))}
+        counted = any(asked.values())
+        for resource, is_gpu in asked.items():
+            if is_gpu:
+                continue
+            if resource in OTHER_GPU_RESOURCES:
                 system = OTHER_GPU_RESOURCES[resource]
                 found.append(
                     f"container {excerpt(str(container.get('name')))}: {excerpt(resource)} is {system}'s, which "
@@ -172,7 +171,7 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
                        if counted else f"this GPU's memory is not checked (declare {VRAM_ANNOTATION})")
                 )
                 continue
-            if options.is_gpu(resource) or "gpu" not in resource.lower():
+            if "gpu" not in resource.lower():
                 continue
             close = difflib.get_close_matches(resource, gpu_names, n=1, cutoff=MISSPELLING_CUTOFF)
             if close:

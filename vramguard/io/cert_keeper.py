@@ -35,8 +35,7 @@ import base64
 import datetime as dt
 import hashlib
 import logging
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +43,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from vramguard.io import certs
 from vramguard.io.kube import ApiError, KubeClient, collection_path, object_path
@@ -131,53 +128,36 @@ async def keep_certificates(client: KubeClient, names: KeeperNames, *, now: dt.d
 
 class KeeperStatus:
     """What the passes so far say, for the probes and the metrics: ready once a pass succeeded and
-    as long as the last one did; ``vramguard_certificates_*`` series."""
+    as long as the last one did; the ``vramguard_certificates_*`` series in ``registry``."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.passes = 0
         self.failures = 0
-        self.last_ok: bool = False
-        self.last_success: float = 0.0
-        self.expiries: dict[str, float] = {}
-        if registry is not None:
-            registry.register(_StatusCollector(self))
-
-    def succeeded(self, result: KeepResult) -> None:
-        self.passes += 1
-        self.last_ok = True
-        self.last_success = time.time()
-        self.expiries = dict(result.expiries)
-
-    def failed(self) -> None:
-        self.passes += 1
-        self.failures += 1
         self.last_ok = False
-
-
-class _StatusCollector(Collector):
-    def __init__(self, status: KeeperStatus) -> None:
-        self.status = status
-
-    def collect(self) -> Iterator[Metric]:
-        expiry = GaugeMetricFamily(
+        self._expiry = Gauge(
             "vramguard_certificates_expiry_timestamp_seconds",
             "When each certificate the keeper keeps expires (Unix time), by Secret; renewed a third of its "
             "life before.",
-            labels=["secret"],
+            labelnames=("secret",), registry=registry,
         )
-        for secret, moment in sorted(self.status.expiries.items()):
-            expiry.add_metric([secret], moment)
-        yield expiry
-        yield GaugeMetricFamily(
+        self._last_success = Gauge(
             "vramguard_certificates_last_success_timestamp_seconds",
-            "When a pass of the certificate keeper last succeeded (Unix time; 0: never).",
-            value=self.status.last_success,
+            "When a pass of the certificate keeper last succeeded (Unix time; 0: never).", registry=registry,
         )
-        failures = CounterMetricFamily(
-            "vramguard_certificates_failed_passes", "Passes of the certificate keeper that failed (retried in 30 s)."
+        self._failed = Counter(
+            "vramguard_certificates_failed_passes", "Passes of the certificate keeper that failed (retried in 30 s).",
+            registry=registry,
         )
-        failures.add_metric([], self.status.failures)
-        yield failures
+
+    def succeeded(self, result: KeepResult) -> None:
+        self.last_ok = True
+        self._last_success.set_to_current_time()
+        for secret, moment in result.expiries.items():
+            self._expiry.labels(secret).set(moment)
+
+    def failed(self) -> None:
+        self.failures += 1
+        self.last_ok = False
+        self._failed.inc()
 
 
 async def keep_forever(
