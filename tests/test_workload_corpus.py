@@ -14,7 +14,7 @@ from vramguard.admission import workload_pods
 from vramguard.demand import DemandOptions
 from vramguard.demand.objects import load_each_document
 from vramguard.policy import default_policy
-from vramguard.workloads import object_parts, parts_demand, serving_runtimes
+from vramguard.workloads import object_parts, parts_demand, read_inputs
 
 CORPUS = Path(__file__).parent / "data" / "workloads"
 
@@ -91,7 +91,7 @@ def read(name: str) -> list[tuple[str, int, list[tuple[str, str | None, int, flo
     documents = load_each_document((CORPUS / name).read_text(encoding="utf-8"))
     assert all(d.error is None for d in documents)
     objects = [o for d in documents for o in d.objects]
-    parts = object_parts(objects[-1], policy.workload_kinds, workload_pods, serving_runtimes(objects))
+    parts = object_parts(objects[-1], policy.workload_kinds, workload_pods, read_inputs(objects))
     assert parts is not None, "the kind is read"
     demands = parts_demand(parts, DemandOptions(frozenset(policy.gpu_resources), policy.gpu_resource_prefixes))
     out = []

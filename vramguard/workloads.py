@@ -36,11 +36,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
+from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_maps
 from vramguard.demand.derive import GPU_ANNOTATIONS, GROUP_SIZE_ANNOTATION, OTHER_GPU_RESOURCES
 from vramguard.demand.objects import pod_template
 from vramguard.quantity import excerpt
 
 __all__ = [
+    "Inputs",
     "TemplatePart",
     "TemplateSpec",
     "WorkloadKind",
@@ -50,6 +52,7 @@ __all__ = [
     "merge_runtime",
     "object_parts",
     "parts_demand",
+    "read_inputs",
     "serving_runtimes",
     "template_parts",
     "unread_warning",
@@ -139,6 +142,25 @@ class TemplatePart:
     pods: int
     group_size: int | None = None
     engine_from: str | None = None
+    files: Mapping[str, Mapping[str, str]] | None = None
+    """By container name, the scripts it sees from ConfigMaps of the input (see :class:`Inputs`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What other objects of the same input tell about a workload: KServe's serving runtimes (see
+    :func:`serving_runtimes`) and ConfigMaps (:mod:`vramguard.demand.config_maps`)."""
+
+    runtimes: Mapping[str, Mapping[str, Any]]
+    config_maps: ConfigMaps
+
+
+NO_INPUTS = Inputs({}, {})
+
+
+def read_inputs(objects: Sequence[Mapping[str, Any]]) -> Inputs:
+    """The serving runtimes and ConfigMaps among ``objects``."""
+    return Inputs(serving_runtimes(objects), config_maps(objects))
 
 
 def api_group(obj: Mapping[str, Any]) -> str:
@@ -373,7 +395,7 @@ def parts_demand(parts: Sequence[TemplatePart], options: DemandOptions) -> list[
     names another, takes that template's engine claim: a LeaderWorkerSet's workers only join the
     Ray cluster or the distributed run the leader's command starts, with the same flags.
     """
-    demands = [derive_pod_demand(part.template, options) for part in parts]
+    demands = [derive_pod_demand(part.template, options, files=part.files) for part in parts]
     by_name = {part.name: demand for part, demand in reversed(list(zip(parts, demands, strict=True)))}
     for index, part in enumerate(parts):
         source = by_name.get(part.engine_from) if part.engine_from is not None else None
@@ -440,13 +462,14 @@ def object_parts(
     obj: Mapping[str, Any],
     kinds: Sequence[WorkloadKind],
     builtin_pods: Callable[[str, Mapping[str, Any]], int] | None = None,
-    runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+    inputs: Inputs = NO_INPUTS,
     kind: str | None = None,
 ) -> list[TemplatePart] | None:
     """The pod templates of any object vramguard reads; ``None`` for a kind it does not read.
 
     Pods and the built-in workloads come from :func:`vramguard.demand.objects.pod_template`, with
-    ``builtin_pods(kind, obj)`` pods (default 1); other kinds from the ``kinds`` table.
+    ``builtin_pods(kind, obj)`` pods (default 1); other kinds from the ``kinds`` table. Each
+    template gets what the ConfigMaps of ``inputs`` give its containers.
     """
     kind = kind if kind is not None else obj.get("kind") if isinstance(obj.get("kind"), str) else None
     if kind is None:
@@ -454,10 +477,26 @@ def object_parts(
     template = pod_template(obj, kind)
     if template is not None:
         pods = builtin_pods(kind, obj) if builtin_pods is not None else 1
-        return [TemplatePart(kind.lower(), template, pods)]
-    has_version = isinstance(obj.get("apiVersion"), str)
-    entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
-    return template_parts(obj, entry, runtimes) if entry is not None else None
+        parts = [TemplatePart(kind.lower(), template, pods)]
+    else:
+        has_version = isinstance(obj.get("apiVersion"), str)
+        entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
+        if entry is None:
+            return None
+        parts = template_parts(obj, entry, inputs.runtimes)
+    if not inputs.config_maps:
+        return parts
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(metadata, Mapping)
+    namespace = metadata.get("namespace") if isinstance(metadata.get("namespace"), str) else None
+    return [_with_config_maps(part, namespace or "default", inputs.config_maps) for part in parts]
+
+
+def _with_config_maps(part: TemplatePart, namespace: str, maps: ConfigMaps) -> TemplatePart:
+    template, files = with_config_maps(part.template, namespace, maps)
+    if template is part.template and not files:
+        return part
+    return replace(part, template=template, files=files)
 
 
 def workload_parts(

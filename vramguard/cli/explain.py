@@ -19,7 +19,7 @@ from vramguard.mutation import plan_limits
 from vramguard.placement import pod_refusals
 from vramguard.policy import ClassChoice, Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import QuantityError, format_bytes, parse_bytes
-from vramguard.workloads import object_parts, parts_demand, serving_runtimes, unread_warning
+from vramguard.workloads import NO_INPUTS, Inputs, object_parts, parts_demand, read_inputs, unread_warning
 
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE, EXIT_SKIPPED = 0, 1, 2, 3
 
@@ -63,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
     objects = [obj for document in documents for obj in document.objects]
     namespaces = {_name(o): _labels(o) for o in objects if o.get("kind") == "Namespace"}
-    runtimes = serving_runtimes(objects)
+    inputs = read_inputs(objects)
     dra = DraState()
     dra.feed(objects, stand_in_memory=gpu_memory)
     reports = [
-        explain_object(obj, gpu_memory, policy, namespaces, runtimes, dra.context())
+        explain_object(obj, gpu_memory, policy, namespaces, inputs, dra.context())
         for obj in objects
         if obj.get("kind") != "Namespace" and obj.get("kind") not in KIND_STORES
     ]
@@ -88,7 +88,7 @@ def explain_object(
     gpu_memory: int | None,
     policy: Policy | None = None,
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
-    runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+    inputs: Inputs = NO_INPUTS,
     dra: DraContext | None = None,
 ) -> dict[str, Any]:
     """The JSON report of one object (see the README for the format).
@@ -106,7 +106,7 @@ def explain_object(
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
     options = policy.demand_options()
-    parts = object_parts(obj, policy.workload_kinds, workload_pods, runtimes)
+    parts = object_parts(obj, policy.workload_kinds, workload_pods, inputs)
     namespace = str(metadata.get("namespace") or "default")
     report: dict[str, Any] = {
         "kind": obj.get("kind"),

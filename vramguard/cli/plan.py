@@ -36,7 +36,7 @@ from vramguard.ledger import Ledger, PodRef
 from vramguard.placement import PodClaims, Verdict, choose_gpus, filter_node, pod_claims, score_node
 from vramguard.policy import ClassChoice, Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import format_bytes
-from vramguard.workloads import object_parts, parts_demand, serving_runtimes, unread_warning
+from vramguard.workloads import Inputs, object_parts, parts_demand, read_inputs, unread_warning
 
 EXIT_ALL_PLACED, EXIT_SOME_PENDING, EXIT_UNREADABLE, EXIT_SKIPPED = 0, 1, 2, 3
 MAX_PLANNED_PODS = 4096
@@ -111,7 +111,7 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
             plan.notes.extend(f"node {inventory.node}: {note}" for note in inventory.notes)
     namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
     options = policy.demand_options()
-    runtimes = serving_runtimes(objects)
+    inputs = read_inputs(objects)
     dra = DraState()
     dra.feed(objects)
     plan.notes.extend(dra.notes())
@@ -126,7 +126,7 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
         nodes = [by_key[r.key].node for r in allocation.results if r.key in by_key]
         if nodes:
             shared[f"{allocation.namespace}/{allocation.name}"] = nodes[0]
-    pods = [pod for obj in _last_of_each_name(objects, plan) for pod in _pods_of(obj, policy, options, runtimes, plan)]
+    pods = [pod for obj in _last_of_each_name(objects, plan) for pod in _pods_of(obj, policy, options, inputs, plan)]
     # Pods already on a node hold their GPUs before anything is placed, as in a running cluster.
     pods.sort(key=lambda pod: not pod.node)
     for pod in pods:
@@ -347,13 +347,13 @@ def _pods_of(
     obj: Mapping[str, Any],
     policy: Policy,
     options: DemandOptions,
-    runtimes: Mapping[str, Mapping[str, Any]],
+    inputs: Inputs,
     plan: Plan,
 ) -> list[_Pod]:
     """A Pod, or one pod per replica of each of a workload's templates (``<workload>-<n>``)."""
     if obj.get("kind") in _NOT_RUN or obj.get("kind") in KIND_STORES:
         return []
-    parts = object_parts(obj, policy.workload_kinds, _replicas, runtimes)
+    parts = object_parts(obj, policy.workload_kinds, _replicas, inputs)
     metadata = _meta(obj)
     namespace = str(metadata.get("namespace") or "default")
     name = str(metadata.get("name") or metadata.get("generateName") or "unnamed")

@@ -107,6 +107,9 @@ class ContainerEnv:
     opaque_sources: Sequence[str] = field(default_factory=list)
     """Sources whose variables cannot be seen, so that any name may come from them: ``envFrom``
     ConfigMaps and Secrets, a file a shell script sources."""
+    files: Mapping[str, str] = field(default_factory=dict)
+    """Scripts the container sees whose text is known (ConfigMap volumes of the same input), by
+    path: a shell runs, sources or executes them as the walk reads them."""
 
     def literal(self, name: str) -> str | None:
         """The variable's literal value, or ``None`` if unset or not visible in the spec."""
@@ -126,14 +129,17 @@ _FROM_REFERENCE = EnvValue(None, "valueFrom")
 """Every variable set from a Secret, ConfigMap, field or resource reads the same (immutable, shared)."""
 
 
-def container_env(container: Mapping[str, Any], budget: Budget | None = None) -> ContainerEnv:
+def container_env(
+    container: Mapping[str, Any], budget: Budget | None = None, files: Mapping[str, str] | None = None
+) -> ContainerEnv:
     """Read ``env`` and ``envFrom`` of a container, expanding ``$(VAR)`` in values as Kubernetes does.
 
-    A value whose expansion would exceed the budget is opaque (as if set from a reference)."""
+    A value whose expansion would exceed the budget is opaque (as if set from a reference).
+    ``files``: the scripts the container sees, by path (see :attr:`ContainerEnv.files`)."""
     budget = budget if budget is not None else Budget()
     values: dict[str, EnvValue] = {}
     opaque: list[str] = []
-    env = ContainerEnv(values, opaque)
+    env = ContainerEnv(values, opaque, files or {})
     env_from = container.get("envFrom")
     if isinstance(env_from, list):
         for source in env_from:

@@ -70,12 +70,17 @@ DEFAULT_OPTIONS = DemandOptions()
 
 
 def derive_pod_demand(
-    pod: Mapping[str, Any], options: DemandOptions = DEFAULT_OPTIONS, group_size: int | None = None
+    pod: Mapping[str, Any],
+    options: DemandOptions = DEFAULT_OPTIONS,
+    group_size: int | None = None,
+    files: Mapping[str, Mapping[str, str]] | None = None,
 ) -> PodDemand:
     """The GPU demand of a pod or pod template (a mapping with ``metadata`` and ``spec``).
 
     ``group_size`` is the number of pods one engine spans (a LeaderWorkerSet's ``size``), when the
     workload says; a pod of a LeaderWorkerSet says it itself in its ``size`` annotation.
+    ``files``: by container name, the scripts it sees whose text is known (ConfigMap volumes of the
+    same input, :mod:`vramguard.demand.config_maps`), so that a command running one is read.
     Never raises on malformed input: what cannot be read becomes an error or a warning.
     """
     metadata = pod.get("metadata")
@@ -99,7 +104,8 @@ def derive_pod_demand(
             # beside every init container after it.
             sidecar = is_init_list and container.get("restartPolicy") == "Always"
             init = is_init_list and not sidecar
-            demand = derive_container_demand(container, annotations, init, options, group_size, budget)
+            scripts = files.get(str(container.get("name"))) if files else None
+            demand = derive_container_demand(container, annotations, init, options, group_size, budget, scripts)
             if demand is not None:
                 containers.append(replace(demand, sidecar=True) if sidecar else demand)
     errors = [e for c in containers for e in c.errors]
@@ -201,9 +207,11 @@ def derive_container_demand(
     options: DemandOptions = DEFAULT_OPTIONS,
     group_size: int | None = None,
     budget: Budget | None = None,
+    files: Mapping[str, str] | None = None,
 ) -> ContainerDemand | None:
     """The demand of one container, or ``None`` when it asks for no GPU resource. Its command line
-    is read within ``budget`` (shared by the pod's containers), or a budget of its own."""
+    is read within ``budget`` (shared by the pod's containers), or a budget of its own, with the
+    scripts ``files`` holds by path."""
     raw_name = container.get("name")
     name = raw_name if isinstance(raw_name, str) else "<unnamed>"
     found = Findings.for_container(name)
@@ -212,7 +220,7 @@ def derive_container_demand(
         return None
     resource, gpus = requested
     budget = budget if budget is not None else Budget()
-    env = container_env(container, budget)
+    env = container_env(container, budget, files)
     raw_image = container.get("image")
     image = raw_image if isinstance(raw_image, str) else ""
 

@@ -255,7 +255,7 @@ class _Walk(Generic[T]):
         opaque = list(self.env.opaque_sources)
         if self.opaque_generation:
             opaque.append(self.opaque_reason)
-        return ContainerEnv(_Exported(self), opaque)
+        return ContainerEnv(_Exported(self), opaque, self.env.files)
 
     # -- isolation -----------------------------------------------------------------------------
 
@@ -440,8 +440,10 @@ class _Walk(Generic[T]):
             return
         elif head in self.functions:
             self.call(self.functions[head], argv[1:])
-        elif (shell := _shell_script(argv)) is not None:
+        elif (shell := _shell_script(argv, self.env.files)) is not None:
             self.shell(*shell)
+        elif (script := _shell_file(self.env.files, argv[0])) is not None:
+            self.shell(script, argv[1:])  # a script executed by its path: its shebang names a shell
         else:
             self.emit((self.classify(Invocation(tuple(argv), self.process_env(), self.repeating)),))
 
@@ -522,7 +524,23 @@ class _Walk(Generic[T]):
             self.positional = None if self.conditional else self.positional[count:]
 
     def source(self, argv: list[str]) -> None:
-        """``source FILE`` / ``. FILE``: it may start anything and set any variable."""
+        """``source FILE`` / ``. FILE``: read in this shell when its text is known; else it may start
+        anything and set any variable."""
+        known = self.env.files.get(argv[1]) if len(argv) > 1 else None
+        if known is not None:
+            self.nesting += 1
+            if self.nesting > MAX_NESTING:
+                raise Unreadable(f"its scripts source each other more than {MAX_NESTING} levels deep")
+            positional, arguments = self.positional, argv[2:]
+            if arguments:
+                self.positional = arguments  # ``source FILE ARGS``: $1... while it runs
+            try:
+                self.script(parse_script(known, self.budget))
+            finally:
+                if arguments:
+                    self.positional = positional
+                self.nesting -= 1
+            return
         self.emit((self.classify(Invocation(tuple(argv), self.process_env(), self.repeating)),))
         self.generation += 1
         self.opaque_generation = self.generation
@@ -732,9 +750,9 @@ def _number(value: str | None) -> Fraction | None:
     return Fraction(value.strip())
 
 
-def _shell_script(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+def _shell_script(argv: Sequence[str], files: Mapping[str, str]) -> tuple[str, list[str]] | None:
     """``(SCRIPT, positional parameters)`` of ``sh -c SCRIPT [NAME ARGS...]``, ``bash -lc``,
-    ``/bin/sh -ec``, ``busybox sh -c``; else ``None``."""
+    ``/bin/sh -ec``, ``busybox sh -c``, ``bash FILE ARGS...`` of a file in ``files``; else ``None``."""
     shell = _basename(argv[0])
     if shell not in SHELLS:
         return None
@@ -754,8 +772,27 @@ def _shell_script(argv: Sequence[str]) -> tuple[str, list[str]] | None:
         if word.startswith("+") or word in ("--login", "--norc", "--noprofile"):
             index += 1
             continue
-        return None
+        known = files.get(word)
+        return (known, list(argv[index + 1:])) if known is not None else None
     return None
+
+
+_SHEBANG = re.compile(r"#!\s*(\S+)(?:[ \t]+(\S+))?")
+
+
+def _shell_file(files: Mapping[str, str], path: str) -> str | None:
+    """The text of a script in ``files`` run by its path, when a shell runs it (its shebang names
+    one, or it has none: the kernel refuses it, and a shell that runs it reads it as a script)."""
+    text = files.get(path)
+    if text is None:
+        return None
+    shebang = _SHEBANG.match(text)
+    if shebang is None:
+        return text
+    program = _basename(shebang[1])
+    if program == "env" and shebang[2] is not None:
+        program = _basename(shebang[2])
+    return text if program in SHELLS else None
 
 
 def _skip_options(argv: list[str]) -> list[str]:
