@@ -119,6 +119,23 @@ def test_explain_with_gpu_memory_stand_in(tmp_path: Path, capsys: pytest.Capture
 
 # -------------------------------------------------------------------------------------------- plan
 
+def test_explain_ties_every_claim_container_to_its_claim_known_engine_or_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = copy.deepcopy(vllm_claim_pod())
+    trainer["metadata"]["name"] = "trainer"
+    trainer["spec"]["containers"][0].update(command=["python", "train.py"], args=[])
+    path = write(tmp_path, H100_SLICE, claim_template(namespace=NS), vllm_claim_pod(), trainer)
+    main(["explain", "-o", "json", path])
+    served, trained = json.loads(capsys.readouterr().out)
+    for report, engine in ((served, "vllm"), (trained, None)):
+        assert report["templates"] == [{"name": "pod", "pods": 1, "gpu": True}]
+        [container] = report["containers"]
+        assert (container["name"], container["engine"], container["claims"]) == ("vllm", engine, ["gpu/gpu"])
+        assert report["claims"][0]["containers"] == ["vllm"]
+    assert trained["containers"][0]["vram_bytes_per_gpu"] is None
+
+
 
 def test_plan_four_pods_on_one_h100_three_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Claims as admission requires them (0.30 x 81559Mi and vLLM's allowances, rounded up): three

@@ -147,8 +147,8 @@ def explain_object(
             report["enforcement"] = report["enforcement"] or choice.enforcement
             refusals = pod_refusals(demand, choice, policy.gpu_resource_prefixes, gpu_memory, least_margin)
             report["refusals"].extend({**r.to_json(), **named} for r in refusals)
-        if dra is not None:
-            review = review_pod_claims(part.template, namespace, demand, dra)
+        review = review_pod_claims(part.template, namespace, demand, dra) if dra is not None else None
+        if review is not None:
             if review.uses_claims or review.extended:
                 report["class"] = report["class"] or choice.name
                 report["enforcement"] = report["enforcement"] or choice.enforcement
@@ -157,8 +157,14 @@ def explain_object(
             injected, notes = _limits(demand, choice, gpu_memory)
             report["injected"].extend({**i, **named} for i in injected)
             report["warnings"].extend(prefix + n for n in notes)
-        report["templates"].append({"name": part.name, "pods": part.pods, "gpu": demand.wants_gpu})
+        claimed = _claim_users(review) if review is not None else []
+        gpu = demand.wants_gpu or bool(claimed) or (review is not None and bool(review.extended))
+        report["templates"].append({"name": part.name, "pods": part.pods, "gpu": gpu})
         report["containers"].extend({**_container_report(c, gpu_memory), **named} for c in demand.containers)
+        report["containers"].extend(
+            {**_container_report(c, gpu_memory), "resource": f"claim {', '.join(uses)}", "claims": uses, **named}
+            for c, uses in claimed
+        )
         report["errors"].extend(prefix + e for e in errors)
         report["warnings"].extend(prefix + w for w in demand.warnings)
     return report
@@ -178,6 +184,16 @@ def _limits(
     return [{"container": i.container, "name": i.name, "value": i.value} for i in injections], notes
 
 
+def _claim_users(review: ClaimReview) -> list[tuple[ContainerDemand, list[str]]]:
+    """Each container using a claim request, with the ``claim/request`` names it uses."""
+    users: dict[str, tuple[ContainerDemand, list[str]]] = {}
+    for request in review.requests:
+        for demand in request.users:
+            entry = users.setdefault(demand.name, (demand, []))
+            entry[1].append(f"{request.claim}/{request.request}")
+    return list(users.values())
+
+
 def _claims_report(
     report: dict[str, Any], review: ClaimReview, enforced: bool, prefix: str, named: Mapping[str, str]
 ) -> None:
@@ -191,7 +207,7 @@ def _claims_report(
             "device_memory_bytes": request.device.memory_bytes if request.device is not None else None,
             "consumed_bytes": request.consumed,
             "reserved_bytes": request.reserved,
-            "containers": [need.container for need in request.needs],
+            "containers": [demand.name for demand in request.users],
             **named,
         })
     for rule, shortfalls in (("claim-memory", review.shortfalls), ("extended-resource-memory", review.extended)):

@@ -121,6 +121,9 @@ class RequestReport:
     """Devices the request takes."""
     per_pod: bool = True
     """Made for this pod from a template (a named claim is shared, and counted once allocated)."""
+    users: tuple[ContainerDemand, ...] = ()
+    """Every container of the pod using the request, read as if it asked for its devices (an
+    engine's claim, a declaration, or unknown VRAM)."""
 
     @property
     def quota_bytes(self) -> int:
@@ -212,7 +215,8 @@ def review_pod_claims(
         )
         for request in spec.requests:
             users = [u for u in claim_uses if u.request in (None, request.name)]
-            needs = _needs(users, request, containers, annotations, errors, notes)
+            read: list[ContainerDemand] = []
+            needs = _needs(users, request, containers, annotations, errors, notes, read)
             if source.claim_name:
                 needs = _shared(needs, replicas, others, source.claim_name, request)
             check = check_request(
@@ -238,6 +242,7 @@ def review_pod_claims(
                     reserved,
                     alternative.count,
                     source.template_name is not None,
+                    tuple(read),
                 )
             )
     extended = _extended(demand, context, notes)
@@ -334,8 +339,10 @@ def _needs(
     annotations: Mapping[str, str],
     errors: list[str],
     notes: list[str],
+    read: list[ContainerDemand] | None = None,
 ) -> list[Need]:
-    """What each container using ``request`` reserves on each of its devices."""
+    """What each container using ``request`` reserves on each of its devices (``read``: gets every
+    such container's demand, those of unknown VRAM included)."""
     count = max(a.count for a in request.alternatives)
     resource = f"devices of claim request {request.name}"
     options = DemandOptions(frozenset({resource}), ())
@@ -350,6 +357,8 @@ def _needs(
         demand = derive_container_demand(probe, annotations, entry.init, options)
         if demand is None:
             continue
+        if read is not None:
+            read.append(demand)
         errors.extend(demand.errors)
         notes.extend(demand.warnings)
         need = _need(demand, entry.init, entry.sidecar, entry.position)
