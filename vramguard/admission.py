@@ -101,7 +101,8 @@ from vramguard.mutation import (
 from vramguard.placement import filter_node, pod_claims
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes, quantity_text
-from vramguard.workloads import TemplatePart, workload_parts
+from vramguard.template_part import TemplatePart
+from vramguard.workloads import workload_parts
 
 __all__ = [
     "AUDIT_CLASS_KEY",

@@ -37,13 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_maps
-from vramguard.demand.derive import GPU_ANNOTATIONS, GROUP_SIZE_ANNOTATION, OTHER_GPU_RESOURCES
+from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES
 from vramguard.demand.objects import pod_template
+from vramguard.operators import operator_parts
 from vramguard.quantity import excerpt
+from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = [
     "Inputs",
-    "TemplatePart",
     "TemplateSpec",
     "WorkloadKind",
     "api_group",
@@ -133,20 +134,6 @@ class WorkloadKind(_Strict):
 
 
 @dataclass(frozen=True, slots=True)
-class TemplatePart:
-    """One pod template of an object and how many pods it runs at full scale."""
-
-    name: str
-    """``leader``, ``worker[gpu-group]``: the template's name, with the element ``*`` matched."""
-    template: Mapping[str, Any]
-    pods: int
-    group_size: int | None = None
-    engine_from: str | None = None
-    files: Mapping[str, Mapping[str, str]] | None = None
-    """By container name, the scripts it sees from ConfigMaps of the input (see :class:`Inputs`)."""
-
-
-@dataclass(frozen=True, slots=True)
 class Inputs:
     """What other objects of the same input tell about a workload: KServe's serving runtimes (see
     :func:`serving_runtimes`) and ConfigMaps (:mod:`vramguard.demand.config_maps`)."""
@@ -205,7 +192,7 @@ def template_parts(
             for factor in spec.replicas:
                 pods = min(pods * _factor(obj, element, factor), MAX_PODS)
             if group_size is not None:
-                template = _with_group_size(template, group_size)
+                template = with_group_size(template, group_size)
             name = spec.name if label is None else f"{spec.name}[{label}]"
             parts.append(TemplatePart(name, template, pods, group_size, spec.engine_from))
     return parts
@@ -354,16 +341,6 @@ def _as_template(
     return {"metadata": dict(inherited), "spec": {"containers": [container]}}
 
 
-def _with_group_size(template: Mapping[str, Any], size: int) -> Mapping[str, Any]:
-    """The template with the group size its pods will carry (as LeaderWorkerSet annotates them)."""
-    metadata = template.get("metadata") if isinstance(template.get("metadata"), Mapping) else {}
-    assert isinstance(metadata, Mapping)
-    annotations = metadata.get("annotations") if isinstance(metadata.get("annotations"), Mapping) else {}
-    assert isinstance(annotations, Mapping)
-    stamped = {**annotations, GROUP_SIZE_ANNOTATION: str(size)}
-    return {**template, "metadata": {**metadata, "annotations": stamped}}
-
-
 def merge_runtime(runtime: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
     """A model's container merged into its serving runtime's, as KServe does.
 
@@ -464,12 +441,14 @@ def object_parts(
     builtin_pods: Callable[[str, Mapping[str, Any]], int] | None = None,
     inputs: Inputs = NO_INPUTS,
     kind: str | None = None,
+    notes: list[str] | None = None,
 ) -> list[TemplatePart] | None:
     """The pod templates of any object vramguard reads; ``None`` for a kind it does not read.
 
     Pods and the built-in workloads come from :func:`vramguard.demand.objects.pod_template`, with
-    ``builtin_pods(kind, obj)`` pods (default 1); other kinds from the ``kinds`` table. Each
-    template gets what the ConfigMaps of ``inputs`` give its containers.
+    ``builtin_pods(kind, obj)`` pods (default 1); other kinds from the ``kinds`` table, else from
+    the serving operators' readers (:mod:`vramguard.operators`), whose assumptions go to ``notes``.
+    Each template gets what the ConfigMaps of ``inputs`` give its containers.
     """
     kind = kind if kind is not None else obj.get("kind") if isinstance(obj.get("kind"), str) else None
     if kind is None:
@@ -481,9 +460,13 @@ def object_parts(
     else:
         has_version = isinstance(obj.get("apiVersion"), str)
         entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
-        if entry is None:
-            return None
-        parts = template_parts(obj, entry, inputs.runtimes)
+        if entry is not None:
+            parts = template_parts(obj, entry, inputs.runtimes)
+        else:
+            found = operator_parts(obj, api_group(obj), kind, inputs.config_maps, [] if notes is None else notes)
+            if found is None:
+                return None
+            parts = found
     if not inputs.config_maps:
         return parts
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}

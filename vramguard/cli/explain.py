@@ -106,7 +106,8 @@ def explain_object(
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
     options = policy.demand_options()
-    parts = object_parts(obj, policy.workload_kinds, workload_pods, inputs)
+    notes: list[str] = []
+    parts = object_parts(obj, policy.workload_kinds, workload_pods, inputs, notes=notes)
     namespace = str(metadata.get("namespace") or "default")
     report: dict[str, Any] = {
         "kind": obj.get("kind"),
@@ -129,6 +130,7 @@ def explain_object(
             report["warnings"].append(warning)
             report["skipped"] = True
         return report
+    report["warnings"].extend(notes)
     demands = parts_demand(parts, options)
     several = len(parts) > 1
     # The smallest margin any device keeps (a device one pod owns included), so that a refusal for

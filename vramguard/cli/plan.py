@@ -353,10 +353,12 @@ def _pods_of(
     """A Pod, or one pod per replica of each of a workload's templates (``<workload>-<n>``)."""
     if obj.get("kind") in _NOT_RUN or obj.get("kind") in KIND_STORES:
         return []
-    parts = object_parts(obj, policy.workload_kinds, _replicas, inputs)
+    notes: list[str] = []
+    parts = object_parts(obj, policy.workload_kinds, _replicas, inputs, notes=notes)
     metadata = _meta(obj)
     namespace = str(metadata.get("namespace") or "default")
     name = str(metadata.get("name") or metadata.get("generateName") or "unnamed")
+    plan.notes.extend(f"{obj.get('kind')} {namespace}/{name}: {note}" for note in notes)
     if parts is None:
         warning = unread_warning(obj, options.is_gpu)
         if warning is not None:
