@@ -167,8 +167,8 @@ def test_template_parts_never_raise_on_wrong_types() -> None:
 
 
 UNREAD = """\
-apiVersion: apps.nvidia.com/v1alpha1
-kind: NIMService
+apiVersion: serving.example.com/v1alpha1
+kind: ModelServer
 metadata: {name: llama}
 spec:
   image: {repository: nvcr.io/nim/meta/llama3-8b-instruct, tag: 1.0.0}
@@ -207,7 +207,7 @@ def test_unread_kind_asking_for_a_gpu_is_never_silent(command: str) -> None:
     assert result.returncode == 3, result.stdout
     out = json.loads(result.stdout)
     text = json.dumps(out)
-    assert "NIMService (apps.nvidia.com) is a kind vramguard does not read" in text
+    assert "ModelServer (serving.example.com) is a kind vramguard does not read" in text
     assert "spec.resources.limits" in text and "workload_kinds" in text
     skipped = out["skipped"] if command == "plan" else [r for r in out if r["skipped"]]
     assert len(skipped) == 1  # the ConfigMap asks for no GPU: nothing to say
