@@ -40,9 +40,21 @@ def review(obj: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any
     return rules(quota).review(subject, ClusterView({ENFORCE_LABEL: "enforce"}, OFFERS, None, usage))
 
 
+OWN_SCHEDULER = {
+    "kai-gpu-fraction-non-default-container.yaml": "kai-scheduler",
+    "volcano-vgpu-multi-container.yaml": "volcano",
+}
+"""Manifests for another GPU-sharing system's scheduler: vramguard never places them, so an enforcing
+namespace refuses them as it refuses any GPU pod that bypasses it."""
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in CORPUS.glob("*.yaml")))
 def test_every_corpus_manifest_is_admitted(name: str) -> None:
     decision = review(corpus(name))
+    if name in OWN_SCHEDULER:
+        assert not decision.allowed
+        assert f"spec.schedulerName {OWN_SCHEDULER[name]} does not call vramguard" in str(decision.message)
+        return
     assert decision.allowed, decision.message
 
 

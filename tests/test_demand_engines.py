@@ -840,27 +840,6 @@ def test_a_pod_with_only_names_vramguard_reads_draws_no_such_warning() -> None:
     assert not [w for w in derive_pod_demand(spec).warnings if "vramguard reads" in w or "did you mean" in w]
 
 
-def test_other_sharing_systems_declarations_are_named_not_dropped() -> None:
-    # HAMi: nvidia.com/gpu with a memory cap in MiB (HAMi's README); gpushare alone; KAI's fraction.
-    hami = container("vllm", image="vllm/vllm-openai:v0.21.0", args=["--model", "m", "--gpu-memory-utilization", "0.9"],
-                     resources={"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}})
-    alone = container("gpushare", gpus=None, resources={"limits": {"aliyun.com/gpu-mem": "3"}})
-    spec = pod(hami, alone, annotations={"gpu-fraction": "0.5"})
-    warnings = derive_pod_demand(spec).warnings
-    assert (
-        "container 'vllm': 'nvidia.com/gpumem' is HAMi's, which vramguard does not read: its engine is counted on "
-        "the whole GPU, not under the share it sets"
-    ) in warnings
-    assert (
-        "container 'gpushare': 'aliyun.com/gpu-mem' is gpushare's, which vramguard does not read: this GPU's "
-        "memory is not checked (declare vramguard.io/vram)"
-    ) in warnings
-    assert (
-        "annotation 'gpu-fraction' gives a GPU share the KAI scheduler way, which vramguard does not read: declare "
-        "the pod's VRAM with vramguard.io/vram"
-    ) in warnings
-
-
 SGLANG = ["python3", "-m", "sglang.launch_server", "--model-path", "m"]
 TGI = "ghcr.io/huggingface/text-generation-inference:3.3.4"
 

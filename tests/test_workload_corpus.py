@@ -14,13 +14,14 @@ from vramguard.admission import workload_pods
 from vramguard.demand import DemandOptions
 from vramguard.demand.objects import load_each_document
 from vramguard.policy import default_policy
+from vramguard.quantity import GiB, MiB
 from vramguard.workloads import object_parts, parts_demand, read_inputs
 
 CORPUS = Path(__file__).parent / "data" / "workloads"
 
-# file -> [(template, pods, [(container, engine, gpus, fraction or None)])] for the last object of
-# the file (runtimes come first); templates without GPU containers are listed with [].
-Expected = list[tuple[str, int, list[tuple[str, str | None, int, float | None]]]]
+# file -> [(template, pods, [(container, engine, gpus, fraction or bytes per GPU, or None)])] for the
+# last object of the file (runtimes come first); templates without GPU containers are listed with [].
+Expected = list[tuple[str, int, list[tuple[str, str | None, int, float | int | None]]]]
 EXPECTED: dict[str, Expected] = {
     "lws-vllm-ray.yaml": [
         # vllm-openai:latest names no version: vLLM's newest default, the whole device (a ceiling).
@@ -107,6 +108,15 @@ EXPECTED: dict[str, Expected] = {
         ("prefill", 2, [("main", "sglang", 4, 0.82)]),
     ],
     "vllmruntime-sample.yaml": [("deployment", 2, [("vllm", "vllm", 1, 0.8)])],
+    # Other sharing systems' declarations (vramguard.demand.foreign); the share is the declaration,
+    # HAMi's percentage the cap vLLM's fraction applies to (0.95 of 0.3 stays within 0.3).
+    "hami-gpumem.yaml": [("pod", 1, [("ubuntu-container", None, 1, 3000 * MiB)])],
+    "hami-gpumem-percentage-vllm.yaml": [("deployment", 1, [("vllm", "vllm", 2, 0.3)])],
+    "kai-gpu-fraction-non-default-container.yaml": [("pod", 1, [("gpu-workload", None, 1, 0.5)])],
+    "volcano-vgpu-multi-container.yaml": [
+        ("pod", 1, [("ubuntu-container", None, 2, 2000 * MiB), ("ubuntu-container1", None, 2, 3000 * MiB)]),
+    ],
+    "gpushare-binpack-1.yaml": [("deployment", 1, [("binpack-1", None, 1, 2 * GiB)])],
     "cronjob-vllm-batch.yaml": [("cronjob", 1, [("batch", "vllm", 1, 0.3)])],
 }
 
@@ -127,7 +137,7 @@ ERRORS = {
 """The errors of published manifests that are wrong as published (each explained in its file)."""
 
 
-def read(name: str) -> list[tuple[str, int, list[tuple[str, str | None, int, float | None]]]]:
+def read(name: str) -> Expected:
     """What the shipped policy makes of the last object of a corpus file."""
     policy = default_policy()
     documents = load_each_document((CORPUS / name).read_text(encoding="utf-8"))
@@ -143,8 +153,8 @@ def read(name: str) -> list[tuple[str, int, list[tuple[str, str | None, int, flo
         containers = []
         for c in demand.containers:
             vram = c.reservation
-            fraction = float(vram.fraction) if vram is not None and vram.fraction is not None else None
-            containers.append((c.name, c.engine, c.gpus, fraction))
+            share = None if vram is None else float(vram.fraction) if vram.fraction is not None else vram.bytes
+            containers.append((c.name, c.engine, c.gpus, share))
         out.append((part.name, part.pods, containers))
     return out
 

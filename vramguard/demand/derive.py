@@ -19,7 +19,8 @@ from vramguard.codecs import (
 from vramguard.demand.allowances import DEFAULT_TABLE, AllowanceTable
 from vramguard.demand.annotations import declared_vram
 from vramguard.demand.commandline import Budget, container_env
-from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand, claim_conflicts
+from vramguard.demand.foreign import FOREIGN_RESOURCES, KAI_CONTAINER, ForeignShare, foreign_share, kai_container
+from vramguard.demand.model import ContainerDemand, EngineClaim, Parallel, PodDemand, Vram, claim_conflicts
 from vramguard.demand.processes import engine_title, read_command
 from vramguard.engines.base import Findings, parse_positive_int
 from vramguard.quantity import MAX_QUANTITY_TEXT, QuantityError, excerpt, parse_quantity
@@ -93,6 +94,8 @@ def derive_pod_demand(
     containers: list[ContainerDemand] = []
     # One budget for the whole pod: a pod of many containers costs no more than one of one container.
     budget = Budget(whose="its pod's")
+    names = [str(c.get("name")) for key in ("containers",) for c in _items(spec.get(key))]
+    kai_target = kai_container(annotations, names)
     for field_name, is_init_list in (("initContainers", True), ("containers", False)):
         entries = spec.get(field_name)
         if not isinstance(entries, list):
@@ -105,7 +108,10 @@ def derive_pod_demand(
             sidecar = is_init_list and container.get("restartPolicy") == "Always"
             init = is_init_list and not sidecar
             scripts = files.get(str(container.get("name"))) if files else None
-            demand = derive_container_demand(container, annotations, init, options, group_size, budget, scripts)
+            demand = derive_container_demand(
+                container, annotations, init, options, group_size, budget, scripts,
+                kai_target is not None and container.get("name") == kai_target,
+            )
             if demand is not None:
                 containers.append(replace(demand, sidecar=True) if sidecar else demand)
     errors = [e for c in containers for e in c.errors]
@@ -121,6 +127,8 @@ OTHER_GPU_RESOURCES = {
 }
 """GPU resources of other sharing systems (their device plugins advertise them): a container asking
 for one uses a GPU that vramguard's GPU resources do not name."""
+COMPUTE_SHARES = frozenset({"nvidia.com/gpucores", "volcano.sh/vgpu-cores"})
+"""Other systems' shares of a GPU's compute, which change nothing vramguard counts."""
 GPU_ANNOTATIONS = {"gpu-fraction": "KAI scheduler", "gpu-memory": "KAI scheduler"}
 """Annotations another scheduler gives a GPU share with (KAI scheduler's fractions and memory)."""
 # What a pod may carry under vramguard.io/ (the placement and findings are the Binding's).
@@ -136,11 +144,13 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
     found: list[str] = []
     pod_containers = [c for key in ("initContainers", "containers") for c in _items(spec.get(key))]
     for key in list(annotations)[:MAX_ANNOTATIONS_CHECKED]:
-        if key in GPU_ANNOTATIONS:
-            found.append(
-                f"annotation {excerpt(key)} gives a GPU share the {GPU_ANNOTATIONS[key]} way, which vramguard does "
-                f"not read: declare the pod's VRAM with {VRAM_ANNOTATION}"
-            )
+        if key == KAI_CONTAINER:
+            names = {c["name"] for c in pod_containers if isinstance(c.get("name"), str)}
+            if annotations[key] not in names:
+                found.append(
+                    f"annotation {key} names {excerpt(annotations[key])}, no container of the pod: "
+                    "KAI scheduler refuses it, and its GPU share is not counted"
+                )
             continue
         if "vram" not in key.lower() or key in POD_ANNOTATIONS:
             continue  # the cheap tests first: this runs for every pod the services see
@@ -168,6 +178,8 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
         for resource, is_gpu in asked.items():
             if is_gpu:
                 continue
+            if resource in FOREIGN_RESOURCES or resource in COMPUTE_SHARES:
+                continue  # read as a declaration (vramguard.demand.foreign), or a share of compute only
             if resource in OTHER_GPU_RESOURCES:
                 system = OTHER_GPU_RESOURCES[resource]
                 found.append(
@@ -208,14 +220,20 @@ def derive_container_demand(
     group_size: int | None = None,
     budget: Budget | None = None,
     files: Mapping[str, str] | None = None,
+    kai_target: bool = False,
 ) -> ContainerDemand | None:
     """The demand of one container, or ``None`` when it asks for no GPU resource. Its command line
     is read within ``budget`` (shared by the pod's containers), or a budget of its own, with the
-    scripts ``files`` holds by path."""
+    scripts ``files`` holds by path. Another sharing system's declaration (:mod:`vramguard.demand.foreign`;
+    ``kai_target``: the container KAI's pod annotations apply to) counts as one."""
     raw_name = container.get("name")
     name = raw_name if isinstance(raw_name, str) else "<unnamed>"
     found = Findings.for_container(name)
     requested = _gpu_request(container, options, found)
+    # KAI refuses a fraction beside a GPU resource: its annotations apply to a container asking none.
+    foreign = foreign_share(container, annotations, kai_target and requested is None)
+    if requested is None and foreign is not None and foreign.gpus > 0:
+        requested = (foreign.resource, foreign.gpus)
     if requested is None:
         return None
     resource, gpus = requested
@@ -229,6 +247,8 @@ def derive_container_demand(
     if claim is not None and claim.parallel is not None:
         _check_parallel(claim, claim.parallel, resource, gpus, group_size, found)
     declared = declared_vram(annotations, name, found)
+    if foreign is not None:
+        declared, claim = _foreign(foreign, declared, claim, found)
     if env.opaque_sources and claim is None and declared is None:
         found.warn(
             f"envFrom ({', '.join(env.opaque_sources)}) may set engine variables vramguard cannot see"
@@ -262,6 +282,37 @@ def derive_container_demand(
         warnings=tuple(dict.fromkeys(found.warnings)),
         errors=tuple(dict.fromkeys(found.errors)),
     )
+
+
+def _foreign(
+    share: ForeignShare, declared: Vram | None, claim: EngineClaim | None, found: Findings
+) -> tuple[Vram | None, EngineClaim | None]:
+    """Another system's share as the container's declaration (a ``vramguard.io/vram`` one wins), and
+    the engine's claim as the engine sees the device under it: where the system makes its cap the
+    device's total and enforces it, a fraction of the cap, with everything else the process holds
+    (its allowances) inside the cap too."""
+    if share.problem is not None:
+        found.error(share.problem)
+        return declared, claim
+    if share.vram is None:
+        return declared, claim
+    if declared is None:
+        declared = share.vram
+        found.evidence.append(f"{share.system}: {share.evidence}")
+    vram = claim.vram if claim is not None else None
+    if share.virtual_total and claim is not None and vram is not None and vram.fraction is not None:
+        cap = share.vram
+        scaled = (
+            Vram(vram.fraction * cap.fraction)
+            if cap.fraction is not None
+            else Vram(bytes=max(int(vram.fraction * (cap.bytes or 0)), 1))
+        )
+        found.evidence.append(
+            f"{engine_title(claim.engine)} sees {share.system}'s cap as the device: {vram.plain().describe()} of "
+            f"{cap.describe()} is {scaled.describe()}, and all it holds stays within the cap"
+        )
+        claim = replace(claim, vram=scaled)
+    return declared, claim
 
 
 def _check_parallel(
