@@ -213,3 +213,54 @@ def test_explain_shows_an_operator_kind_and_its_notes(tmp_path: Path, capsys: py
     assert report["templates"] == [{"name": "model", "pods": 1, "gpu": True}]
     assert report["containers"][0]["engine"] == "vllm" and not report["skipped"]
     assert any("is not one of KubeAI's chart profiles" in w for w in report["warnings"])
+
+
+def ray_service(serve_config: Any, gpus: int = 2) -> dict[str, Any]:
+    worker = {"name": "ray-worker", "image": "rayproject/ray-llm:2.52.0-py311-cu128",
+              "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+    return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"},
+            "spec": {"serveConfigV2": serve_config if isinstance(serve_config, str) else yaml.safe_dump(serve_config),
+                     "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [
+                         {"name": "ray-head", "image": "rayproject/ray-llm:2.52.0-py311-cu128"}]}}},
+                         "workerGroupSpecs": [{"groupName": "gpu", "replicas": 1,
+                                               "template": {"spec": {"containers": [worker]}}}]}}}
+
+
+def llm_app(name: str = "llms", **kwargs: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {"model_loading_config": {"model_id": "m"}, "engine_kwargs": kwargs}
+    return {"name": name, "import_path": "ray.serve.llm:build_openai_app", "args": {"llm_configs": [config]}}
+
+
+def test_ray_serve_llm_settings_reach_the_gpu_workers_the_largest_winning() -> None:
+    service = ray_service({"applications": [llm_app("a", gpu_memory_utilization=0.4),
+                                            llm_app("b", gpu_memory_utilization=0.6, tensor_parallel_size=2)]})
+    [worker] = containers(service)
+    assert worker[2:] == ("ray-worker", "nvidia.com/gpu", 2, "vllm", 0.6)
+    # Without the setting, vLLM's default: for an image that names no vLLM version, the whole device.
+    [worker] = containers(ray_service({"applications": [llm_app()]}))
+    assert worker[-1] == 1.0
+
+
+def test_ray_serve_configs_vramguard_cannot_read_leave_the_workers_unknown() -> None:
+    for config, note in (
+        ("applications: [{args: {llm_configs: [unclosed", "serveConfigV2 is not YAML"),
+        ({"applications": [{**llm_app(gpu_memory_utilization=0.5),
+                            "args": {"llm_configs": [{"engine_kwargs": {"gpu_memory_utilization": 0.5},
+                                                      "placement_group_config": {"bundles": [{"GPU": 0.5}]}}]}}]},
+         "fractional GPU bundles"),
+    ):
+        found, notes = parts(ray_service(config))
+        [(_, _, _, _, _, engine, _)] = containers(ray_service(config))
+        assert engine is None and any(note in n for n in notes)
+    # An application of its own (not Ray Serve LLM) is not read either.
+    custom = {"applications": [{"name": "x", "import_path": "serve:model", "args": {"llm_configs": []}}]}
+    assert containers(ray_service(custom))[0][5] is None
+
+
+def test_ray_serve_runtime_env_is_the_engines_environment() -> None:
+    app = llm_app(gpu_memory_utilization=0.5)
+    app["args"]["llm_configs"][0]["runtime_env"] = {"env_vars": {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}}
+    found, _ = parts(ray_service({"applications": [app]}))
+    [demand] = [d for d in parts_demand(found, OPTIONS) if d.containers]
+    assert any("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS" in rule for rule in demand.containers[0].rules) or any(
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS" in e for e in demand.containers[0].evidence)

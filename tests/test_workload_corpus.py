@@ -47,6 +47,12 @@ EXPECTED: dict[str, Expected] = {
     ],
     "raycluster-multihost.yaml": [("head", 1, []), ("worker[hosts]", 4, [("ray-worker", "jax", 4, 0.5)])],
     "rayservice-vllm.yaml": [("head", 1, []), ("worker[gpu-group]", 2, [("llm", None, 2, None)])],
+    # Ray Serve LLM in serveConfigV2: vLLM with the application's engine_kwargs on every worker GPU.
+    "rayservice-llm-serve-qwen.yaml": [("head", 1, []), ("worker[gpu-group]", 1, [("ray-worker", "vllm", 4, 0.75)])],
+    "rayservice-llm-deepseek-tp8-pp2.yaml": [
+        ("head", 1, []),
+        ("worker[gpu-group]", 2, [("ray-worker", "vllm", 8, 0.92)]),
+    ],
     "rayjob-gpu.yaml": [("head", 1, []), ("worker[gpu]", 2, [("ray-worker", None, 1, None)])],
     "kserve-isvc-huggingface.yaml": [("predictor", 1, [("kserve-container", "vllm", 1, 0.8)])],
     "kserve-isvc-with-runtime.yaml": [("predictor", 2, [("kserve-container", "vllm", 2, 0.7)])],

@@ -40,6 +40,7 @@ from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_ma
 from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES
 from vramguard.demand.objects import pod_template
 from vramguard.operators import operator_parts
+from vramguard.operators.ray_serve import with_serve_config
 from vramguard.quantity import excerpt
 from vramguard.template_part import TemplatePart, with_group_size
 
@@ -462,6 +463,8 @@ def object_parts(
         entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
         if entry is not None:
             parts = template_parts(obj, entry, inputs.runtimes)
+            if kind == "RayService" and entry.group == "ray.io":
+                parts = with_serve_config(obj, parts, [] if notes is None else notes)
         else:
             found = operator_parts(obj, api_group(obj), kind, inputs.config_maps, [] if notes is None else notes)
             if found is None:

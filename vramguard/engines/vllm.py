@@ -22,8 +22,11 @@ v0.34.0       without ``--gpu-memory-utilization`` the extensible KV cache sizes
               whole device
 ============  =================================================================================
 
-``--enforce-eager`` captures no graphs. An image tag that names no version takes the conservative
-end of every rule, and says so.
+``--enforce-eager`` captures no graphs. Only the tags of vLLM's own images name vLLM's version
+(:data:`VERSIONED_IMAGES`: ``vllm/vllm-openai:v0.11.0``); the tag of an image that bundles vLLM with
+something else is that product's version (``rayproject/ray-llm:2.52.0``, Dynamo's
+``vllm-runtime:0.4.0``). An image whose tag names no vLLM version takes the conservative end of every
+rule, and says so.
 
 **Settings vramguard cannot see make the VRAM unknown.** ``--kv-cache-memory-bytes`` sizes the KV
 cache to that many bytes and skips the profiling that applies the utilization ("This does not
@@ -48,6 +51,11 @@ from vramguard.engines.base import Findings, Options, parallel_layout, parse_pos
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 
 NAME = "vllm"
+VERSIONED_IMAGES = frozenset({
+    "vllm", "vllm-openai", "vllm-openai-rocm", "vllm-rocm", "vllm-tpu", "vllm-cpu", "vllm-gh200",
+})
+"""Repository names (the last path element) of images whose tag is vLLM's own version: the
+project's images and the rebuilds that keep its tags (KubeAI's ``substratusai/vllm-gh200:v0.8.3``)."""
 PROGRAM = "vllm"
 """The console script: ``vllm serve``."""
 MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"})
@@ -108,7 +116,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     options.report_misspellings(MISSPELLABLE, "vLLM", '"unrecognized arguments"', found)
     parallel = _parallel(options, found)
     tag = image_tag(image)
-    version = version_from_tag(tag)
+    repository = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    version = version_from_tag(tag) if repository in VERSIONED_IMAGES else None
     vram: Vram | None = None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
