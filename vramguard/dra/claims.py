@@ -19,13 +19,14 @@ must not count twice) and a result on a device that is not shareable as the whol
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vramguard.dra.classes import ANY_DEVICE, Selector, read_selectors
 from vramguard.dra.devices import DraDevice, DraInventory
 from vramguard.dra.fields import integer, items, mapping, object_name, quantity_bytes, text
 from vramguard.dra.pods import POD_CLAIM_NAME_ANNOTATION
+from vramguard.dra.sharing import MpsDefaults, read_mps_configs
 
 MAX_REQUESTS = 32
 """The API's limit on requests per claim; more are not read (a note says so)."""
@@ -64,6 +65,8 @@ class ClaimRequest:
 
     name: str
     alternatives: tuple[DeviceRequest, ...]
+    mps: MpsDefaults | None = None
+    """The MPS limits the claim's configuration sets for the processes using it (NVIDIA's driver)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,9 @@ def read_claim_spec(spec: Mapping[str, Any], namespace: str = "", name: str = ""
             requests.append(ClaimRequest(request_name, tuple(alternatives)))
         else:
             notes.append(f"{where} request {request_name}: neither exactly nor firstAvailable; ignored")
+    configs = read_mps_configs(spec, where, notes)
+    if configs:
+        requests = [replace(r, mps=configs.get(r.name, configs.get(None))) for r in requests]
     return ClaimSpec(namespace, name, tuple(requests), tuple(notes))
 
 

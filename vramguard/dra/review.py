@@ -354,9 +354,19 @@ def _needs(
         # The engine's reading of the container, as if it asked for the request's devices as a resource:
         # the same engines, declarations, MPS limits and parallel-size checks as for device-plugin GPUs.
         probe = {**entry.spec, "resources": {"limits": {resource: count}}}
+        if request.mps is not None:
+            # The claim's MPS daemon limits every client, as the client variables would (the
+            # container's own settings win).
+            own = {e.get("name") for e in items(entry.spec.get("env")) if isinstance(e, Mapping)}
+            given = [e for e in request.mps.env(count) if e["name"] not in own]
+            probe["env"] = [*items(entry.spec.get("env")), *given]
         demand = derive_container_demand(probe, annotations, entry.init, options)
         if demand is None:
             continue
+        if request.mps is not None:
+            source = f"the MPS daemon of claim request {request.name} (GpuConfig): "
+            demand = replace(demand, evidence=tuple(
+                source + e.removeprefix("env ") if e.startswith("env CUDA_MPS_") else e for e in demand.evidence))
         if read is not None:
             read.append(demand)
         errors.extend(demand.errors)
