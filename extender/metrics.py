@@ -51,7 +51,15 @@ NODE_FAMILIES = (
     ("vramguard_node_gpus", "GPUs of one product on a node."),
     ("vramguard_node_overcommitted_gpus",
      "GPUs of one product on a node whose worst-case reservations exceed their budget."),
+    ("vramguard_node_known_bytes",
+     "VRAM held on a node's GPUs of one product by pods whose GPU is known (sum over GPUs)."),
+    ("vramguard_node_unplaced_bytes",
+     "VRAM the conservative rule holds on a node's GPUs of one product for pods whose GPU is not known "
+     "yet (worst case less known, sum over GPUs): large without an agent report, though the GPUs may be idle."),
 )
+NODE_AGENT = ("vramguard_node_agent_report",
+              "1 for the state of a GPU node's agent report: fresh (used), stale (its Lease expired: set "
+              "aside) or none (no agent report: pods' GPUs are not known, the conservative rule holds them).")
 NODE_PODS = ("vramguard_node_pods", "Pods known or intended on a node's GPUs.")
 GPU_FAMILIES = (
     ("vramguard_gpu_budget_bytes", "VRAM budget of a GPU (memory less its margin)."),
@@ -89,13 +97,15 @@ def _node_rows(state: ClusterState, node: str) -> list[_Row]:
     by_product: dict[str, list[int]] = {}
     for usage in state.ledger.usage(node, pods=False):
         free = max(0, usage.budget - usage.worst_bytes)
-        totals = by_product.setdefault(usage.device.product, [0, 0, 0, 0, 0, 0])
+        totals = by_product.setdefault(usage.device.product, [0, 0, 0, 0, 0, 0, 0, 0])
         totals[0] += usage.budget
         totals[1] += usage.worst_bytes
         totals[2] += free
         totals[3] = max(totals[3], free)
         totals[4] += 1
         totals[5] += usage.worst_bytes > usage.budget
+        totals[6] += usage.known_bytes
+        totals[7] += max(0, usage.worst_bytes - usage.known_bytes)
     return [_Row(f'node="{_label(node)}",product="{_label(product)}"', tuple(totals))
             for product, totals in sorted(by_product.items())]
 
@@ -121,6 +131,7 @@ def render_ledger(state: ClusterState, *, per_gpu: bool = False,
     nodes = sorted(state.node_names())
     rows: list[_Row] = []
     pods: list[_Row] = []
+    agents: list[_Row] = []
     gpus: list[_Row] = []
     by_namespace: dict[str, int] = {}
     accuracy = ModelAccuracy()
@@ -130,6 +141,9 @@ def render_ledger(state: ClusterState, *, per_gpu: bool = False,
             rows.extend(_node_rows(state, node))
             accuracy.add_node(state, node)
             pods.append(_Row(f'node="{_label(node)}"', (len(state.ledger.pods_on(node)),)))
+            inventory = state.ledger.inventory(node)
+            if inventory is not None and inventory.devices:
+                agents.append(_Row(f'node="{_label(node)}",state="{inventory.agent}"', (1,)))
             if per_gpu:
                 gpus.extend(_gpu_rows(state, node))
         for namespace, count in state.ledger.namespace_bytes(chunk).items():
@@ -139,6 +153,7 @@ def render_ledger(state: ClusterState, *, per_gpu: bool = False,
                   for namespace, count in sorted(by_namespace.items())]
     tables = [(family, rows, column) for column, family in enumerate(NODE_FAMILIES)]
     tables.append((NODE_PODS, pods, 0))
+    tables.append((NODE_AGENT, agents, 0))
     tables.extend((family, gpus, column) for column, family in enumerate(GPU_FAMILIES) if per_gpu)
     tables.append((NAMESPACE_RESERVED, namespaces, 0))
     model = [

@@ -212,3 +212,21 @@ def test_over_budget_is_refused_by_the_shipped_policy(tmp_path: Path, capsys: py
     path = write(tmp_path, A100_MIG, greedy)
     assert main(["plan", path]) == 1
     assert "a100-mig (never, vram-budget): MIG 1g.10gb #0" in capsys.readouterr().out
+
+
+def test_free_memory_the_conservative_rule_holds_is_marked_a_worst_case(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two GPUs behind the node's replicas: the device plugin picks one, so the plan holds the pod on both.
+    node = {**H100_NODE, "metadata": {**H100_NODE["metadata"], "labels": {
+        **H100_NODE["metadata"]["labels"], "nvidia.com/gpu.count": "2"}},
+        "status": {"allocatable": {"cpu": "32", "nvidia.com/gpu": "8"}}}
+    path = write(tmp_path, node, vllm_deployment("vllm", "0.3", 1))
+    assert main(["plan", path, "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [(g["known"], g["free_is_worst_case"]) for g in plan["gpus"]] == [(0, True), (0, True)]
+    assert main(["plan", path]) == 0
+    text = capsys.readouterr().out
+    [header] = [line for line in text.splitlines() if line.startswith("NODE")]
+    assert header.split() == ["NODE", "GPU", "BUDGET", "KNOWN", "WORST-CASE", "FREE", "PODS"]
+    assert text.count("GiB*") == 2 and "note: * FREE is a worst case" in text

@@ -379,6 +379,19 @@ def samples(exposition: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], f
     }
 
 
+def test_without_an_agent_report_the_worst_case_is_named_apart_from_what_is_known() -> None:
+    # Three 0.3 pods on an 8-GPU time-sliced node with no agent report: each may be on any GPU, so
+    # the conservative rule holds each on all 8. Known: nothing. The agent state says why.
+    octo = gpu_node("octo", gpus=8)
+    state, _, _ = make([octo], [vllm_pod(name, "0.3", node="octo") for name in ("a", "b", "c")])
+    found = samples(render_ledger_now(state))
+    labels = frozenset({("node", "octo"), ("product", "NVIDIA H100 80GB HBM3")})
+    assert found[("vramguard_node_known_bytes", labels)] == 0
+    assert found[("vramguard_node_unplaced_bytes", labels)] == 8 * 3 * vllm_bytes("0.3")
+    assert found[("vramguard_node_unplaced_bytes", labels)] == found[("vramguard_node_reserved_bytes", labels)]
+    assert found[("vramguard_node_agent_report", frozenset({("node", "octo"), ("state", "none")}))] == 1
+
+
 @pytest.mark.parametrize("per_gpu", [False, True], ids=["per-node-default", "per-gpu-opt-in"])
 def test_ledger_series_per_node_and_product_and_per_gpu_opt_in(per_gpu: bool) -> None:
     quad = gpu_node("quad", gpus=4, product='H100 "SXM"\\x')

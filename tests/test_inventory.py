@@ -238,6 +238,13 @@ def test_agent_report_overrides_memory_and_places_pods() -> None:
     assert inventory.notes == ()
 
 
+def test_the_agent_state_says_whether_the_report_is_used() -> None:
+    report = json.dumps({"version": 1, "pods": {"uid-a": {"c": ["0"]}}})
+    assert read_inventory(node(TWO_GPUS, report=report)).agent == "fresh"
+    assert read_inventory(node(TWO_GPUS, report=report), distrust="the agent's Lease expired").agent == "stale"
+    assert read_inventory(node(TWO_GPUS)).agent == "none"
+
+
 def test_explicit_report_wins_over_annotation() -> None:
     annotated = json.dumps({"version": 1, "pods": {"uid-a": {"c": ["0"]}}})
     report = AgentReport(gpus=(ReportedGpu(id="0", foreign_bytes=7),), placements={"uid-b": {"c": ("1",)}})

@@ -66,8 +66,25 @@ def test_nodes_table_has_every_gpu_with_budget_reserved_free_pods() -> None:
     assert [r.budget_bytes for r in rows[:2]] == [r.memory_bytes for r in rows[:2]]
     assert ts.free_bytes == ts.budget_bytes - ts.reserved_bytes and not ts.over_budget
     table = gpu_table(rows)
-    assert table.splitlines()[0].split() == ["NODE", "GPU", "PRODUCT", "SHARING", "BUDGET", "RESERVED", "FREE", "PODS"]
+    assert table.splitlines()[0].split() == [
+        "NODE", "GPU", "PRODUCT", "SHARING", "AGENT", "BUDGET", "KNOWN", "WORST-CASE", "FREE", "PODS"]
     assert "time-slicing x4" in table and "default/a,default/b" in table
+    # One GPU behind the node's replicas: where the pods are is known without an agent.
+    assert ts.agent == "none" and ts.known_bytes == ts.reserved_bytes and "*" not in table
+
+
+def test_a_worst_case_is_never_shown_as_plain_free_memory() -> None:
+    # Two exclusive GPUs, one pod of one GPU, no agent report: it may be on either, so the
+    # conservative rule holds it on both. FREE is marked, and a line says why and what to do.
+    state = build_state(snapshot(vllm_pod("b", 0.5, "ex")), default_policy())
+    rows = [r for r in node_rows(state) if r.node == "ex"]
+    assert [(r.known_bytes, r.unplaced_bytes > 0, r.agent) for r in rows] == [(0, True, "none")] * 2
+    table = gpu_table(rows)
+    assert all("GiB*" in line for line in table.splitlines()[1:3])
+    [note] = [line for line in table.splitlines() if line.startswith("* ")]
+    assert note.startswith("* ex: FREE is a worst case: no agent report, so the GPUs its pods hold are not known")
+    assert note.endswith("run the node agent to see where they are")
+    assert rows[0].to_json()["free_is_worst_case"] is True
 
 
 def test_overcommitted_gpu_shows_negative_free() -> None:

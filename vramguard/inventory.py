@@ -111,6 +111,13 @@ class NodeInventory:
     """Per pod UID, per device id: bytes the agent measured its processes using there."""
     distrust: str | None = None
     """Why the node's agent report was not used (a stale or missing Lease), or ``None``."""
+    reported: bool = False
+    """An agent report was applied: the devices' sizes and the pods' placements are the agent's."""
+
+    @property
+    def agent(self) -> str:
+        """``fresh`` (its report is used), ``stale`` (set aside: see :attr:`distrust`) or ``none``."""
+        return "fresh" if self.reported else "stale" if self.distrust is not None else "none"
 
     def resources(self) -> tuple[str, ...]:
         """The GPU resources the node hands out, in device order."""
@@ -257,7 +264,7 @@ def read_inventory(
     measured: Mapping[str, Mapping[str, int]] = {}
     if report is not None:
         devices, placements, measured = _apply_report(devices, report, notes)
-    return NodeInventory(name, tuple(devices), placements, tuple(notes), measured, distrusted)
+    return NodeInventory(name, tuple(devices), placements, tuple(notes), measured, distrusted, report is not None)
 
 
 def _full_gpus(

@@ -4,10 +4,13 @@ Pure: the rows are built from the ledger (:class:`vramguard.ledger.DeviceUsage`,
 per pod) and the demand model, whoever filled them: ``kubectl vram`` and ``vramguard audit`` read the
 cluster and build the same ledger the extender builds, then render it here.
 
-Numbers are the ledger's: *budget* is the device's memory less the policy's margin for it, *reserved* is
-the worst case the device may hold whatever device the plugin picked for pods whose device is not
-known (what the extender's filter checks), *free* is budget less reserved (negative when a GPU is
-already overcommitted, which only pods placed without vramguard can do).
+Numbers are the ledger's: *budget* is the device's memory less the policy's margin for it, *known* is
+what pods known to be on the device hold, *worst case* is what the device may hold whatever device
+the plugin picked for pods whose device is not known (what the extender's filter checks: each such
+pod is held on every device it may be on), *free* is budget less the worst case (negative when a GPU
+is already overcommitted, which only pods placed without vramguard can do). Where the worst case
+exceeds what is known, free is a worst case, not a fact, and the views say so: the node's agent
+report (``agent``: fresh, stale or none) is what tells where such pods are.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ __all__ = [
     "pod_holding",
     "pods_table",
     "render_table",
+    "worst_case_notes",
 ]
 
 UNKNOWN_DEVICE = "?"
@@ -53,6 +57,13 @@ class GpuRow:
     known_bytes: int
     """Claims known to be on this device, and memory used by processes of no known pod."""
     pods: tuple[str, ...]
+    agent: str = "-"
+    """The node's agent report: ``fresh``, ``stale``, ``none`` (``-``: not a device-plugin GPU)."""
+
+    @property
+    def unplaced_bytes(self) -> int:
+        """What the worst case holds here for pods whose device is not known."""
+        return max(0, self.reserved_bytes - self.known_bytes)
 
     @property
     def free_bytes(self) -> int:
@@ -77,14 +88,18 @@ class GpuRow:
             "budget_bytes": self.budget_bytes,
             "reserved_bytes": self.reserved_bytes,
             "known_bytes": self.known_bytes,
+            "unplaced_bytes": self.unplaced_bytes,
             "free_bytes": self.free_bytes,
+            "free_is_worst_case": self.unplaced_bytes > 0,
+            "agent": self.agent,
             "over_budget": self.over_budget,
             "pods": list(self.pods),
         }
 
 
-def gpu_rows(usages: Iterable[DeviceUsage]) -> list[GpuRow]:
-    """Rows from the ledger's :meth:`~vramguard.ledger.Ledger.usage`, sorted by node and device."""
+def gpu_rows(usages: Iterable[DeviceUsage], agents: Mapping[str, str] | None = None) -> list[GpuRow]:
+    """Rows from the ledger's :meth:`~vramguard.ledger.Ledger.usage`, sorted by node and device;
+    ``agents``: each node's agent report state."""
     rows = [
         GpuRow(
             node=u.node,
@@ -99,6 +114,7 @@ def gpu_rows(usages: Iterable[DeviceUsage]) -> list[GpuRow]:
             reserved_bytes=u.worst_bytes,
             known_bytes=u.known_bytes,
             pods=u.pods,
+            agent=(agents or {}).get(u.node, "-"),
         )
         for u in usages
     ]
@@ -125,15 +141,18 @@ def _sharing_text(row: GpuRow) -> str:
 
 def _free_text(row: GpuRow) -> str:
     text = format_bytes(row.free_bytes)
-    return f"{text} (OVER)" if row.over_budget else text
+    if row.over_budget:
+        return f"{text} (OVER)"
+    return f"{text}*" if row.unplaced_bytes else text
 
 
 def gpu_table(rows: Sequence[GpuRow]) -> str:
-    """The ``kubectl vram nodes`` table: NODE GPU PRODUCT SHARING BUDGET RESERVED FREE PODS."""
+    """The ``kubectl vram nodes`` table: NODE GPU PRODUCT SHARING AGENT BUDGET KNOWN WORST-CASE FREE
+    PODS, then a line for each node whose free memory is a worst case, saying why."""
     if not rows:
         return "No GPU nodes found (no node offers a GPU resource of the policy).\n"
-    headers = ("NODE", "GPU", "PRODUCT", "SHARING", "BUDGET", "RESERVED", "FREE", "PODS")
-    return render_table(
+    headers = ("NODE", "GPU", "PRODUCT", "SHARING", "AGENT", "BUDGET", "KNOWN", "WORST-CASE", "FREE", "PODS")
+    table = render_table(
         headers,
         (
             (
@@ -141,7 +160,9 @@ def gpu_table(rows: Sequence[GpuRow]) -> str:
                 row.gpu,
                 row.product,
                 _sharing_text(row),
+                row.agent,
                 format_bytes(row.budget_bytes),
+                format_bytes(row.known_bytes),
                 format_bytes(row.reserved_bytes),
                 _free_text(row),
                 ",".join(row.pods) if row.pods else "-",
@@ -149,6 +170,28 @@ def gpu_table(rows: Sequence[GpuRow]) -> str:
             for row in rows
         ),
     )
+    return table + "".join(f"* {line}\n" for line in worst_case_notes(rows))
+
+
+def worst_case_notes(rows: Sequence[GpuRow]) -> list[str]:
+    """For each node whose free memory is a worst case: why, and what would tell the facts."""
+    notes = []
+    for node in dict.fromkeys(row.node for row in rows):
+        mine = [row for row in rows if row.node == node]
+        unplaced = [row for row in mine if row.unplaced_bytes]
+        if not unplaced:
+            continue
+        agent = mine[0].agent
+        why = {
+            "none": "no agent report, so the GPUs its pods hold are not known",
+            "stale": "its agent report is stale (the agent's Lease expired), so it is set aside",
+        }.get(agent, "some pods' GPUs are not known yet")
+        notes.append(
+            f"{node}: FREE is a worst case: {why}; each such pod is held on every GPU it may be on "
+            f"(WORST-CASE less KNOWN), though the GPUs may be idle"
+            + ("; run the node agent to see where they are" if agent != "fresh" else "")
+        )
+    return notes
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,7 +248,9 @@ def feed_dra(state: ClusterState, objects: dict[str, list[JSON]]) -> None:
 def node_rows(state: ClusterState) -> list[GpuRow]:
     """Every GPU device of every node, with the ledger's budget and reservations; then every DRA
     device, with what allocated claims consume on it."""
-    rows = gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node))
+    agents = {node: inventory.agent for node in state.node_names()
+              if (inventory := state.ledger.inventory(node)) is not None}
+    rows = gpu_rows((row for node in state.node_names() for row in state.ledger.usage(node)), agents)
     return rows + dra_rows(state.dra.usage().values())
 
 

@@ -139,16 +139,18 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
     for node in sorted(ledger.node_names()):
         for row in ledger.usage(node):
             plan.gpus.append({
-                "node": node, "gpu": row.device.label, "budget": row.budget, "reserved": row.worst_bytes,
-                "free": row.budget - row.worst_bytes, "pods": list(row.pods),
+                "node": node, "gpu": row.device.label, "budget": row.budget, "known": row.known_bytes,
+                "reserved": row.worst_bytes, "free": row.budget - row.worst_bytes,
+                "free_is_worst_case": row.worst_bytes > row.known_bytes, "pods": list(row.pods),
             })
     for entry in book.rows():
         plan.gpus.append({
             "node": entry.device.node, "gpu": entry.device.label, "budget": entry.device.memory_bytes,
-            "reserved": entry.consumed, "free": entry.free, "pods": list(entry.holders), "dra": True,
+            "known": entry.consumed, "reserved": entry.consumed, "free": entry.free, "free_is_worst_case": False,
+            "pods": list(entry.holders), "dra": True,
         })
     plan.notes.extend(ledger.check_invariants())
-    if any(g["reserved"] > 0 and not g["pods"] for g in plan.gpus):
+    if any(g["free_is_worst_case"] for g in plan.gpus):
         plan.notes.append(CONSERVATIVE_NOTE)
     return plan
 
@@ -237,9 +239,10 @@ def _shared_keys(pod: _Pod) -> list[str]:
 
 
 CONSERVATIVE_NOTE = (
-    "memory is reserved on GPUs without pods because the device plugin, not the scheduler, picks "
-    "the device of each pod, so its claim is held on every device of its node it could get (the "
-    "conservative rule); in a cluster the node agent's report narrows it to the device it got"
+    "* FREE is a worst case: the device plugin, not the scheduler, picks the device of each pod, so "
+    "its claim is held on every device of its node it could get (the conservative rule: WORST-CASE "
+    "less KNOWN), though those GPUs may be idle; in a cluster the node agent's report narrows it to "
+    "the device it got"
 )
 
 
@@ -317,15 +320,15 @@ def render_text(plan: Plan) -> str:
         if not entry["reasons"]:
             lines.append("           no nodes in the input")
     if plan.gpus:
-        rows = [("NODE", "GPU", "BUDGET", "RESERVED", "FREE", "PODS")]
+        rows = [("NODE", "GPU", "BUDGET", "KNOWN", "WORST-CASE", "FREE", "PODS")]
         rows += [
-            (g["node"], g["gpu"], format_bytes(g["budget"]), format_bytes(g["reserved"]),
-             format_bytes(g["free"]), ", ".join(g["pods"]) or "-")
+            (g["node"], g["gpu"], format_bytes(g["budget"]), format_bytes(g["known"]), format_bytes(g["reserved"]),
+             format_bytes(g["free"]) + ("*" if g["free_is_worst_case"] else ""), ", ".join(g["pods"]) or "-")
             for g in plan.gpus
         ]
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        widths = [max(len(row[i]) for row in rows) for i in range(6)]
         lines.append("")
-        lines.extend("  ".join(row[i].ljust(widths[i]) for i in range(5)) + "  " + row[5] for row in rows)
+        lines.extend("  ".join(row[i].ljust(widths[i]) for i in range(6)) + "  " + row[6] for row in rows)
     lines.extend(f"note: {note}" for note in plan.notes)
     lines.extend(f"skipped: {entry}" for entry in plan.skipped)
     return "\n".join(lines)
