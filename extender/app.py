@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from extender.evictor import Evictor
 from extender.findings import FindingsReporter
 from extender.metrics import ExtenderMetrics, LedgerExposition
+from extender.pending import PendingPods
 from extender.preemption import LowestPriorities, mark_unhelpable, preempt_handler
 from extender.verbs import NOT_LEADER, Verbs
 from extender.wire import (
@@ -54,6 +55,8 @@ def build_app(
     ``evictor`` hears of the pods filter refuses for VRAM and of those kube-scheduler preempts for.
     """
     metrics = ExtenderMetrics(registry, verbs.state, verbs.oldest_in_flight_seconds, per_gpu=per_gpu_metrics)
+    pending = PendingPods()
+    registry.register(pending)
     verbs.findings = FindingsReporter(verbs.client, registry)
     readiness.add("caches-synced", synced.is_set)
     if leader is not None:
@@ -106,6 +109,8 @@ def build_app(
         outcome = mark_unhelpable(verbs.state, args.Pod, await verbs.filter(args.Pod, args.node_names()), lowest)
         if evictor is not None:
             evictor.refused(args.Pod, outcome.passing, outcome.failed)
+        uid = args.Pod.get("metadata", {}).get("uid")
+        pending.filtered(uid if isinstance(uid, str) else "", outcome.passing, outcome.failed, outcome.unresolvable)
         metrics.decisions.labels("filter", "pass").inc(len(outcome.passing))
         metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
@@ -130,6 +135,8 @@ def build_app(
         if error == NOT_LEADER:
             metrics.not_leader.labels("bind").inc()  # leadership lapsed while the pod was read
         metrics.decisions.labels("bind", "error" if error else "bound").inc()
+        if not error:
+            pending.bound(args.PodUID)
         if error:
             logger.info("bind %s/%s: %s", args.PodNamespace, args.PodName, error)
         return json_response(binding_result(error))

@@ -134,6 +134,9 @@ def test_every_panel_queries_metrics_the_code_exports(title: str) -> None:
         ("binds refused by a standby", 'vramguard_extender_not_leader_refusals_total{verb="bind"}'),
         ("leader status", "vramguard_extender_leader"),
         ("leader transitions", "vramguard_extender_lease_transitions_total"),
+        ("worst case held for pods whose GPU is not known", "vramguard_node_unplaced_bytes"),
+        ("nodes without a fresh agent report", "vramguard_node_agent_report"),
+        ("GPU pods pending on VRAM", "vramguard_extender_unschedulable_pods"),
     ],
 )
 def test_the_dashboard_shows_each_failure_mode(failure_mode: str, metric: str) -> None:

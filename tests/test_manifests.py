@@ -463,9 +463,19 @@ def test_alert_rules_are_complete_and_use_exported_metrics() -> None:
     assert exprs["VramguardExtenderNoLeader"] == "sum(vramguard_extender_leader) == 0"
     assert exprs["VramguardExtenderTwoLeaders"] == "sum(vramguard_extender_leader) > 1"
     assert "vramguard_extender_in_flight_oldest_seconds" in exprs["VramguardExtenderReservationsUnconfirmed"]
-    exposed = {name for name, _ in (*metrics.NODE_FAMILIES, metrics.NODE_PODS)}
+    exposed = {name for name, _ in (*metrics.NODE_FAMILIES, metrics.NODE_PODS, metrics.NODE_AGENT)}
     over = exprs["VramguardGpuOverReserved"]
     assert over.split()[0] in exposed, over
+    assert exprs["VramguardAgentReportStale"].split("{")[0] in exposed
+    assert 'vramguard_extender_unschedulable_pods{reason="vram"}' in exprs["VramguardGpuPodsPendingOnVram"]
+    # absent() of a series each service always exports, whatever happened since it started.
+    assert exprs["VramguardExtenderAbsent"] == "absent(vramguard_ledger_rendered_timestamp_seconds)"
+    assert exprs["VramguardWebhookAbsent"] == "absent(vramguard_webhook_gpu_pods)"
+    assert "apiserver_admission_webhook_rejection_count" in exprs["VramguardWebhookFailing"]
+    for rule in rules:
+        if rule["alert"] in ("VramguardGpuPodsPendingOnVram", "VramguardExtenderAbsent", "VramguardWebhookAbsent",
+                             "VramguardAgentReportStale", "VramguardWebhookFailing"):
+            assert rule["annotations"]["runbook_url"].startswith("docs/troubleshooting.md#"), rule["alert"]
 
 
 def test_helm_renders_the_alerts_and_the_network_policy() -> None:

@@ -52,6 +52,17 @@ class Rule(StrEnum):
     """The pod's VRAM is unknown and its class does not place such pods."""
 
 
+VRAM_REFUSAL = "VRAM budget free"
+"""The words every refusal of a node for the VRAM budget carries (the scheduler's event shows them)."""
+UNKNOWN_VRAM_REFUSAL = "VRAM unknown and class"
+"""The words of the refusal of a pod whose VRAM is unknown, in a class that does not place such pods."""
+
+
+def is_vram_refusal(message: str) -> bool:
+    """Whether a filter's reason for a node is the pod's VRAM: the budget, or a VRAM nobody knows."""
+    return VRAM_REFUSAL in message or UNKNOWN_VRAM_REFUSAL in message
+
+
 @dataclass(frozen=True, slots=True)
 class ClassFinding:
     """A node's sharing strategy that the pod's class does not allow, for one resource."""
@@ -142,7 +153,7 @@ def pod_refusals(
     for container in demand.containers:
         if not container.reservations and choice.qos.unknown_vram == "reject":
             refusals.append(Refusal(Rule.VRAM_UNKNOWN, (
-                f"container {container.name}: VRAM unknown and class {choice.name} does not place such pods; "
+                f"container {container.name}: {UNKNOWN_VRAM_REFUSAL} {choice.name} does not place such pods; "
                 f"declare it with the annotation {VRAM_ANNOTATION}.{container.name}"
             )))
         if container.resource.startswith(tuple(mig_prefixes)) and "mig" not in choice.qos.sharing:
@@ -205,7 +216,7 @@ def pod_claims(demand: PodDemand, choice: ClassChoice, uid: str = "") -> PodClai
     if unknown and choice.qos.unknown_vram == "reject":
         names = ", ".join(unknown)
         return PodClaims(uid, refusal=(
-            f"container {names}: VRAM unknown and class {choice.name} does not place such pods; "
+            f"container {names}: {UNKNOWN_VRAM_REFUSAL} {choice.name} does not place such pods; "
             f"declare it with the annotation {VRAM_ANNOTATION} (e.g. {VRAM_ANNOTATION}.{unknown[0]}: 16Gi)"
         ))
     claims: list[Claim] = []
@@ -397,6 +408,8 @@ def _unknown(node: str) -> NodeVerdict:
     return NodeVerdict(Verdict.FAIL, f"node {node} is not known to vramguard yet", Rule.NODE_UNKNOWN)
 
 
+
+
 def _kind_refusal_text(
     device: Gpu, need: int, claims: Sequence[Claim], *, counting: bool, devices: int = 1
 ) -> str:
@@ -407,7 +420,7 @@ def _kind_refusal_text(
     (more than one: how many, and so how much, differs from node to node; the line does not say).
     Each device's room: ``kubectl vram nodes``; bind's refusal names the device and its numbers."""
     kind = f"MIG {device.mig_profile}" if device.mig_profile is not None else "GPU"
-    text = f"{kind} ({device.product}): VRAM budget free below " + (
+    text = f"{kind} ({device.product}): {VRAM_REFUSAL} below " + (
         f"the pod's {format_bytes(need)} per GPU" if devices <= 1
         else "what the pod needs where the device plugin gives several of its GPU replicas one GPU"
     )
@@ -529,7 +542,7 @@ def _shortfall_text(shortfall: Shortfall) -> str:
     free = max(shortfall.free, 0)
     head = (
         f"{shortfall.device.label}: {_like(free, shortfall.budget)} of {format_bytes(shortfall.budget)} "
-        "VRAM budget free, pod needs "
+        f"{VRAM_REFUSAL}, pod needs "
     )
     if shortfall.devices <= 1:
         return head + f"{format_bytes(shortfall.need)} per GPU"
