@@ -231,10 +231,12 @@ def test_implicit_defaults_are_warned_about_even_where_enforced(namespace: Calla
     )
 
 
-def test_audit_namespace_admits_without_a_denial_warning(namespace: Callable[[str], Namespace]) -> None:
+def test_audit_namespace_admits_and_says_what_would_be_denied(namespace: Callable[[str], Namespace]) -> None:
     ns = namespace("audit")
     response = ns.create_pod(pod("audited", vllm_container("1.5")))
     assert response.status == 201
+    # Admitted, recorded in the audit annotation, and said: never less visible than a note.
+    assert f"audit: would deny: {BAD_UTILIZATION}" in warnings_of(response)
     assert not any(w.startswith("would deny") for w in warnings_of(response))
 
 

@@ -169,7 +169,7 @@ async def test_audit_namespace_admits_with_audit_annotations(client_for: Any) ->
         "container vllm: --gpu-memory-utilization 1.5 is outside (0, 1]"
     ]
     assert response["auditAnnotations"]["qos-class"] == "best-effort"
-    assert "warnings" not in response
+    assert response["warnings"] == ["audit: would deny: container vllm: --gpu-memory-utilization 1.5 is outside (0, 1]"]
 
 
 async def test_non_blocking_warnings_come_in_enforce_mode_too(client_for: Any) -> None:

@@ -26,8 +26,11 @@ returns a :class:`Decision` ready to encode.
 Pod Security Admission does it): ``enforce`` denies when there is a violation; ``warn`` admits and
 returns each violation as an admission warning (``would deny: ...``); ``audit`` admits and records
 the violations in the audit annotation ``would-deny`` (the API server prefixes the webhook's name).
-Notes are returned as warnings in every mode. Warnings are kept under 120 characters, which every
-client displays whole; the full text stays in the denial message and the audit annotation.
+In ``audit`` mode each violation is returned as a warning too (``audit: would deny: ...``), so that
+what would be refused is never less visible than a note. Notes are returned as warnings in every
+mode. Warnings are kept within 256 characters, beyond which the API server may cut them (the
+AdmissionResponse's ``warnings`` field: "Warnings over 256 characters ... may be truncated"); the
+full text stays in the denial message and the audit annotation.
 
 **DRA claims** (:mod:`vramguard.dra.review`, when ``ClusterView.dra`` is given): a pod whose GPU
 comes from a ResourceClaim or ResourceClaimTemplate must claim (``capacity.requests.memory``, else
@@ -141,8 +144,8 @@ SUPPORTED_KINDS: Mapping[str, tuple[str, str]] = {
 CLAIM_KINDS = frozenset({"ResourceClaim", "ResourceClaimTemplate"})
 """Reviewed on their own (warnings only: the pod that will use them is not known yet)."""
 
-# Admission warnings longer than this are cut by some clients; 120 is what the API docs advise.
-WARNING_LIMIT = 120
+# The API server may cut admission warnings longer than this (AdmissionResponse.warnings).
+WARNING_LIMIT = 256
 # kubectl prints every warning on its own line; past this many, one line says how many are left.
 MAX_WARNINGS = 16
 # Audit annotation keys: a qualified name without a prefix (the API server adds "<webhook>/").
@@ -560,6 +563,7 @@ class AdmissionRules:
                 [annotations[AUDIT_WOULD_DENY_KEY], *whole_text] if AUDIT_WOULD_DENY_KEY in annotations else whole_text
             )
             annotations.setdefault(AUDIT_CLASS_KEY, first.qos_class or "")
+            warnings[:0] = [f"audit: would deny: {v}" for v in whole_text]
         refused = [prefix + v for prefix, d in decisions if not d.allowed for v in d.violations]
         if whole and first.mode == "enforce":
             refused += whole_text
@@ -1037,8 +1041,12 @@ class AdmissionRules:
         elif violations:
             annotations[AUDIT_WOULD_DENY_KEY] = _audit_value(violations)
             annotations[AUDIT_CLASS_KEY] = choice.name
-            # Audit is silent, except for a pod nothing will guard: its GPU is shared unchecked.
-            warnings.extend(f"not guarded: {f.brief or f.message}" for f in problems if f.code is Code.SCHEDULER)
+            # Recorded, and said: what would be refused is never less visible than a note. A pod
+            # nothing will guard is said in the fewest words (its GPU is shared unchecked).
+            warnings.extend(
+                f"not guarded: {f.brief or f.message}" if f.code is Code.SCHEDULER else line
+                for f in problems for line in _would_deny(f, "audit: would deny: ")
+            )
         warnings.extend(f.message for f in remarks)
         return Decision(
             allowed=allowed,
@@ -1119,16 +1127,17 @@ class _Findings:
 _SPLIT_CODES = frozenset({Code.CLAIM_MEMORY, Code.EXTENDED_RESOURCE_MEMORY})
 
 
-def _would_deny(finding: Finding) -> tuple[str, ...]:
-    """A violation as ``warn`` mode returns it. A claim's memory message too long for one warning is
-    split before the number to write (``set capacity.requests.memory: 72Gi``), which must survive."""
-    text = f"would deny: {finding.message}"
+def _would_deny(finding: Finding, prefix: str = "would deny: ") -> tuple[str, ...]:
+    """A violation as ``warn`` (and ``audit``) mode returns it. A claim's memory message too long for
+    one warning is split before the number to write (``set capacity.requests.memory: 72Gi``), which
+    must survive."""
+    text = f"{prefix}{finding.message}"
     if len(text) > WARNING_LIMIT and finding.brief:
-        return (f"would deny: {finding.brief}",)
+        return (f"{prefix}{finding.brief}",)
     head, _, fix = finding.message.rpartition("; ")
     if len(text) <= WARNING_LIMIT or finding.code not in _SPLIT_CODES or not head:
         return (text,)
-    return (f"would deny: {head}", f"to fix it: {fix}")
+    return (f"{prefix}{head}", f"to fix it: {fix}")
 
 
 def _drop_served_by_dra(demand: PodDemand, dra: DraContext, found: _Findings) -> None:
