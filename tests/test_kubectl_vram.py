@@ -11,7 +11,14 @@ import pytest
 
 from e2e import gpu_nodes
 from vramguard.cli import kubectl_vram
-from vramguard.cli.kubectl_vram import ClusterSnapshot, build_state, choose_policy, node_rows, pod_holdings
+from vramguard.cli.kubectl_vram import (
+    ClusterSnapshot,
+    build_parser,
+    build_state,
+    choose_policy,
+    node_rows,
+    pod_holdings,
+)
 from vramguard.policy import Policy, PolicyError, default_policy
 from vramguard.report import gpu_table, pods_table, render_table
 
@@ -153,3 +160,10 @@ def test_unreadable_cluster_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pyt
 
 def test_policy_is_a_policy() -> None:
     assert isinstance(default_policy(), Policy)
+
+
+def test_output_formats_are_those_of_every_vramguard_command() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["nodes"]).output == "text"
+    assert parser.parse_args(["pods", "-o", "json"]).output == "json"
+    assert parser.parse_args(["nodes", "-o", "table"]).output == "table"  # the former name, still read

@@ -290,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per-GPU VRAM budgets and reservations, computed the way the vramguard extender does.",
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    common.add_argument("-o", "--output", choices=("text", "json", "table"), default="text",
+                        help="output format, as for every vramguard command (table: the same as text)")
     common.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     common.add_argument("--context", help="kubeconfig context (default: the current one)")
     common.add_argument("--policy", type=Path, metavar="FILE",
