@@ -114,3 +114,30 @@ def test_cli_lists_the_policy_workload_kinds(monkeypatch: pytest.MonkeyPatch,
     assert main(["audit"]) == audit.EXIT_CLEAN
     assert "LeaderWorkerSet" in asked and "InferenceService" in asked
     assert "warning: RayCluster (ray.io) not read: forbidden" in capsys.readouterr().err
+
+
+def test_pending_gpu_pods_are_listed_with_each_nodes_reason() -> None:
+    # ts: one H100 time-sliced x4 holding 0.6; ex: two exclusive H100s holding 0.5 each. A 0.9 pod
+    # fits neither now; the scheduler's own reason is shown beside vramguard's.
+    big = vllm_pod("big", 0.9, None)
+    big["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "message": "0/2 nodes are available: 2 VRAM"}]}
+    small = {**vllm_pod("small", 0.1, None), "status": {"phase": "Pending"}}
+    snap = snapshot(vllm_pod("a", 0.6, "ts"), vllm_pod("b", 0.5, "ex"), vllm_pod("c", 0.5, "ex"), big, small)
+    report = audit_snapshot(snap, default_policy())
+    pending = {p.name: p for p in report.pending}
+    assert sorted(pending) == ["big", "small"]
+    assert pending["small"].reasons == ()  # a node would take it now
+    reasons = pending["big"].reasons
+    assert sorted(n for _, nodes in reasons for n in nodes) == ["ex", "ts"]
+    assert {nodes: message for message, nodes in reasons} == {
+        ("ex",): "pod needs 1 nvidia.com/gpu, node has 2 (0 free)",
+        ("ts",): "GPU 0 (NVIDIA H100 80GB HBM3): 29.0 GiB of 77.3 GiB VRAM budget free, pod needs 72.2 GiB per GPU",
+    }
+    assert pending["big"].scheduler_message == "0/2 nodes are available: 2 VRAM"
+    # Informational: a pod the VRAM keeps Pending is the guard working, not a finding.
+    report.objects.clear()
+    assert report.clean
+    text = report.to_text()
+    assert "GPU pods Pending (informational): 2" in text and "the scheduler says: 0/2 nodes" in text
+    assert json.loads(json.dumps(report.to_json()))["pending"][0]["name"] == "big"

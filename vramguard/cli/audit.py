@@ -20,6 +20,10 @@ DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
 - **Allocated DRA claims short of their workload's memory**: each allocated ResourceClaim whose
   pods' containers reserve more on the device it got than the claim consumes there (the scheduler
   shares the device by what claims consume, so such a device is overcommitted in fact).
+- **Pending GPU pods and why**: each GPU pod not yet bound, with what every node says to it under
+  the extender's rules (grouped: ``3 nodes: GPU (...): VRAM budget free below ...``) and the
+  scheduler's own last reason (its ``PodScheduled`` condition). Informational: a pod the VRAM keeps
+  Pending is vramguard doing its job; this says why, and what would let it in.
 - **Pods using more VRAM than the model predicted**: each pod and device the node agents measure
   beyond the demand model's prediction there (:mod:`vramguard.accuracy`), with the numbers, and the
   predicted and measured sums per engine and version. Informational: the ledger already holds such a
@@ -45,13 +49,22 @@ from vramguard.cli import kubectl_vram
 from vramguard.cluster import ClusterState
 from vramguard.dra.review import AllocatedShortfall, audit_allocations
 from vramguard.ledger import Invariant
-from vramguard.placement import class_findings
+from vramguard.placement import class_findings, filter_nodes
 from vramguard.policy import Policy, PolicyError
 from vramguard.quantity import format_bytes
 from vramguard.report import GpuRow, gpu_table, render_table
 from vramguard.workloads import WorkloadKind, find_kind
 
-__all__ = ["AuditReport", "ObjectFinding", "PlacementFinding", "audit_snapshot", "register", "run"]
+__all__ = [
+    "AuditReport",
+    "ObjectFinding",
+    "PendingPod",
+    "PlacementFinding",
+    "audit_snapshot",
+    "pending_pods",
+    "register",
+    "run",
+]
 
 _PROG = "vramguard audit"
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -116,6 +129,25 @@ class PlacementFinding:
                 "outcome": self.outcome, "rule": self.rule, "message": self.message}
 
 
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A GPU pod not yet bound, with each node's reason under the extender's rules."""
+
+    namespace: str
+    name: str
+    scheduler: str
+    reasons: tuple[tuple[str, tuple[str, ...]], ...]
+    """``(reason, nodes)``, the largest group first; empty when a node would take it now."""
+    scheduler_message: str = ""
+    """The scheduler's last word (the pod's ``PodScheduled`` condition), when it has said one."""
+
+    def to_json(self) -> JSON:
+        """The pending pod as a JSON object."""
+        return {"namespace": self.namespace, "name": self.name, "scheduler": self.scheduler,
+                "reasons": [{"message": m, "nodes": list(n)} for m, n in self.reasons],
+                "scheduler_message": self.scheduler_message}
+
+
 @dataclass(slots=True)
 class AuditReport:
     """Everything the audit found."""
@@ -131,6 +163,8 @@ class AuditReport:
     """Bound pods on nodes their class's rules do not allow."""
     claims: list[AllocatedShortfall] = field(default_factory=list)
     """Allocated DRA claims whose pods reserve more on their device than the claim consumes."""
+    pending: list[PendingPod] = field(default_factory=list)
+    """GPU pods not yet bound, and why (informational, not counted by :attr:`clean`)."""
     model: ModelAccuracy = field(default_factory=ModelAccuracy)
     """The demand model's predictions against the agents' measurements (informational, not counted
     by :attr:`clean`)."""
@@ -169,6 +203,7 @@ class AuditReport:
                  "message": c.message()}
                 for c in self.claims
             ],
+            "pending": [p.to_json() for p in self.pending],
             "model_accuracy": self.model.to_json(),
         }
 
@@ -205,6 +240,7 @@ class AuditReport:
                 ("NAMESPACE", "CLAIM", "NODE", "PODS", "FINDING"),
                 ((c.namespace, c.claim, c.node, ",".join(c.pods) or "-", c.message()) for c in self.claims),
             ))
+        parts.append(_pending_text(self.pending))
         parts.append(_model_text(self.model))
         noted = [f for f in self.objects if f.notes]
         if noted:
@@ -250,8 +286,59 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
             ))
     report.objects.sort(key=lambda f: (not f.violations, f.namespace, f.kind, f.name))
     report.claims = audit_allocations(state.dra, snapshot.pods)
+    report.pending = pending_pods(state, snapshot.pods)
     report.model = model_accuracy(state)
     return report
+
+
+MAX_NODES_NAMED = 5
+"""Nodes named per reason; the rest are counted."""
+
+
+def pending_pods(state: ClusterState, pods: Iterable[Mapping[str, Any]]) -> list[PendingPod]:
+    """Each GPU pod not yet bound, with what every node says to it under the extender's rules."""
+    nodes = sorted(state.node_names())
+    found: list[PendingPod] = []
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        metadata = pod.get("metadata") or {}
+        if spec.get("nodeName") or status.get("phase", "Pending") != "Pending":
+            continue
+        choice = state.choose_class(pod)
+        claims = state.claims_for(pod, choice)
+        if claims.refusal is None and not claims.claims:
+            continue  # no GPU of the policy's (a DRA-only pod is the scheduler's to allocate)
+        grouped: dict[str, list[str]] = {}
+        for node, verdict in zip(nodes, filter_nodes(state.ledger, nodes, claims, choice), strict=True):
+            if not verdict.ok:
+                grouped.setdefault(verdict.message, []).append(node)
+        fits = len(nodes) - sum(len(names) for names in grouped.values())
+        reasons = () if fits else tuple(
+            (message, tuple(names)) for message, names in sorted(grouped.items(), key=lambda i: -len(i[1])))
+        conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+        scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+        found.append(PendingPod(
+            str(metadata.get("namespace", "")), str(metadata.get("name", "")),
+            str(spec.get("schedulerName") or "default-scheduler"), reasons, str(scheduled.get("message") or ""),
+        ))
+    found.sort(key=lambda p: (p.namespace, p.name))
+    return found
+
+
+def _pending_text(pending: Sequence[PendingPod]) -> str:
+    parts = [f"\nGPU pods Pending (informational): {len(pending)}\n"]
+    for pod in pending:
+        parts.append(f"- {pod.namespace}/{pod.name} (scheduler {pod.scheduler})\n")
+        if not pod.reasons:
+            parts.append("    a node would take it now under vramguard's rules\n")
+        for message, nodes in pod.reasons:
+            named = ", ".join(nodes[:MAX_NODES_NAMED]) + (f" and {len(nodes) - MAX_NODES_NAMED} more"
+                                                          if len(nodes) > MAX_NODES_NAMED else "")
+            parts.append(f"    {len(nodes)} node(s) ({named}): {message}\n")
+        if pod.scheduler_message:
+            parts.append(f"    the scheduler says: {pod.scheduler_message}\n")
+    return "".join(parts)
 
 
 def _model_text(model: ModelAccuracy) -> str:
