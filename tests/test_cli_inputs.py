@@ -74,3 +74,19 @@ def test_standard_input_still_works(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     monkeypatch.setattr("sys.stdin", io.StringIO(SEED.read_text()))
     code, out, _ = run(capsys, "explain", "-")
     assert code == 0 and "Deployment team-a/chat" in out
+
+
+@pytest.mark.parametrize("command", ["explain", "plan"])
+def test_unreadable_files_are_said_in_words_not_as_python_errors(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    for args, said in (
+        (["--policy", str(tmp_path), str(SEED)], f"cannot read policy {tmp_path}: is a directory"),
+        ([str(tmp_path / "absent.yaml")], f"{tmp_path / 'absent.yaml'}: no such file or directory"),
+        ([str(binary)], f"{binary}: not UTF-8 text"),
+    ):
+        assert main([command, *args]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Errno" not in err and "Traceback" not in err

@@ -448,12 +448,21 @@ def _allowed_keys(parent: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def read_failure(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, in words (``is a directory``, ``no such file or directory``,
+    ``not UTF-8 text``), without the exception's own form (``[Errno 21] ...``)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    reason = exc.strerror or str(exc)
+    return reason[:1].lower() + reason[1:]
+
+
 def load_policy(path: str | Path) -> Policy:
     """Read and validate a policy file; raise :class:`PolicyError` naming the file on any problem."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"cannot read policy {path}: {exc}") from None
+        raise PolicyError(f"cannot read policy {path}: {read_failure(exc)}") from None
     try:
         return Policy.from_yaml(text)
     except PolicyError as exc:
@@ -514,7 +523,7 @@ class PolicyFile:
         try:
             data = self.path.read_bytes()
         except OSError as exc:
-            raise PolicyError(f"cannot read policy {self.path}: {exc}") from None
+            raise PolicyError(f"cannot read policy {self.path}: {read_failure(exc)}") from None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:

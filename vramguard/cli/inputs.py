@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vramguard.demand.objects import Document, load_each_document
+from vramguard.policy import read_failure
 
 __all__ = ["InputError", "Source", "add_input_arguments", "read_sources"]
 
@@ -50,7 +51,7 @@ def read_sources(args: argparse.Namespace) -> list[Source]:
             try:
                 text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
-                raise InputError(f"{path}: {exc}") from None
+                raise InputError(f"{path}: {read_failure(exc)}") from None
             sources.append(Source(path, tuple(load_each_document(text))))
     return sources
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from vramguard.demand import derive_pod_demand
 from vramguard.dra.views import dra_rows
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
-from vramguard.policy import Policy, PolicyError, default_policy
+from vramguard.policy import Policy, PolicyError, default_policy, read_failure
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
 from vramguard.workloads import WorkloadKind
 
@@ -213,8 +213,8 @@ def choose_policy(path: Path | None, configmap_text: str | None) -> tuple[Policy
     if path is not None:
         try:
             text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PolicyError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"cannot read {path}: {read_failure(exc)}") from None
         return Policy.from_yaml(text), str(path)
     if configmap_text is not None:
         return Policy.from_yaml(configmap_text), f"ConfigMap {POLICY_NAMESPACE}/{POLICY_CONFIGMAP}"
