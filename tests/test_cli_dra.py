@@ -349,3 +349,14 @@ def test_plan_extended_resource_without_dra_devices_takes_the_device_plugin_path
     assert main(["plan", "-o", "json", write(tmp_path, node, mig_class, pod)]) == 1
     (pending,) = json.loads(capsys.readouterr().out)["pending"]
     assert list(pending["reasons"]) == ["ex"]  # judged by the node's device plugin, not by absent DRA devices
+
+
+def test_plan_of_a_claim_pod_without_resource_slices_says_so_not_that_there_are_no_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "8"}}}
+    path = write(tmp_path, node, device_class(), claim_template(namespace=NS), vllm_claim_pod())
+    assert main(["plan", path]) == 1
+    out = capsys.readouterr().out
+    assert "no nodes in the input" not in out
+    assert "no ResourceSlice in the input publishes a device for its claims" in out

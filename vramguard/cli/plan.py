@@ -231,6 +231,12 @@ def _place_dra(
         }
         plan.placed.append({**entry, "node": node, "bound": bool(pod.node), "claims": claims, "findings": findings})
         return
+    if not nodes:
+        # No node publishes DRA devices: say so, not that the input has no nodes.
+        reasons["-"] = {"unresolvable": True, "rule": "dra-allocation", "message": (
+            "no ResourceSlice in the input publishes a device for its claims (the DRA driver publishes them "
+            "per node): add them, e.g. kubectl get resourceslices -o yaml"
+        )}
     plan.pending.append({**entry, "reasons": reasons, "findings": findings})
 
 
