@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import yaml
 
-from e2e import build, containers, kube, services
+from e2e import build, containers, gpu_nodes, kube, services
 from e2e.certs import CertificateAuthority, KeyPair, service_account_keys
 from e2e.procs import (
     ManagedProcess,
@@ -211,9 +211,9 @@ class Cluster:
         return cluster
 
     @classmethod
-    def attach(cls, directory: Path) -> Cluster:
+    def attach(cls, directory: Path | str) -> Cluster:
         """A handle on a cluster started earlier (possibly by another process) in ``directory``."""
-        cluster = cls(ClusterConfig(directory=directory, detach=True))
+        cluster = cls(ClusterConfig(directory=Path(directory), detach=True))
         state_path = cluster.directory / STATE_FILE
         if state_path.is_file():
             cluster.state = ClusterState(**json.loads(state_path.read_text()))
@@ -292,6 +292,27 @@ class Cluster:
             request.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(request, timeout=30, context=self.ssl_context()) as response:
             return json.loads(response.read() or b"null")
+
+    def create_nodes(self, path: Path) -> list[str]:
+        """Create the Nodes of a manifest file (other kinds are ignored), Ready, with the
+        ``allocatable`` each says; their names. Nothing runs on them: no kubelet, no device."""
+        documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if isinstance(d, Mapping)]
+        nodes = [d for d in documents if d.get("kind") == "Node"]
+        if not nodes:
+            raise ValueError("the file has no Node")
+        names = []
+        for node in nodes:
+            metadata = node.get("metadata") or {}
+            name = str(metadata.get("name", ""))
+            manifest = {"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": name, "labels": dict(metadata.get("labels") or {}),
+                                     "annotations": dict(metadata.get("annotations") or {})},
+                        "spec": dict(node.get("spec") or {})}
+            created = self.request("POST", "/api/v1/nodes", manifest)
+            status = gpu_nodes.status_as_written(node)
+            self.request("PUT", f"/api/v1/nodes/{name}/status", {**created, "status": status})
+            names.append(name)
+        return names
 
     def create(self, obj: Mapping[str, Any]) -> None:
         """Create an object the harness knows the path of; an existing one is left alone."""
@@ -947,6 +968,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     up.set_defaults(vramguard="auto")
     up.add_argument("--policy", type=Path, help="policy file for the vramguard services")
+    up.add_argument(
+        "--nodes",
+        type=Path,
+        metavar="FILE",
+        help="create the Nodes of FILE (like examples/nodes.yaml: GPU Feature Discovery labels and the device "
+        "plugin's allocatable), Ready, to try vramguard by hand",
+    )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds each component may take")
     down = sub.add_parser("down", help="stop the cluster in DIR")
     down.add_argument("--dir", required=True, type=Path)
@@ -968,6 +996,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (StartupError, build.BuildError, RuntimeError) as error:
             _log(f"error: {error}")
             return 1
+        if args.nodes is not None:
+            try:
+                names = cluster.create_nodes(args.nodes)
+            except (OSError, ValueError, urllib.error.HTTPError) as error:
+                _log(f"error: cannot create the nodes of {args.nodes}: {error}")
+                return 1
+            _log(f"created nodes: {', '.join(names)}")
         print(f"export KUBECONFIG={cluster.kubeconfig}")
         return 0
 

@@ -363,6 +363,19 @@ def node_status(spec: GPUNodeSpec, kubelet_version: str = "v1.36.0") -> dict[str
     }
 
 
+def status_as_written(node: Mapping[str, Any], kubelet_version: str = "v1.36.0") -> dict[str, Any]:
+    """The status a kubelet would report for a Node written by hand (``examples/nodes.yaml``): its
+    ``allocatable`` (and ``capacity``, else the same), Ready, the kubelet's version."""
+    written = node.get("status") if isinstance(node.get("status"), Mapping) else {}
+    assert isinstance(written, Mapping)
+    allocatable = dict(written.get("allocatable") or written.get("capacity") or {})
+    allocatable.setdefault("pods", "110")
+    name = str((node.get("metadata") or {}).get("name", ""))
+    base = cpu_node_status(name)
+    return {**base, "capacity": dict(written.get("capacity") or allocatable), "allocatable": allocatable,
+            "nodeInfo": {"kubeletVersion": kubelet_version, "architecture": "amd64", "operatingSystem": "linux"}}
+
+
 def cpu_node_status(name: str, cpu: str = "16", memory: str = "64Gi", pods: int = 110) -> dict[str, Any]:
     """Status for a Node without GPUs (a control sample for placement tests)."""
     capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "500Gi"}

@@ -18,6 +18,7 @@ import pytest
 from e2e import gpu_nodes, kube, procs
 from e2e.cluster import Cluster
 from e2e.procs import group_members, processes_mentioning
+from vramguard.inventory import read_inventory
 
 NAMESPACE = "default"
 BIND_TIMEOUT = 30.0
@@ -266,3 +267,27 @@ def test_controller_manager_runs_deployments_and_claims_from_templates(
         "the garbage collector to delete the Deployment's pods",
         lambda: not core.list_namespaced_pod(namespace=NAMESPACE, label_selector=f"app=d-{unique}").items,
     )
+
+
+def test_a_nodes_file_becomes_ready_gpu_nodes_vramguard_reads(
+    control_plane: Any, core: Any, tmp_path: Path, unique: str
+) -> None:
+    # What `python -m e2e.cluster up --nodes examples/nodes.yaml` does, with names of this test's own.
+    if not isinstance(control_plane, Cluster):
+        pytest.skip("creates Nodes through the local cluster's handle")
+    text = (Path(__file__).parent.parent / "examples" / "nodes.yaml").read_text()
+    path = tmp_path / "nodes.yaml"
+    path.write_text(text.replace("name: h", f"name: {unique}-h"))
+    names = control_plane.create_nodes(path)
+    try:
+        assert len(names) == 4 and all(name.startswith(f"{unique}-h") for name in names)
+        for name in names:
+            node = control_plane.request("GET", f"/api/v1/nodes/{name}")
+            ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+            assert ready and ready[0]["status"] == "True"
+            assert read_inventory(node).devices, name
+        exclusive = read_inventory(control_plane.request("GET", f"/api/v1/nodes/{unique}-h100-exclusive"))
+        assert len(exclusive.devices) == 8
+    finally:
+        for name in names:
+            core.delete_node(name)
