@@ -141,7 +141,7 @@ def test_text_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "stdin", "message"),
     [
-        (["explain", "missing.yaml"], "", "No such file"),
+        (["explain", "missing.yaml"], "", "missing.yaml: no such file or directory"),
         (["explain", "-"], "a: [1, 2", "not valid YAML or JSON"),
         (["explain", "-"], "- 1\n- 2\n", "expected a Kubernetes object"),
         (["explain", "--gpu-memory", "lots", "-"], "{}", "not a Kubernetes quantity"),
