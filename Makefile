@@ -48,6 +48,12 @@ e2e: $(INSTALLED) tools
 demo: $(INSTALLED)
 	$(BIN)/python -m e2e.demo $(if $(DRA),--dra)
 
+# docs/policy-reference.md and docs/cli-reference.md from the code (tests/test_docs.py fails when
+# they are stale; `python scripts/docs_reference.py --check` says which).
+.PHONY: docs
+docs: $(INSTALLED)  ## regenerate the generated reference pages of docs/
+	$(BIN)/python scripts/docs_reference.py
+
 # All figures into one JSON file (BENCH_OUT); prints each figure's ratio to the previous BENCH_OUT,
 # or to BENCH_COMPARE=older.json.
 BENCH_OUT ?= bench-results.json

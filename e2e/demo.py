@@ -31,9 +31,10 @@ from typing import Any
 
 from e2e import dra_objects, gpu_nodes
 from e2e.cluster import Cluster
+from vramguard.cli.kubectl_vram import ledger_rows
 from vramguard.cluster import ClusterState
 from vramguard.policy import default_policy
-from vramguard.report import gpu_rows, gpu_table
+from vramguard.report import gpu_table
 
 NAMESPACE = "default"
 NODE = gpu_nodes.time_sliced("gpu-node-1", "H100-80GB", gpus=1, replicas=4)
@@ -84,7 +85,7 @@ def gpu_report(cluster: Cluster) -> str:
     state.dra.classes.replace(cluster.request("GET", f"{RESOURCE_API}/deviceclasses")["items"])
     state.dra.claims.replace(cluster.request("GET", f"{RESOURCE_API}/resourceclaims")["items"])
     state.sync_dra()
-    return gpu_table(gpu_rows(row for node in state.node_names() for row in state.ledger.usage(node)))
+    return gpu_table(ledger_rows(state))
 
 
 def act(cluster: Cluster, title: str, utilization: str, count: int = 4) -> int:

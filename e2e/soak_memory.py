@@ -11,7 +11,7 @@ the load, steady with it, and the peak while a restarted process lists everythin
 moment a memory limit has to cover). The agent runs against one node with NVML replayed from a
 recording; its memory follows the pods on its node, not the cluster's size.
 
-The README's resource requests and limits ("Resources") come from this command's figures.
+The resource requests and limits (docs/benchmarks.md, "Resources") come from this command's figures.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The soak, short: a seeded mix with one of each disruption, nothing over budget, lost or left pending.
 
-``python -m e2e.soak`` runs the long one (see README, "Soak"). Here the same code runs about a
+``python -m e2e.soak`` runs the long one (see docs/benchmarks.md, "Soak"). Here the same code runs about a
 hundred operations on a cluster of its own (two extender replicas, the webhook, one scheduler),
 and every check the soak makes is shown to fail when its defect is put in on purpose.
 """

@@ -548,7 +548,7 @@ def test_dashboard_queries_known_metrics() -> None:
 )
 def test_every_shipped_scheduler_configuration_sets_its_api_rate_limit(path: Path) -> None:
     # kube-scheduler's defaults (qps 50, burst 100) throttle a wave of GPU pods on the client side,
-    # and a stock scheduler compared with vramguard must get the same settings (README, Wiring).
+    # and a stock scheduler compared with vramguard must get the same settings (docs/install.md).
     configs = [d for d in yaml.safe_load_all(path.read_text()) if (d or {}).get("kind") == "KubeSchedulerConfiguration"]
     assert configs, f"no KubeSchedulerConfiguration in {path}"
     for config in configs:

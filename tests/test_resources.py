@@ -1,6 +1,6 @@
 """Memory requests and limits of the shipped containers cover the measured resident memory.
 
-The figures are ``python -m e2e.soak_memory --nodes 1000 --pods 10000`` (README, "Resources"):
+The figures are ``python -m e2e.soak_memory --nodes 1000 --pods 10000`` (docs/benchmarks.md, "Resources"):
 process RSS from /proc, steady with that load and at the peak of a restart's re-list. A request
 must hold the steady figure, a limit the peak with room for a cluster several times larger, and
 the kustomize manifests and the Helm chart's defaults must agree.

@@ -91,7 +91,7 @@ def explain_object(
     inputs: Inputs = NO_INPUTS,
     dra: DraContext | None = None,
 ) -> dict[str, Any]:
-    """The JSON report of one object (see the README for the format).
+    """The JSON report of one object (see docs/explain-and-plan.md for the format).
 
     ``refusals`` lists what would refuse the pod on any node, each with its rule (``vram-budget``,
     ``class-rule``, ``vram-unknown``) and whether its namespace's mode enforces it, so a user knows

@@ -32,10 +32,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``extender`` sub-command."""
     parser = subparsers.add_parser(
         "extender",
-        help="serve the kube-scheduler extender (POST /filter, /prioritize, /bind)",
+        help="serve the kube-scheduler extender (POST /filter, /prioritize, /bind, /preempt)",
         description=(
             "Keep a VRAM ledger per physical GPU from the API server (Nodes, Namespaces, bound Pods) and "
-            "answer kube-scheduler's filter, prioritize and bind calls, with /healthz, /readyz and /metrics. "
+            "answer kube-scheduler's filter, prioritize, bind and preempt calls, with /healthz, /readyz and /metrics. "
             "/readyz answers 200 once the caches are synced and TLS is loaded. The verbs need a client "
             "certificate signed by --client-ca (mutual TLS); probes and metrics are served on --ops-listen."
         ),

@@ -35,7 +35,16 @@ if TYPE_CHECKING:
     from vramguard.cluster import ClusterState
     from vramguard.io.kube import Connection
 
-__all__ = ["ClusterSnapshot", "build_state", "main", "node_rows", "pod_holdings", "read_cluster", "report_notes"]
+__all__ = [
+    "ClusterSnapshot",
+    "build_state",
+    "ledger_rows",
+    "main",
+    "node_rows",
+    "pod_holdings",
+    "read_cluster",
+    "report_notes",
+]
 
 _PROG = "kubectl vram"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -245,13 +254,17 @@ def feed_dra(state: ClusterState, objects: dict[str, list[JSON]]) -> None:
     state.dra.templates.replace(objects.get("resourceclaimtemplates", []))
 
 
-def node_rows(state: ClusterState) -> list[GpuRow]:
-    """Every GPU device of every node, with the ledger's budget and reservations; then every DRA
-    device, with what allocated claims consume on it."""
+def ledger_rows(state: ClusterState) -> list[GpuRow]:
+    """Every device-plugin GPU of every node, with the ledger's budget and reservations and the
+    state of the node's agent report."""
     agents = {node: inventory.agent for node in state.node_names()
               if (inventory := state.ledger.inventory(node)) is not None}
-    rows = gpu_rows((row for node in state.node_names() for row in state.ledger.usage(node)), agents)
-    return rows + dra_rows(state.dra.usage().values())
+    return gpu_rows((row for node in state.node_names() for row in state.ledger.usage(node)), agents)
+
+
+def node_rows(state: ClusterState) -> list[GpuRow]:
+    """:func:`ledger_rows`, then every DRA device, with what allocated claims consume on it."""
+    return ledger_rows(state) + dra_rows(state.dra.usage().values())
 
 
 def report_notes(state: ClusterState) -> list[str]:

@@ -26,10 +26,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``webhook`` sub-command."""
     parser = subparsers.add_parser(
         "webhook",
-        help="serve the validating admission webhook (POST /validate) over HTTPS",
+        help="serve the admission webhooks (POST /validate, /mutate) over HTTPS",
         description=(
-            "Serve the ValidatingWebhook for Pods and the pod templates of Deployments, StatefulSets, "
-            "DaemonSets, ReplicaSets, Jobs and CronJobs over HTTPS, with /healthz, /readyz and /metrics. "
+            "Serve the validating webhook (/validate) for Pods, the pod templates of Deployments, StatefulSets, "
+            "DaemonSets, ReplicaSets, Jobs, CronJobs and the policy's workload kinds, and DRA claims, and the "
+            "mutating webhook (/mutate: routing, memory limits) for Pods, over HTTPS, with /healthz, /readyz "
+            "and /metrics. "
             "It watches namespaces, nodes and pods; /readyz answers 200 once they are listed and TLS is loaded."
         ),
     )

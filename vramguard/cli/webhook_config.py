@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     defaults = WebhookTarget()
     parser = subparsers.add_parser(
         "webhook-config",
-        help="print the ValidatingWebhookConfiguration for a policy (failurePolicy Fail where enforced)",
+        help="print the Validating (or, with --mutating, the Mutating) WebhookConfiguration for a policy",
         description=(
             "Print the ValidatingWebhookConfiguration of the vramguard webhook as YAML: failurePolicy Fail "
             "for namespaces that enforce the policy, Ignore for those that warn or audit, following the "

@@ -55,7 +55,7 @@ capabilities:
     - --policy=/etc/vramguard/policy/policy.yaml
     - --agent-namespace={{ .Release.Namespace }}
     {{- if eq .Values.mode "second-scheduler" }}
-    # kube-scheduler's own leader election picks the one sidecar that is called (README "High availability").
+    # kube-scheduler's own leader election picks the one sidecar that is called (docs/operations.md, "High availability and leader election").
     - --leader-elect=false
     {{- else }}
     - --leader-elect=true
