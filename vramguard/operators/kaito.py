@@ -61,6 +61,7 @@ UTILIZATION = "0.84"
 UTILIZATION_BY_MODEL = {"NVIDIA A10": "0.82"}
 CONFIG_KEY = "inference_config.yaml"
 IMAGE = "mcr.microsoft.com/aks/kaito/kaito-base:0.5.0"
+_DECLARE = "a pod template (inference.template) and the vramguard.io/vram annotation"
 
 
 def workspace_parts(obj: Mapping[str, Any], maps: ConfigMaps, notes: list[str]) -> list[TemplatePart]:
@@ -109,8 +110,6 @@ def workspace_parts(obj: Mapping[str, Any], maps: ConfigMaps, notes: list[str]) 
     return [TemplatePart("workspace", with_group_size(part, nodes) if nodes > 1 else part, nodes,
                          nodes if nodes > 1 else None)]
 
-
-_DECLARE = "a pod template (inference.template) and the vramguard.io/vram annotation"
 
 
 def _config_args(config: str | None, namespace: str, maps: ConfigMaps, notes: list[str]) -> list[str]:
