@@ -109,11 +109,24 @@ def test_an_update_is_not_refused_for_what_the_old_object_had() -> None:
     assert any("is outside (0, 1]" in w for w in decision.warnings)
 
 
-def test_a_kind_the_policy_does_not_list_is_left_alone() -> None:
-    obj = {"apiVersion": "apps.nvidia.com/v1alpha1", "kind": "NIMService", "metadata": {"name": "n"},
+def test_a_kind_nothing_reads_is_left_alone() -> None:
+    obj = {"apiVersion": "serving.example.com/v1", "kind": "ModelServer", "metadata": {"name": "n"},
            "spec": {"resources": {"limits": {"nvidia.com/gpu": 1}}}}
     decision = review(obj)
     assert decision.allowed and not decision.wants_gpu
+
+
+def test_a_serving_operators_object_is_reviewed_as_the_pods_it_makes() -> None:
+    # A KubeAI Model whose vLLM flag vLLM itself refuses: refused at apply time in an enforcing
+    # namespace, naming the kind and the template, as for any workload.
+    model = {"apiVersion": "kubeai.org/v1", "kind": "Model", "metadata": {"name": "m", "namespace": "ns"},
+             "spec": {"url": "hf://org/m", "engine": "VLLM", "resourceProfile": "nvidia-gpu-l4:1",
+                      "args": ["--gpu-memory-utilization=1.5"], "maxReplicas": 2}}
+    decision = review(model)
+    assert not decision.allowed and decision.wants_gpu and decision.pods == 2
+    assert "Model model: container server: --gpu-memory-utilization=1.5 is outside (0, 1]" in str(decision.message)
+    model["spec"]["args"] = ["--gpu-memory-utilization=0.5"]
+    assert review(model).allowed
 
 
 def test_default_policy_is_readable() -> None:

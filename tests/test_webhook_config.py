@@ -57,7 +57,8 @@ WARN_DEFAULT = {
 }
 # Every namespaced workload kind of the policy gets the same pair of entries.
 EXTRA_KINDS = [f"{k.resource}.{k.group}" for k in default_policy().workload_kinds if k.namespaced]
-for _name in EXTRA_KINDS:
+# The serving operators' kinds (vramguard.operators) share one pair.
+for _name in [*EXTRA_KINDS, "serving-operators"]:
     WARN_DEFAULT[f"{_name}.vramguard.io"] = ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",)))
     WARN_DEFAULT[f"{_name}-unenforced.vramguard.io"] = ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",)))
 ENFORCE_DEFAULT = {
@@ -282,3 +283,19 @@ def test_in_default_scheduler_mode_the_mutating_webhook_is_there_only_for_memory
             "--set", "mode=default-scheduler", "--set-file", f"policy={policy}"]
     output = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     assert [d for d in yaml.safe_load_all(output) if d and d["kind"] == "MutatingWebhookConfiguration"]
+
+
+def test_the_serving_operators_kinds_are_sent_whole_unless_the_policy_describes_one() -> None:
+    config = webhook_configuration(default_policy())
+    [entry] = [w for w in config["webhooks"] if w["name"] == "serving-operators.vramguard.io"]
+    assert {(r["apiGroups"][0], r["resources"][0]) for r in entry["rules"]} == {
+        ("kubeai.org", "models"), ("kaito.sh", "workspaces"), ("apps.nvidia.com", "nimservices"),
+        ("nvidia.com", "dynamographdeployments"), ("production-stack.vllm.ai", "vllmruntimes")}
+    assert entry["matchConditions"] == [{"name": "asks-for-a-gpu", "expression": "object != null"}]
+    own = yaml.safe_load(Path("vramguard/default_policy.yaml").read_text())
+    own["workload_kinds"] = [*own.get("workload_kinds", []), {
+        "group": "kubeai.org", "kind": "Model", "resource": "models", "versions": ["v1"],
+        "templates": [{"name": "own", "path": "spec.podTemplate"}]}]
+    policy = Policy.from_yaml(yaml.safe_dump(own))
+    [entry] = [w for w in webhook_configuration(policy)["webhooks"] if w["name"] == "serving-operators.vramguard.io"]
+    assert ("kubeai.org", "models") not in {(r["apiGroups"][0], r["resources"][0]) for r in entry["rules"]}

@@ -30,6 +30,11 @@ of entries, registered for the versions the policy names (a version the cluster 
 matches nothing). Its matchCondition follows each pod template path with ``has()`` guards, and
 stops at a ``*`` (a list or map of templates): such objects are sent whenever that part exists.
 
+**Serving operators' kinds** (KubeAI ``Model``, KAITO ``Workspace``, ``NIMService``, Dynamo's
+``DynamoGraphDeployment``, production-stack's ``VLLMRuntime``: :mod:`vramguard.operators`) share
+one pair of entries, ``serving-operators``; their objects hold no pod template a condition could
+test, so each is sent, and the webhook reads it as its controller will render the pods.
+
 **matchConditions** send only objects that ask for a GPU resource of the policy (its
 ``gpu_resources`` and ``gpu_resource_prefixes``) in a container's or init container's limits or
 requests, or that name DRA claims (``spec.resourceClaims``). Each expression guards every field
@@ -53,6 +58,7 @@ import yaml
 
 from vramguard.codecs import ENFORCE_LABEL, webhook_name
 from vramguard.mutation import ROUTING_DISABLED, ROUTING_LABEL
+from vramguard.operators import OPERATOR_RESOURCES
 from vramguard.policy import Policy
 from vramguard.workloads import WorkloadKind
 
@@ -207,6 +213,17 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
         for extra in policy.workload_kinds
         if extra.namespaced
     ]
+    # The serving operators' kinds vramguard reads (vramguard.operators) hold no pod template to
+    # test: every object of theirs runs GPU pods, and is sent whole. A kind the policy describes
+    # itself is sent by its own entry.
+    described = {(extra.group, extra.resource) for extra in policy.workload_kinds}
+    operator_rules = [
+        {"apiGroups": [group], "apiVersions": list(versions), "resources": [resource]}
+        for group, resource, versions in OPERATOR_RESOURCES
+        if (group, resource) not in described
+    ]
+    if operator_rules:
+        targets.append(("serving-operators", operator_rules, "object != null"))
     for target_name, rules, expression in targets:
         condition = {"name": "asks-for-a-gpu", "expression": expression}
         creates = ["CREATE"] if target_name == "pods" else ["CREATE", "UPDATE"]

@@ -488,12 +488,15 @@ def _with_config_maps(part: TemplatePart, namespace: str, maps: ConfigMaps) -> T
 def workload_parts(
     obj: Mapping[str, Any] | None, kinds: Sequence[WorkloadKind], kind: str
 ) -> list[TemplatePart]:
-    """The templates of a custom workload under review (the webhook names its kind), else ``[]``."""
+    """The templates of a custom workload under review (the webhook names its kind): from the
+    ``kinds`` table, else from a serving operator's reader; else ``[]``."""
     if obj is None:
         return []
     has_version = isinstance(obj.get("apiVersion"), str)
     entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
-    return template_parts(obj, entry) if entry is not None else []
+    if entry is not None:
+        return template_parts(obj, entry)
+    return operator_parts(obj, api_group(obj), kind, {}, []) or []
 
 
 def unread_warning(obj: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> str | None:

@@ -19,7 +19,7 @@ from vramguard.demand.config_maps import ConfigMaps
 from vramguard.operators import dynamo, kaito, kubeai, nim, production_stack
 from vramguard.template_part import TemplatePart
 
-__all__ = ["OPERATOR_KINDS", "operator_parts"]
+__all__ = ["OPERATOR_KINDS", "OPERATOR_RESOURCES", "operator_parts"]
 
 Reader = Callable[[Mapping[str, Any], ConfigMaps, list[str]], list[TemplatePart]]
 
@@ -31,6 +31,14 @@ OPERATOR_KINDS: Mapping[tuple[str, str], Reader] = {
     ("production-stack.vllm.ai", "VLLMRuntime"): lambda obj, _maps, notes: production_stack.runtime_parts(obj, notes),
 }
 """``(API group, kind)`` -> its reader."""
+OPERATOR_RESOURCES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("kubeai.org", "models", ("v1",)),
+    ("kaito.sh", "workspaces", ("v1alpha1", "v1beta1")),
+    ("apps.nvidia.com", "nimservices", ("v1alpha1",)),
+    ("nvidia.com", "dynamographdeployments", ("v1alpha1", "v1beta1")),
+    ("production-stack.vllm.ai", "vllmruntimes", ("v1alpha1",)),
+)
+"""Each reader's kind as the API serves it: group, plural, versions (the webhook's rules)."""
 
 
 def operator_parts(
