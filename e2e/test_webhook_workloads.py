@@ -26,7 +26,7 @@ CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 @pytest.fixture(scope="module")
 def crds(cluster: Any) -> Iterator[None]:
-    """The LeaderWorkerSet and InferenceService CRDs, established."""
+    """The LeaderWorkerSet, InferenceService and KubeAI Model CRDs, established."""
     if not hasattr(cluster, "state"):
         pytest.skip("installs CRDs as the local control plane's admin")
     names = []
@@ -97,4 +97,22 @@ def test_invalid_inferenceservice_is_refused_at_create_time(
         "InferenceService predictor: container kserve-container: --gpu-memory-utilization=1.5 is outside (0, 1]"
     )
     status, body = create(cluster, ns, corpus("kserve-isvc-huggingface.yaml"), "inferenceservices")
+    assert status == 201, body["message"]
+
+
+def test_a_kubeai_model_vllm_would_refuse_is_refused_at_create_time(
+    cluster: Any, crds: None, namespace: Callable[[str], Namespace]
+) -> None:
+    # A serving operator's object holds no pod template: the webhook reads it as KubeAI renders its
+    # pods (vramguard.operators.kubeai), from KubeAI's published catalog manifest.
+    ns = namespace("enforce")
+    model = corpus("kubeai-model-llama-3.1-8b-instruct-fp8-l4.yaml")
+    model["spec"]["args"] = [a.replace("=0.9", "=1.5") for a in model["spec"]["args"]]
+    status, body = create(cluster, ns, model, "models")
+    assert status == 403, body
+    assert body["message"] == (
+        'admission webhook "serving-operators.vramguard.io" denied the request: '
+        "Model model: container server: --gpu-memory-utilization=1.5 is outside (0, 1]"
+    )
+    status, body = create(cluster, ns, corpus("kubeai-model-llama-3.1-8b-instruct-fp8-l4.yaml"), "models")
     assert status == 201, body["message"]

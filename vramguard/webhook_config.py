@@ -219,7 +219,7 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
     described = {(extra.group, extra.resource) for extra in policy.workload_kinds}
     operator_rules = [
         {"apiGroups": [group], "apiVersions": list(versions), "resources": [resource]}
-        for group, resource, versions in OPERATOR_RESOURCES
+        for group, _, resource, versions in OPERATOR_RESOURCES
         if (group, resource) not in described
     ]
     if operator_rules:

@@ -30,6 +30,7 @@ from vramguard.demand.objects import pod_template
 from vramguard.dra.pods import pod_claim_sources
 from vramguard.io.http import Readiness, RequestError, create_app, read_model
 from vramguard.io.jsoncodec import json_response
+from vramguard.operators import operator_versions
 from vramguard.policy import Policy, PolicyFile
 from vramguard.workloads import WorkloadKind, find_kind
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
@@ -355,13 +356,16 @@ async def validate(request: web.Request) -> web.Response:
 def _subject(admission: AdmissionRequest, workload_kinds: Sequence[WorkloadKind] = ()) -> Subject:
     """The object under review; a request the webhook cannot read is a :class:`RequestError` 400.
 
-    Besides the built-in kinds, the policy's ``workload_kinds`` are read in the versions it names.
+    Besides the built-in kinds, the policy's ``workload_kinds`` are read in the versions it names,
+    and the serving operators' kinds in the versions their readers know.
     """
     gvk = admission.kind
     expected = SUPPORTED_KINDS.get(gvk.kind)
     extra = find_kind(workload_kinds, gvk.kind, gvk.group)
     if extra is not None and gvk.version in extra.versions:
         expected = (gvk.group, gvk.version)
+    elif extra is None and gvk.version in operator_versions(gvk.group, gvk.kind):
+        expected = (gvk.group, gvk.version)  # a serving operator's kind (vramguard.operators)
     if expected is None or expected != (gvk.group, gvk.version):
         supported = ", ".join(f"{'/'.join(filter(None, gv))} {k}" for k, gv in SUPPORTED_KINDS.items())
         raise RequestError(

@@ -19,7 +19,7 @@ from vramguard.demand.config_maps import ConfigMaps
 from vramguard.operators import dynamo, kaito, kubeai, nim, production_stack
 from vramguard.template_part import TemplatePart
 
-__all__ = ["OPERATOR_KINDS", "OPERATOR_RESOURCES", "operator_parts"]
+__all__ = ["OPERATOR_KINDS", "OPERATOR_RESOURCES", "operator_parts", "operator_versions"]
 
 Reader = Callable[[Mapping[str, Any], ConfigMaps, list[str]], list[TemplatePart]]
 
@@ -31,14 +31,19 @@ OPERATOR_KINDS: Mapping[tuple[str, str], Reader] = {
     ("production-stack.vllm.ai", "VLLMRuntime"): lambda obj, _maps, notes: production_stack.runtime_parts(obj, notes),
 }
 """``(API group, kind)`` -> its reader."""
-OPERATOR_RESOURCES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("kubeai.org", "models", ("v1",)),
-    ("kaito.sh", "workspaces", ("v1alpha1", "v1beta1")),
-    ("apps.nvidia.com", "nimservices", ("v1alpha1",)),
-    ("nvidia.com", "dynamographdeployments", ("v1alpha1", "v1beta1")),
-    ("production-stack.vllm.ai", "vllmruntimes", ("v1alpha1",)),
+OPERATOR_RESOURCES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("kubeai.org", "Model", "models", ("v1",)),
+    ("kaito.sh", "Workspace", "workspaces", ("v1alpha1", "v1beta1")),
+    ("apps.nvidia.com", "NIMService", "nimservices", ("v1alpha1",)),
+    ("nvidia.com", "DynamoGraphDeployment", "dynamographdeployments", ("v1alpha1", "v1beta1")),
+    ("production-stack.vllm.ai", "VLLMRuntime", "vllmruntimes", ("v1alpha1",)),
 )
-"""Each reader's kind as the API serves it: group, plural, versions (the webhook's rules)."""
+"""Each reader's kind as the API serves it: group, kind, plural, versions (the webhook's rules)."""
+
+
+def operator_versions(group: str, kind: str) -> tuple[str, ...]:
+    """The versions of an operator's kind vramguard reads; ``()`` for a kind it has no reader of."""
+    return next((versions for g, k, _, versions in OPERATOR_RESOURCES if (g, k) == (group, kind)), ())
 
 
 def operator_parts(
