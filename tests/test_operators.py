@@ -14,6 +14,7 @@ import yaml
 
 from vramguard.cli import main
 from vramguard.operators import OPERATOR_KINDS
+from vramguard.operators.common import MAX_REPLICAS
 from vramguard.policy import Policy, default_policy
 from vramguard.template_part import TemplatePart
 from vramguard.workloads import Inputs, object_parts, parts_demand, read_inputs
@@ -263,3 +264,31 @@ def test_ray_serve_runtime_env_is_the_engines_environment() -> None:
     found, _ = parts(ray_service({"applications": [app]}))
     [worker] = found[1].template["spec"]["containers"]
     assert {"name": "VLLM_USE_V1", "value": "1"} in worker["env"]
+
+
+def test_a_ray_serve_setting_that_is_no_number_is_vllms_error_not_a_crash() -> None:
+    found, _ = parts(ray_service({"applications": [llm_app(gpu_memory_utilization="high"),
+                                                   llm_app("b", gpu_memory_utilization=0.3)]}))
+    [demand] = [d for d in parts_demand(found, OPTIONS) if d.containers]
+    assert demand.errors == ("container ray-worker: --gpu-memory-utilization high is not a number",)
+
+
+def test_pods_are_capped_however_large_the_counts() -> None:
+    huge = nim(replicas=10**6, multiNode={"parallelism": {"pipeline": 10**6}},
+               resources={"limits": {"nvidia.com/gpu": 1}})
+    found, _ = parts(huge)
+    assert [p.pods for p in found] == [10**6, MAX_REPLICAS]
+    graph_parts, _ = parts(graph({"w": worker(replicas="9999999", multinode={"nodeCount": 10**6},
+                                             resources={"limits": {"gpu": "1"}})}))
+    assert graph_parts[0].pods == MAX_REPLICAS
+
+
+def test_a_hostile_serve_config_is_bounded() -> None:
+    # The webhook reads RayServices too: aliases repeating one list, and sheer size, stay cheap.
+    many = "x: &c [" + ", ".join(["{engine_kwargs: {gpu_memory_utilization: 0.5}}"] * 9) + "]\n"
+    many += "applications: [" + ", ".join(
+        ["{import_path: 'ray.serve.llm:build_openai_app', args: {llm_configs: *c}}"] * 60) + "]\n"
+    _, notes = parts(ray_service(many))
+    assert notes == ["serveConfigV2 has over 64 LLM configs: not read; declare the workers' VRAM"]
+    _, notes = parts(ray_service("llm_configs: " + "x" * (70 << 10)))
+    assert notes == ["serveConfigV2 is over 64 KiB: not read; declare the workers' VRAM"]

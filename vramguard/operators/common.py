@@ -7,21 +7,27 @@ from typing import Any
 
 from vramguard.dra.fields import items, mapping
 
-__all__ = ["count", "env_entries", "full_scale", "items", "mapping", "metadata_of", "pod", "string"]
+__all__ = ["capped", "count", "env_entries", "full_scale", "items", "mapping", "metadata_of", "pod", "string"]
 
 MAX_REPLICAS = 1 << 20
 """More pods than any workload runs (a lying replica field costs no memory)."""
 
 
 def count(value: Any) -> int | None:
-    """A non-negative count given as a number or a string of digits; ``None`` otherwise."""
+    """A non-negative count given as a number or a string of digits, at most :data:`MAX_REPLICAS`;
+    ``None`` otherwise."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if 0 <= value <= MAX_REPLICAS else None
+        return min(value, MAX_REPLICAS) if value >= 0 else None
     if isinstance(value, str) and value.isascii() and value.strip().isdigit() and len(value) <= 7:
-        return int(value)
+        return min(int(value), MAX_REPLICAS)
     return None
+
+
+def capped(pods: int) -> int:
+    """A product of counts, at most :data:`MAX_REPLICAS` pods."""
+    return min(pods, MAX_REPLICAS)
 
 
 def full_scale(*values: Any) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard.operators.common import count, env_entries, full_scale, items, mapping, string
+from vramguard.operators.common import capped, count, env_entries, full_scale, items, mapping, string
 from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = ["graph_parts"]
@@ -57,7 +57,7 @@ def graph_parts(obj: Mapping[str, Any], notes: list[str]) -> list[TemplatePart]:
         }
         if nodes > 1:
             template = with_group_size(template, nodes)
-        parts.append(TemplatePart(str(name), template, min(replicas * nodes, 1 << 20), nodes if nodes > 1 else None))
+        parts.append(TemplatePart(str(name), template, capped(replicas * nodes), nodes if nodes > 1 else None))
     if not parts:
         notes.append("spec.services lists no service")
     return parts

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard.operators.common import count, env_entries, full_scale, items, mapping, pod, string
+from vramguard.operators.common import capped, count, env_entries, full_scale, items, mapping, pod, string
 from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = ["nim_service_parts"]
@@ -66,7 +66,7 @@ def nim_service_parts(obj: Mapping[str, Any], notes: list[str]) -> list[Template
     leader = with_group_size(pod(obj, [{**container, "env": env, "name": "nim-leader"}], **extra), pipeline)
     worker = with_group_size(pod(obj, [{**container, "env": env, "name": "nim-worker"}], **extra), pipeline)
     return [TemplatePart("leader", leader, replicas, pipeline),
-            TemplatePart("worker", worker, replicas * (pipeline - 1), pipeline)]
+            TemplatePart("worker", worker, capped(replicas * (pipeline - 1)), pipeline)]
 
 
 def _claims(value: Any) -> list[dict[str, str]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from fractions import Fraction
 from typing import Any
 
 import yaml
@@ -30,7 +31,11 @@ __all__ = ["with_serve_config"]
 LLM_BUILDERS = ("ray.serve.llm:build_openai_app", "ray.serve.llm:build_llm_deployment")
 PLACED_BY_RAY = frozenset({"tensor_parallel_size", "pipeline_parallel_size"})
 """Engine settings Ray carries out with placement bundles across the worker pods."""
-MAX_CONFIG_CHARS = 1 << 20
+MAX_CONFIG_CHARS = 64 << 10
+"""A serveConfigV2 larger than this (real ones are a few KiB) is not parsed: the webhook reads it
+too, and YAML parsing in Python costs about a second per MiB."""
+MAX_CONFIGS = 64
+"""LLM configs read from one RayService (YAML aliases can repeat one list many times over)."""
 
 
 def with_serve_config(obj: Mapping[str, Any], parts: list[TemplatePart], notes: list[str]) -> list[TemplatePart]:
@@ -39,22 +44,38 @@ def with_serve_config(obj: Mapping[str, Any], parts: list[TemplatePart], notes: 
     if not isinstance(text, str) or "llm_configs" not in text:
         return parts
     if len(text) > MAX_CONFIG_CHARS:
-        notes.append(f"serveConfigV2 is over {MAX_CONFIG_CHARS >> 20} MiB: not read")
+        notes.append(f"serveConfigV2 is over {MAX_CONFIG_CHARS >> 10} KiB: not read; declare the workers' VRAM")
         return parts
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         notes.append(f"serveConfigV2 is not YAML ({exc.__class__.__name__}): Ray Serve refuses it")
         return parts
-    engines = [_engine(app, llm, notes) for app in items(mapping(config).get("applications"))
+    configs = [(app, llm) for app in items(mapping(config).get("applications"))[:MAX_CONFIGS]
                if string(mapping(app).get("import_path")) in LLM_BUILDERS
-               for llm in items(mapping(mapping(app).get("args")).get("llm_configs"))]
+               for llm in items(mapping(mapping(app).get("args")).get("llm_configs"))[:MAX_CONFIGS]]
+    if len(configs) > MAX_CONFIGS:
+        notes.append(f"serveConfigV2 has over {MAX_CONFIGS} LLM configs: not read; declare the workers' VRAM")
+        return parts
+    engines = [_engine(app, llm, notes) for app, llm in configs]
     known = [e for e in engines if e is not None]
     if not known or len(known) != len(engines):
         return parts
     # Each GPU may hold any application's replica: the largest share counts (the same engine on all).
-    chosen = max(known, key=lambda e: float(e[0].get("gpu_memory_utilization") or 1.0))
+    # A setting that is no number counts as the most: vLLM's reading of it then says what is wrong.
+    chosen = max(known, key=lambda e: _share(e[0].get("gpu_memory_utilization")))
     return [_with_engine(part, *chosen) for part in parts]
+
+
+def _share(value: Any) -> Fraction:
+    """An application's ``gpu_memory_utilization`` for choosing the largest; unset is vLLM's
+    default (at most the whole device), anything else unreadable the most."""
+    if value is None:
+        return Fraction(1)
+    try:
+        return Fraction(str(value)) if len(str(value)) <= 32 else Fraction(2)
+    except (ValueError, ZeroDivisionError):
+        return Fraction(2)
 
 
 def _engine(app: Any, llm: Any, notes: list[str]) -> tuple[dict[str, Any], dict[str, str]] | None:
