@@ -113,6 +113,8 @@ def test_cli_lists_the_policy_workload_kinds(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(kubectl_vram, "read_custom_workloads", custom)
     assert main(["audit"]) == audit.EXIT_CLEAN
     assert "LeaderWorkerSet" in asked and "InferenceService" in asked
+    # The serving operators' kinds too: a Model, a Workspace are audited as the pods they make.
+    assert {"Model", "Workspace", "NIMService", "DynamoGraphDeployment", "VLLMRuntime"} <= set(asked)
     assert "warning: RayCluster (ray.io) not read: forbidden" in capsys.readouterr().err
 
 
@@ -141,3 +143,14 @@ def test_pending_gpu_pods_are_listed_with_each_nodes_reason() -> None:
     text = report.to_text()
     assert "GPU pods Pending (informational): 2" in text and "the scheduler says: 0/2 nodes" in text
     assert json.loads(json.dumps(report.to_json()))["pending"][0]["name"] == "big"
+
+
+def test_a_serving_operators_object_is_audited_as_the_pods_it_makes() -> None:
+    model = {"apiVersion": "kubeai.org/v1", "kind": "Model", "metadata": {"name": "m", "namespace": "default"},
+             "spec": {"url": "hf://org/m", "resourceProfile": "nvidia-gpu-l4:1",
+                      "args": ["--gpu-memory-utilization=1.5"]}}
+    snap = snapshot()
+    snap.workloads = [model]
+    [finding] = audit_snapshot(snap, default_policy()).violating
+    assert (finding.kind, finding.name) == ("Model", "m")
+    assert "Model model: container server: --gpu-memory-utilization=1.5 is outside (0, 1]" in finding.violations[0]

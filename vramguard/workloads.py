@@ -39,22 +39,25 @@ from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_maps
 from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES
 from vramguard.demand.objects import pod_template
-from vramguard.operators import operator_parts
+from vramguard.operators import OPERATOR_RESOURCES, operator_parts, operator_versions
 from vramguard.operators.ray_serve import with_serve_config
 from vramguard.quantity import excerpt
 from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = [
     "Inputs",
+    "ServedKind",
     "TemplateSpec",
     "WorkloadKind",
     "api_group",
     "find_kind",
     "gpu_request_paths",
+    "kinds_to_list",
     "merge_runtime",
     "object_parts",
     "parts_demand",
     "read_inputs",
+    "reads_kind",
     "serving_runtimes",
     "template_parts",
     "unread_warning",
@@ -485,6 +488,26 @@ def _with_config_maps(part: TemplatePart, namespace: str, maps: ConfigMaps) -> T
     return replace(part, template=template, files=files)
 
 
+@dataclass(frozen=True, slots=True)
+class ServedKind:
+    """A kind whose objects are listed from the cluster: its group, name, plural and versions."""
+
+    group: str
+    kind: str
+    resource: str
+    versions: tuple[str, ...]
+
+
+def kinds_to_list(kinds: Sequence[WorkloadKind]) -> list[ServedKind]:
+    """The namespaced kinds of the ``kinds`` table, then the serving operators' kinds it does not
+    describe (:mod:`vramguard.operators`): every kind of object vramguard reads pods from."""
+    listed = [ServedKind(k.group, k.kind, k.resource, k.versions) for k in kinds if k.namespaced]
+    described = {(k.group, k.kind) for k in kinds}
+    listed += [ServedKind(group, kind, resource, versions) for group, kind, resource, versions in OPERATOR_RESOURCES
+               if (group, kind) not in described]
+    return listed
+
+
 def workload_parts(
     obj: Mapping[str, Any] | None, kinds: Sequence[WorkloadKind], kind: str
 ) -> list[TemplatePart]:
@@ -497,6 +520,11 @@ def workload_parts(
     if entry is not None:
         return template_parts(obj, entry)
     return operator_parts(obj, api_group(obj), kind, {}, []) or []
+
+
+def reads_kind(kinds: Sequence[WorkloadKind], kind: str, group: str | None) -> bool:
+    """Whether vramguard reads objects of ``kind`` (in ``group``): the table's, or an operator's."""
+    return find_kind(kinds, kind, group) is not None or (group is not None and bool(operator_versions(group, kind)))
 
 
 def unread_warning(obj: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> str | None:

@@ -1,7 +1,8 @@
 """``vramguard audit``: measure a live cluster against the policy before enforcing anything.
 
 Reads Nodes, Namespaces, live Pods and the workloads that make pods (Deployments, StatefulSets,
-DaemonSets, ReplicaSets, Jobs, CronJobs) and changes nothing. It reports:
+DaemonSets, ReplicaSets, Jobs, CronJobs, the policy's ``workload_kinds`` and the serving operators'
+kinds: :func:`vramguard.workloads.kinds_to_list`) and changes nothing. It reports:
 
 - **GPUs committed beyond their budget**: the ledger the extender builds from the bound pods
   (``vramguard.cluster.ClusterState``), device by device. Only pods placed without vramguard can put a
@@ -53,7 +54,7 @@ from vramguard.placement import class_findings, filter_nodes
 from vramguard.policy import Policy, PolicyError
 from vramguard.quantity import format_bytes
 from vramguard.report import GpuRow, gpu_table, render_table
-from vramguard.workloads import WorkloadKind, find_kind
+from vramguard.workloads import WorkloadKind, kinds_to_list, reads_kind
 
 __all__ = [
     "AuditReport",
@@ -388,12 +389,12 @@ def _subjects(
     pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]], kinds: Sequence[WorkloadKind]
 ) -> list[Mapping[str, Any]]:
     """Live pods, and the workloads not made by a controller (their owner is reviewed instead):
-    the built-in kinds and the policy's ``workload_kinds``."""
+    the built-in kinds, the policy's ``workload_kinds`` and the serving operators' kinds."""
     chosen: list[Mapping[str, Any]] = [p for p in pods if p.get("kind", "Pod") == "Pod"]
     for obj in workloads:
         kind = obj.get("kind")
         group = str(obj.get("apiVersion", "")).rpartition("/")[0] or None
-        if kind not in SUPPORTED_KINDS and (not isinstance(kind, str) or find_kind(kinds, kind, group) is None):
+        if kind not in SUPPORTED_KINDS and (not isinstance(kind, str) or not reads_kind(kinds, kind, group)):
             continue
         owners = (obj.get("metadata") or {}).get("ownerReferences") or []
         if any(isinstance(o, Mapping) and o.get("controller") is True for o in owners):
@@ -438,9 +439,10 @@ def run(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if policy.workload_kinds:
+    listed = kinds_to_list(policy.workload_kinds)
+    if listed:
         try:
-            custom, unread = kubectl_vram.read_custom_workloads(args.kubeconfig, args.context, policy.workload_kinds)
+            custom, unread = kubectl_vram.read_custom_workloads(args.kubeconfig, args.context, listed)
         except Exception as exc:  # as above: config, network, API
             print(f"{_PROG}: error: cannot read the cluster's workloads: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -29,7 +29,7 @@ from vramguard.dra.views import dra_rows
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import Policy, PolicyError, default_policy, read_failure
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
-from vramguard.workloads import WorkloadKind
+from vramguard.workloads import ServedKind, WorkloadKind
 
 if TYPE_CHECKING:
     from vramguard.cluster import ClusterState
@@ -175,10 +175,11 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
 
 
 def read_custom_workloads(
-    kubeconfig: str | None, context: str | None, kinds: Sequence[WorkloadKind]
+    kubeconfig: str | None, context: str | None, kinds: Sequence[ServedKind | WorkloadKind]
 ) -> tuple[list[JSON], list[str]]:
-    """List the objects of the policy's workload kinds (LeaderWorkerSet, RayCluster, ...); returns
-    them and a note per kind that could not be listed.
+    """List the objects of the given kinds (the policy's workload kinds, the serving operators':
+    :func:`vramguard.workloads.kinds_to_list`); returns them and a note per kind that could not be
+    listed.
 
     Each kind is listed at the first of its versions the cluster serves; a kind whose CRD is not
     installed (every version answers 404) is simply absent. A kind the credentials may not list is
@@ -191,14 +192,16 @@ def read_custom_workloads(
     return asyncio.run(_read_custom_workloads(load_connection(kubeconfig, context), kinds))
 
 
-async def _read_custom_workloads(connection: Connection, kinds: Sequence[WorkloadKind]) -> tuple[list[JSON], list[str]]:
+async def _read_custom_workloads(
+    connection: Connection, kinds: Sequence[ServedKind | WorkloadKind]
+) -> tuple[list[JSON], list[str]]:
     import asyncio  # noqa: PLC0415
 
     from vramguard.io.kube import ApiError, KubeClient  # noqa: PLC0415
 
     async with KubeClient(connection) as client:
 
-        async def listed(entry: WorkloadKind) -> tuple[list[JSON], str | None]:
+        async def listed(entry: ServedKind | WorkloadKind) -> tuple[list[JSON], str | None]:
             for version in entry.versions:
                 try:
                     items, _ = await client.list_all(f"/apis/{entry.group}/{version}/{entry.resource}")
