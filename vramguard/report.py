@@ -176,10 +176,11 @@ def gpu_table(rows: Sequence[GpuRow]) -> str:
 def worst_case_notes(rows: Sequence[GpuRow]) -> list[str]:
     """For each node whose free memory is a worst case: why, and what would tell the facts."""
     notes = []
-    for node in dict.fromkeys(row.node for row in rows):
-        mine = [row for row in rows if row.node == node]
-        unplaced = [row for row in mine if row.unplaced_bytes]
-        if not unplaced:
+    by_node: dict[str, list[GpuRow]] = {}
+    for row in rows:
+        by_node.setdefault(row.node, []).append(row)
+    for node, mine in by_node.items():
+        if not any(row.unplaced_bytes for row in mine):
             continue
         agent = mine[0].agent
         why = {

@@ -40,6 +40,7 @@ from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_ma
 from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES
 from vramguard.demand.objects import pod_template
 from vramguard.operators import OPERATOR_RESOURCES, operator_parts, operator_versions
+from vramguard.operators.common import MAX_REPLICAS, count
 from vramguard.operators.ray_serve import with_serve_config
 from vramguard.quantity import excerpt
 from vramguard.template_part import TemplatePart, with_group_size
@@ -66,7 +67,7 @@ __all__ = [
 
 _PATH = re.compile(r"^@?(?:\.?[A-Za-z_][\w-]*|\.?\*)(?:\.(?:[A-Za-z_][\w-]*|\*))*$")
 _FACTOR = re.compile(r"^\s*(?P<path>[^\s-][^\s]*)\s*(?:-\s*(?P<minus>\d{1,3}))?\s*$")
-MAX_PODS = 1 << 20
+MAX_PODS = MAX_REPLICAS
 """More pods than any workload runs: a bound that keeps lying replica fields from costing memory."""
 MAX_PARTS = 64
 """Templates read from one object at most (``*`` over a huge list is an attack, not a workload)."""
@@ -296,24 +297,14 @@ def _first(obj: Mapping[str, Any], path: str | None, element: Any) -> Any:
 def _factor(obj: Mapping[str, Any], element: Any, factor: str) -> int:
     match = _FACTOR.match(factor)
     assert match is not None  # validated with the policy
-    value = _count(_first(obj, match["path"], element))
+    value = count(_first(obj, match["path"], element))
     value = 1 if value is None else value
     return max(value - int(match["minus"] or 0), 0)
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 7:
-        return int(value)
-    return None
-
-
 def _positive(value: Any) -> int | None:
-    count = _count(value)
-    return count if count else None
+    found = count(value)
+    return found if found else None
 
 
 def _as_template(

@@ -7,7 +7,7 @@ from typing import Any
 
 from vramguard.dra.fields import items, mapping
 
-__all__ = ["capped", "count", "env_entries", "full_scale", "items", "mapping", "metadata_of", "pod", "string"]
+__all__ = ["capped", "count", "env_entries", "full_scale", "items", "mapping", "metadata_of", "pod", "string", "words"]
 
 MAX_REPLICAS = 1 << 20
 """More pods than any workload runs (a lying replica field costs no memory)."""
@@ -39,6 +39,11 @@ def full_scale(*values: Any) -> int:
         if found:
             return found
     return 1
+
+
+def words(value: Any) -> list[str]:
+    """A command or argument list as the words a container gets (numbers written out, the rest left out)."""
+    return [str(word) for word in items(value) if isinstance(word, str | int | float) and not isinstance(word, bool)]
 
 
 def string(value: Any) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard.operators.common import count, env_entries, full_scale, items, mapping, pod, string
+from vramguard.operators.common import count, env_entries, full_scale, mapping, pod, string, words
 from vramguard.template_part import TemplatePart
 
 __all__ = ["PROFILES", "model_parts"]
@@ -58,7 +58,7 @@ def model_parts(obj: Mapping[str, Any], notes: list[str]) -> list[TemplatePart]:
     name = string(mapping(obj.get("metadata")).get("name")) or "model"
     resources, image_name = _profile(string(spec.get("resourceProfile")), notes)
     engine = string(spec.get("engine")) or "VLLM"
-    args = [str(a) for a in items(spec.get("args")) if isinstance(a, str | int | float)]
+    args = words(spec.get("args"))
     container: dict[str, Any] = {"name": "server", "env": env_entries(spec.get("env")), "resources": resources}
     if engine in OTHER_ENGINES:
         container["image"] = string(spec.get("image")) or OTHER_ENGINES[engine]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard.operators.common import capped, count, env_entries, full_scale, items, mapping, pod, string
+from vramguard.operators.common import capped, count, env_entries, full_scale, items, mapping, pod, string, words
 from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = ["nim_service_parts"]
@@ -40,7 +40,7 @@ def nim_service_parts(obj: Mapping[str, Any], notes: list[str]) -> list[Template
     }
     for key in ("command", "args"):
         if isinstance(spec.get(key), list):
-            container[key] = [str(word) for word in spec[key]]
+            container[key] = words(spec[key])
     claims = _claims(spec.get("draResources"))
     if claims:
         container["resources"] = {**container["resources"], "claims": [{"name": c["name"]} for c in claims]}

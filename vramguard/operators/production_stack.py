@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vramguard.operators.common import count, env_entries, full_scale, items, mapping, pod, string
+from vramguard.operators.common import count, env_entries, full_scale, mapping, pod, string, words
 from vramguard.template_part import TemplatePart
 
 __all__ = ["runtime_parts"]
@@ -37,7 +37,7 @@ def runtime_parts(obj: Mapping[str, Any], notes: list[str]) -> list[TemplatePart
             args += [flag, str(value)]
     if string(config.get("gpuMemoryUtilization")):
         args += ["--gpu_memory_utilization", config["gpuMemoryUtilization"]]
-    args += [str(a) for a in items(config.get("extraArgs")) if isinstance(a, str | int | float)]
+    args += words(config.get("extraArgs"))
     resources = mapping(deployment.get("resources"))
     limits: dict[str, Any] = {k: resources[k] for k in ("cpu", "memory") if resources.get(k) is not None}
     if resources.get("gpu") not in (None, ""):
