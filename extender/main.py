@@ -1,9 +1,9 @@
 """Run the extender: informers for Nodes, Namespaces, bound Pods, the agents' Leases and
 PodDisruptionBudgets, the policy watcher, the evictor (preemption for VRAM), HTTPS.
 
-The verbs are served on ``host:port`` (mutual TLS in a cluster: only kube-scheduler, holding a
-client certificate from the client CA, gets an HTTP answer); probes and metrics on the plain-HTTP
-``operational`` address.
+The verbs are served on ``host:port`` over HTTP/2 and HTTP/1.1 from native code (mutual TLS in a
+cluster: only kube-scheduler, holding a client certificate from the client CA, gets an HTTP
+answer); probes and metrics on the plain-HTTP ``operational`` address.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ async def run(settings: ExtenderSettings) -> None:
     # Preemption for VRAM where kube-scheduler's own never starts; the serving replica only.
     evictor = Evictor(state, client, runtime.registry,
                       serving=elector.serving if elector is not None else lambda: True)
-    app = build_app(verbs, synced, runtime.readiness, runtime.registry, operational_routes=False,
+    app = build_app(verbs, synced, runtime.readiness, runtime.registry,
                     leader=elector.serving if elector is not None else None,
                     per_gpu_metrics=settings.per_gpu_metrics, evictor=evictor)
 
@@ -170,12 +170,13 @@ async def run(settings: ExtenderSettings) -> None:
     try:
         await runtime.serve(
             run_https(
-                app,
+                app.operational,
                 settings.host,
                 settings.port,
                 settings.tls,
                 settings=settings.server,
                 operational=settings.operational,
+                native=app.verbs,
             ),
             may_finish={"wait-synced"},
         )

@@ -19,13 +19,11 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from aiohttp import web
-
 from extender.verbs import FilterOutcome
 from extender.wire import ExtenderPreemptionArgs, preemption_result
 from vramguard.cluster import ClusterState, pod_priority
-from vramguard.io.http import read_model
-from vramguard.io.jsoncodec import json_response
+from vramguard.io.http import parse_model
+from vramguard.io.rsgi import Endpoint, Reply, json_reply
 from vramguard.placement import PodClaims, Rule, filter_node
 from vramguard.policy import ClassChoice
 from vramguard.preemption import Holder, Victims, choose_victims
@@ -187,23 +185,23 @@ def preempt(
 
 def preempt_handler(
     state: ClusterState, synced: Any, preempting: Callable[[Mapping[str, Any]], None] | None = None
-) -> Any:
-    """The aiohttp handler of ``POST /preempt``; 503 until the cluster state is synced.
+) -> Endpoint:
+    """The endpoint of ``POST /preempt`` (body in, answer out); 503 until the cluster state is synced.
     ``preempting``: told of each pod for which kube-scheduler now preempts on a node vramguard
     accepted (the evictor then leaves that pod to the scheduler)."""
 
-    async def handler(request: web.Request) -> web.Response:
-        args = await read_model(request, ExtenderPreemptionArgs)
+    async def handler(body: bytes) -> Reply:
+        args = parse_model(body, ExtenderPreemptionArgs)
         proposed = args.proposed()
         if len(proposed) > MAX_NODES:
-            return json_response({"Error": f"more than {MAX_NODES} candidate nodes"}, status=400)
+            return json_reply({"Error": f"more than {MAX_NODES} candidate nodes"}, 400)
         if not synced.is_set():
             # The result has no error field: a non-200 answer fails this preemption attempt.
-            return json_response({"Error": "vramguard: cluster state not synced yet"}, status=503)
+            return json_reply({"Error": "vramguard: cluster state not synced yet"}, 503)
         accepted = preempt(state, args.Pod, proposed)
         if accepted and preempting is not None:
             preempting(args.Pod)
         logger.info("preempt: %d of %d candidate nodes accepted", len(accepted), len(proposed))
-        return json_response(preemption_result(accepted))
+        return json_reply(preemption_result(accepted))
 
     return handler

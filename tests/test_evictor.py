@@ -7,13 +7,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
 from extender.evictor import GRACE_SECONDS, Evictor
 from extender.verbs import Verbs
 from tests.builders import gpu_node
+from tests.served_extender import served
 from tests.test_extender import make
 from tests.test_preemption import FOO, prioritized
 from vramguard.cluster import ClusterState
@@ -206,7 +206,7 @@ async def test_the_app_tells_the_evictor_of_refusals_and_of_the_schedulers_preem
     evictor = Evictor(state, None, CollectorRegistry())
     app = build_app(Verbs(state, None), synced, Readiness(), CollectorRegistry(), evictor=evictor)
     pod = urgent()
-    async with TestClient(TestServer(app)) as client:
+    async with served(app) as client:
         response = await client.post("/filter", json={"Pod": pod, "NodeNames": ["ts"]})
         assert (await response.json())["FailedNodes"] and evictor.waiting() == 1
         victims = {"ts": {"Pods": [{"metadata": {"uid": "uid-low-1"}}], "NumPDBViolations": 0}}

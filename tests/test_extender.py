@@ -10,6 +10,7 @@ import asyncio
 import gc
 import json
 import time
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from typing import Any
 
@@ -25,9 +26,10 @@ from extender.verbs import NOT_LEADER, Verbs
 from extender.wire import MAX_CONTAINER_DEPTH
 from tests.builders import H100_MIB, gpu_node, vllm_pod
 from tests.podspecs import container
+from tests.served_extender import ServedClient, served
 from vramguard.cluster import ClusterState, slim_node, slim_pod
 from vramguard.codecs import PLACEMENT_ANNOTATION
-from vramguard.io.http import Readiness, create_operational_app
+from vramguard.io.http import Readiness
 from vramguard.io.kube import ApiError
 from vramguard.policy import default_policy
 from vramguard.quantity import MiB, format_bytes
@@ -263,16 +265,16 @@ async def test_node_heartbeats_keep_cached_verdicts() -> None:
 # -- over HTTP -------------------------------------------------------------------------------------
 
 @pytest.fixture
-async def client() -> TestClient:  # type: ignore[type-arg]
+async def client() -> AsyncIterator[ServedClient]:
     _, verbs, _ = make([gpu_node("h100"), gpu_node("h200", memory_mib=143771, product="NVIDIA-H200")])
     synced = asyncio.Event()
     synced.set()
     app = build_app(verbs, synced, Readiness(), CollectorRegistry())
-    async with TestClient(TestServer(app)) as test_client:
+    async with served(app) as test_client:
         yield test_client
 
 
-async def test_filter_wire_format_node_names(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_filter_wire_format_node_names(client: ServedClient) -> None:
     response = await client.post("/filter", json={"Pod": vllm_pod("p", "0.6"), "Nodes": None,
                                                   "NodeNames": ["h100", "h200", "cpu-1"]})
     assert response.status == 200
@@ -302,7 +304,7 @@ def go_encoded_whole_nodes(nodes: list[dict[str, Any]]) -> bytes:
     ids=["filter-go-encoding", "filter-unparsed", "filter-other-encoder", "prioritize"],
 )
 async def test_whole_nodes_are_refused_naming_the_setting(
-    client: TestClient, path: str, body: bytes,  # type: ignore[type-arg]
+    client: ServedClient, path: str, body: bytes,  # type: ignore[type-arg]
 ) -> None:
     response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
     answer = await response.json()
@@ -319,7 +321,7 @@ async def test_whole_nodes_are_refused_naming_the_setting(
     assert f'vramguard_extender_node_cache_refused_total{{verb="{verb}"}} 1.0' in metrics
 
 
-async def test_oversized_filter_body_names_the_setting(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_oversized_filter_body_names_the_setting(client: ServedClient) -> None:
     body = go_encoded_whole_nodes([gpu_node(f"n{i}") for i in range(3000)])
     assert len(body) > 1 << 20
     response = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
@@ -327,14 +329,14 @@ async def test_oversized_filter_body_names_the_setting(client: TestClient) -> No
     assert "nodeCacheCapable: true" in (await response.json())["error"]
 
 
-async def test_filter_nothing_passes_gives_empty_list_not_null(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_filter_nothing_passes_gives_empty_list_not_null(client: ServedClient) -> None:
     response = await client.post("/filter", json={"Pod": vllm_pod("p", "0.6", gpus=2), "NodeNames": ["h100"]})
     body = await response.json()
     assert body["NodeNames"] == []
     assert "h100" in body["FailedNodes"] or "h100" in body["FailedAndUnresolvableNodes"]
 
 
-async def test_prioritize_wire_format(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_prioritize_wire_format(client: ServedClient) -> None:
     response = await client.post("/prioritize", json={"Pod": vllm_pod("p", "0.3"), "NodeNames": ["h100", "h200"]})
     body = await response.json()
     assert [entry["Host"] for entry in body] == ["h100", "h200"]
@@ -354,7 +356,7 @@ async def test_prioritize_wire_format(client: TestClient) -> None:  # type: igno
     ],
     ids=["junk", "empty-object", "pod-not-object", "array", "bind-missing-fields", "not-utf8", "too-large"],
 )
-async def test_bad_input_is_a_clear_4xx(client: TestClient, path: str, body: bytes, status: int) -> None:  # type: ignore[type-arg]
+async def test_bad_input_is_a_clear_4xx(client: ServedClient, path: str, body: bytes, status: int) -> None:  # type: ignore[type-arg]
     response = await client.post(path, data=body, headers={"Content-Type": "application/json"})
     assert response.status == status
     assert "error" in await response.json()
@@ -364,7 +366,7 @@ async def test_not_synced_answers_with_error() -> None:
     _, verbs, _ = make([gpu_node("h100")])
     readiness = Readiness()
     app = build_app(verbs, asyncio.Event(), readiness, CollectorRegistry())
-    async with TestClient(TestServer(app)) as test_client:
+    async with served(app) as test_client:
         response = await test_client.post("/filter", json={"Pod": vllm_pod("p", "0.2"), "NodeNames": ["h100"]})
         assert (await response.json())["Error"] == NOT_SYNCED
         assert (await test_client.get("/readyz")).status == 503
@@ -425,13 +427,13 @@ async def test_a_scrape_sends_the_cached_rendering_and_does_not_render() -> None
     synced.set()
     app = build_app(verbs, synced, Readiness(), CollectorRegistry())
     pods = frozenset({("node", "h100")})
-    async with TestClient(TestServer(app)) as test_client:
+    async with served(app) as test_client:
         before = samples(await (await test_client.get("/metrics")).read())
         assert before[("vramguard_node_pods", pods)] == 0, "rendered once at start-up"
         state.pods.upsert(vllm_pod("a", "0.5", node="h100"))
         cached = samples(await (await test_client.get("/metrics")).read())
         assert cached[("vramguard_node_pods", pods)] == 0, "a scrape must not render on the request path"
-        await app[LEDGER_EXPOSITION_KEY].render()  # what the periodic refresh does
+        await app.operational[LEDGER_EXPOSITION_KEY].render()  # what the periodic refresh does
         fresh = samples(await (await test_client.get("/metrics")).read())
         assert fresh[("vramguard_node_pods", pods)] == 1
         assert fresh[("vramguard_ledger_exposition_bytes", frozenset())] > 0
@@ -441,8 +443,8 @@ async def test_the_operational_listener_serves_the_cached_series_and_a_failed_re
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, verbs, _ = make([gpu_node("h100")])
-    app = build_app(verbs, asyncio.Event(), Readiness(), CollectorRegistry(), operational_routes=False)
-    ledger = app[LEDGER_EXPOSITION_KEY]
+    app = build_app(verbs, asyncio.Event(), Readiness(), CollectorRegistry())
+    ledger = app.operational[LEDGER_EXPOSITION_KEY]
     await ledger.refresh()
 
     def broken(*_: object, **__: object) -> None:
@@ -450,7 +452,7 @@ async def test_the_operational_listener_serves_the_cached_series_and_a_failed_re
 
     monkeypatch.setattr(metrics, "_node_rows", broken)
     await ledger.refresh()  # logged, not raised
-    async with TestClient(TestServer(create_operational_app(app))) as ops:
+    async with TestClient(TestServer(app.operational)) as ops:
         text = await (await ops.get("/metrics")).text()
     assert 'vramguard_node_budget_bytes{node="h100"' in text
 
@@ -893,14 +895,14 @@ WRONG_TYPES = {
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
 @pytest.mark.parametrize("case", list(WRONG_TYPES))
-async def test_wrong_types_in_the_pod_are_a_400(client: TestClient, verb: str, case: str) -> None:  # type: ignore[type-arg]
+async def test_wrong_types_in_the_pod_are_a_400(client: ServedClient, verb: str, case: str) -> None:
     response = await client.post(f"/{verb}", json=_body(verb, WRONG_TYPES[case]))
     assert response.status == 400
     assert "Pod" in (await response.json())["error"]
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
-async def test_containers_nesting_a_thousand_deep_are_a_400_not_a_500(client: TestClient, verb: str) -> None:  # type: ignore[type-arg]
+async def test_containers_nesting_a_thousand_deep_are_a_400_not_a_500(client: ServedClient, verb: str) -> None:
     # Inside the request decoder's 1,024 levels, past the standard library encoder's stack.
     body = json.dumps(_body(verb, lambda p: p["spec"]["containers"][0]["args"].append("DEEP")))
     body = body.replace('"DEEP"', "[" * 1000 + "]" * 1000)
@@ -910,7 +912,7 @@ async def test_containers_nesting_a_thousand_deep_are_a_400_not_a_500(client: Te
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
-async def test_containers_nesting_up_to_the_limit_are_served(client: TestClient, verb: str) -> None:  # type: ignore[type-arg]
+async def test_containers_nesting_up_to_the_limit_are_served(client: ServedClient, verb: str) -> None:
     deepest = _body(verb, lambda p: p["spec"]["containers"][0]["args"].append(_nested(MAX_CONTAINER_DEPTH - 3)))
     assert _container_depth(deepest["Pod"]) == MAX_CONTAINER_DEPTH
     assert (await client.post(f"/{verb}", json=deepest)).status == 200
@@ -930,7 +932,7 @@ async def test_containers_nesting_up_to_the_limit_are_served(client: TestClient,
     ],
     ids=["name-number", "namespace-object", "uid-list", "node-null"],
 )
-async def test_wrong_types_in_the_binding_are_a_400(client: TestClient, body: dict[str, Any]) -> None:  # type: ignore[type-arg]
+async def test_wrong_types_in_the_binding_are_a_400(client: ServedClient, body: dict[str, Any]) -> None:
     response = await client.post("/bind", json=body)
     assert response.status == 400
 
@@ -955,7 +957,7 @@ async def test_a_replica_that_is_not_the_leader_refuses_verbs_and_is_not_ready()
     leading = False
     registry = CollectorRegistry()
     app = build_app(verbs, synced, Readiness(), registry, leader=lambda: leading)
-    async with TestClient(TestServer(app)) as test_client:
+    async with served(app) as test_client:
         response = await test_client.post("/filter", json={"Pod": vllm_pod("p", "0.2"), "NodeNames": ["h100"]})
         assert (await response.json())["Error"] == NOT_LEADER
         response = await test_client.post("/bind", json={"PodName": "p", "PodNamespace": "default",

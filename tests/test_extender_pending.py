@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
 from extender.app import build_app
 from extender.pending import FORGET_SECONDS, PendingPods
 from tests.builders import gpu_node, vllm_pod
+from tests.served_extender import served
 from tests.test_extender import make
 from vramguard.io.http import Readiness
 
@@ -38,7 +38,7 @@ async def test_the_filter_endpoint_counts_a_pod_that_fits_nowhere() -> None:
     synced.set()
     registry = CollectorRegistry()
     app = build_app(verbs, synced, Readiness(), registry)
-    async with TestClient(TestServer(app)) as client:
+    async with served(app) as client:
         response = await client.post("/filter", json={"Pod": vllm_pod("new", "0.5"), "NodeNames": ["h100"]})
         body = await response.json()
         assert response.status == 200 and not body["NodeNames"], body

@@ -480,17 +480,12 @@ async def test_certificate_expiry_is_exported_and_follows_reloads(mutual: Mutual
     registry = CollectorRegistry()
     app = create_app(registry=registry)
     app.router.add_get("/fast", _fast)
-    async with serve(app, HOST, 0, tls, settings=ServerSettings(reload_interval=0.05)) as server:
+    async with serve(app, HOST, 0, tls, settings=ServerSettings(reload_interval=0.05)):
         assert tls.certificate is not None
         assert _expiry(registry) == {
             "serving": tls.certificate.not_after.timestamp(),
             "client-ca": mutual.client_ca.certificate.not_valid_after_utc.timestamp(),
         }
-        # The client's own certificate (kube-scheduler's, read only at its start) once it has called.
-        client_dir = mutual.server.directory.parent / "client"
-        assert await _status_or_refusal(server, mutual.client(client_dir, "trusted-ca")) == 200
-        client_cert = x509.load_pem_x509_certificate((client_dir / "client.crt").read_bytes())
-        assert _expiry(registry)["client"] == client_cert.not_valid_after_utc.timestamp()
         leaf = certs.issue_serving_certificate(mutual.server.ca, dns_names=["localhost"], days=10)
         certs.write_serving_files(mutual.server.directory, leaf)
         async with asyncio.timeout(5):
@@ -505,17 +500,7 @@ def test_no_expiry_before_the_first_load(pki: Pki) -> None:
     assert _expiry(registry) == {}
 
 
-async def test_connections_are_counted_and_the_client_certificate_read_once_each(
-    mutual: MutualPki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    parsed: list[str] = []
-    parse = ssl.cert_time_to_seconds
-
-    def counting(text: str) -> int:
-        parsed.append(text)
-        return parse(text)
-
-    monkeypatch.setattr(ssl, "cert_time_to_seconds", counting)
+async def test_connections_are_counted_once_each(mutual: MutualPki, tmp_path: Path) -> None:
     tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
     registry = CollectorRegistry()
     app = create_app(registry=registry)
@@ -534,5 +519,3 @@ async def test_connections_are_counted_and_the_client_certificate_read_once_each
     assert registry.get_sample_value(
         "vramguard_http_request_duration_seconds_count", {"route": "/fast", "code": "200"}
     ) == 4
-    assert len(parsed) == 1
-    assert tls.last_client_expiry is not None

@@ -9,13 +9,13 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from extender.app import build_app
 from extender.preemption import LowestPriorities, mark_unhelpable, preempt
 from extender.verbs import Verbs
 from tests.builders import gpu_node, vllm_pod
+from tests.served_extender import ServedClient, served
 from tests.test_extender import make
 from vramguard.cluster import ClusterState, slim_pod
 from vramguard.demand.model import ContainerDemand, PodDemand, Vram
@@ -264,16 +264,16 @@ def test_preempt_drops_a_node_no_eviction_helps() -> None:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
+async def client() -> AsyncIterator[ServedClient]:
     state = full_gpu()
     synced = asyncio.Event()
     synced.set()
     app = build_app(Verbs(state, None), synced, Readiness(), CollectorRegistry())
-    async with TestClient(TestServer(app)) as test_client:
+    async with served(app) as test_client:
         yield test_client
 
 
-async def test_preempt_wire_format_meta_victims(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_preempt_wire_format_meta_victims(client: ServedClient) -> None:
     body = {"Pod": prioritized("urgent", "0.5", 1000, node=None),
             "NodeNameToMetaVictims": {"ts": {"Pods": [{"UID": "uid-small-1"}], "NumPDBViolations": 1}}}
     response = await client.post("/preempt", json=body)
@@ -283,7 +283,7 @@ async def test_preempt_wire_format_meta_victims(client: TestClient) -> None:  # 
         "Pods": [{"UID": "uid-big-1"}, {"UID": "uid-big-2"}], "NumPDBViolations": 0}}}
 
 
-async def test_preempt_wire_format_full_victims(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_preempt_wire_format_full_victims(client: ServedClient) -> None:
     body = {"Pod": prioritized("urgent", "0.5", 1000, node=None),
             "NodeNameToVictims": {"ts": {"Pods": [prioritized("small-1", "0.1", 1)], "NumPDBViolations": 0}}}
     result = await (await client.post("/preempt", json=body)).json()
@@ -296,7 +296,7 @@ async def test_preempt_wire_format_full_victims(client: TestClient) -> None:  # 
      b'{"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": 7}]}}}'],
     ids=["victims-not-a-map", "no-pod", "uid-not-a-string"],
 )
-async def test_preempt_bad_input_is_400(client: TestClient, body: bytes) -> None:  # type: ignore[type-arg]
+async def test_preempt_bad_input_is_400(client: ServedClient, body: bytes) -> None:
     response = await client.post("/preempt", data=body, headers={"Content-Type": "application/json"})
     assert response.status == 400
 
@@ -304,7 +304,7 @@ async def test_preempt_bad_input_is_400(client: TestClient, body: bytes) -> None
 async def test_preempt_not_synced_is_503() -> None:
     _, verbs, _ = make([gpu_node("ts")])
     app = build_app(verbs, asyncio.Event(), Readiness(), CollectorRegistry())
-    async with TestClient(TestServer(app)) as test_client:
+    async with served(app) as test_client:
         response = await test_client.post("/preempt", json={"Pod": vllm_pod("p", "0.2"), "NodeNameToMetaVictims": {}})
         assert response.status == 503
 
@@ -327,7 +327,7 @@ async def test_filter_marks_vram_failures_no_eviction_cures(utilization: str, pr
         assert outcome.unresolvable["ts"] == (await Verbs(state, None).filter(pod, ["ts"])).failed["ts"]
 
 
-async def test_filter_over_http_marks_unhelpable(client: TestClient) -> None:  # type: ignore[type-arg]
+async def test_filter_over_http_marks_unhelpable(client: ServedClient) -> None:
     body = {"Pod": prioritized("equal", "0.5", 1, node=None), "NodeNames": ["ts"]}
     result = await (await client.post("/filter", json=body)).json()
     assert list(result["FailedAndUnresolvableNodes"]) == ["ts"] and result["FailedNodes"] == {}

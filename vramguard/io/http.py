@@ -39,18 +39,23 @@ from vramguard.io import jsoncodec
 __all__ = [
     "BODY_LIMIT_KEY",
     "CACHED_EXPOSITION_KEY",
-    "CLIENT_CERTIFICATE_OBSERVER_KEY",
+    "CLIENT_CLOSED",
+    "CONNECTIONS_KEY",
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_CLIENT_MAX_SIZE",
     "LATENCY_BUCKETS",
+    "LATENCY_KEY",
     "READINESS_KEY",
     "REGISTRY_KEY",
+    "UNMATCHED_ROUTE",
     "Readiness",
     "ReadinessCheck",
     "RequestError",
     "create_app",
     "create_operational_app",
     "error_response",
+    "parse_json",
+    "parse_model",
     "read_body",
     "read_json",
     "read_model",
@@ -67,9 +72,9 @@ DEFAULT_BODY_TIMEOUT = 10.0
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # Label for requests that matched no route, so probing random paths cannot grow the label set.
-_UNMATCHED_ROUTE = "unmatched"
+UNMATCHED_ROUTE = "unmatched"
 # Status recorded for a request whose client went away before an answer (nginx's convention).
-_CLIENT_CLOSED = 499
+CLIENT_CLOSED = 499
 
 ReadinessCheck = Callable[[], bool | Awaitable[bool]]
 
@@ -156,10 +161,6 @@ REGISTRY_KEY = web.AppKey("vramguard_metrics_registry", CollectorRegistry)
 BODY_LIMIT_KEY = web.AppKey("vramguard_body_limit", int)
 LATENCY_KEY = web.AppKey("vramguard_latency_histogram", Histogram)
 CONNECTIONS_KEY = web.AppKey("vramguard_connections_counter", Counter)
-# Called with the verified client certificate (``SSLSocket.getpeercert()`` form) of each request
-# over mutual TLS; ``vramguard.io.server.serve`` sets it to record the expiry of the client's certificate.
-ClientCertificateObserver = Callable[[Mapping[str, Any]], None]
-CLIENT_CERTIFICATE_OBSERVER_KEY = web.AppKey[ClientCertificateObserver]("vramguard_client_certificate_observer")
 # Returns text in the exposition format that ``/metrics`` appends to the registry's, in pieces sent one
 # after the other: series too many to render on the request path, rendered elsewhere and cached (the
 # extender's ledger).
@@ -281,7 +282,12 @@ async def read_json(request: web.Request, *, timeout: float = DEFAULT_BODY_TIMEO
     The body must be UTF-8 (RFC 8259), whatever charset the Content-Type claims: a bogus charset
     must not turn into a server error. ``NaN`` and ``Infinity`` are rejected, as Go never sends them.
     """
-    body = await read_body(request, timeout=timeout)
+    return parse_json(await read_body(request, timeout=timeout))
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """``body`` as a JSON object; anything else is a :class:`RequestError` 400 saying why (see
+    :func:`read_json`)."""
     if not body.strip():
         raise RequestError(400, "request body is empty; expected a JSON object")
     try:
@@ -295,7 +301,12 @@ async def read_json(request: web.Request, *, timeout: float = DEFAULT_BODY_TIMEO
 
 async def read_model(request: web.Request, model: type[M], *, timeout: float = DEFAULT_BODY_TIMEOUT) -> M:
     """Read the body as JSON and validate it into ``model``; a mismatch is a 400 naming the fields."""
-    data = await read_json(request, timeout=timeout)
+    return parse_model(await read_body(request, timeout=timeout), model)
+
+
+def parse_model(body: bytes, model: type[M]) -> M:
+    """``body`` as JSON validated into ``model``; a mismatch is a :class:`RequestError` 400 naming the fields."""
+    data = parse_json(body)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -306,7 +317,7 @@ def _serving_middleware(latency: Histogram, connections: Counter) -> Middleware:
     """One middleware for what every request needs (one layer: each costs a coroutine per request):
     its latency by route and status code, a JSON answer for :class:`RequestError` and for an
     unhandled error, and, on the first request of each TLS connection, the connection counted by
-    route and the client's certificate observed (it cannot change within a connection)."""
+    route."""
     children: dict[tuple[str, int], Any] = {}
     tls_connections: weakref.WeakSet[object] = weakref.WeakSet()
 
@@ -319,11 +330,6 @@ def _serving_middleware(latency: Histogram, connections: Counter) -> Middleware:
         if tls is not None and tls not in tls_connections:
             tls_connections.add(tls)
             connections.labels(route=route).inc()
-            observe = request.config_dict.get(CLIENT_CERTIFICATE_OBSERVER_KEY)
-            # Only a certificate the TLS layer verified shows here (the dict form is empty otherwise).
-            peer = transport.get_extra_info("peercert") if observe is not None and transport is not None else None
-            if observe is not None and peer:
-                observe(peer)
         code = 500
         try:
             response = await handler(request)
@@ -338,7 +344,7 @@ def _serving_middleware(latency: Histogram, connections: Counter) -> Middleware:
             raise
         except (asyncio.CancelledError, ConnectionError):
             # A vanished client cannot be answered.
-            code = _CLIENT_CLOSED
+            code = CLIENT_CLOSED
             raise
         except Exception:
             # Log the traceback here, answer without it: internals are not the caller's business.
@@ -392,7 +398,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 
 def _route_label(request: web.Request) -> str:
     resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else _UNMATCHED_ROUTE
+    return resource.canonical if resource is not None else UNMATCHED_ROUTE
 
 
 def _why_invalid(body: bytes) -> str:

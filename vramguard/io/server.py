@@ -1,4 +1,5 @@
-"""Serving an aiohttp application over HTTPS until SIGTERM, then shutting down gracefully.
+"""Serving an aiohttp application over HTTPS until SIGTERM, then shutting down gracefully (the main
+listener may serve an RSGI application from native code instead: ``native``).
 
 With an ``operational`` address, ``/healthz``, ``/readyz`` and ``/metrics`` are served there over
 plain HTTP (see ``vramguard.io.http.create_operational_app``) and the main listener keeps only the
@@ -26,63 +27,23 @@ import logging
 import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 
-from vramguard.io.http import CLIENT_CERTIFICATE_OBSERVER_KEY, READINESS_KEY, REGISTRY_KEY, create_operational_app
-from vramguard.io.tls import DEFAULT_RELOAD_INTERVAL, CertificateExpiryCollector, ReloadingTLSContext
+from vramguard.io.http import READINESS_KEY, REGISTRY_KEY, create_operational_app
+from vramguard.io.listener import Address, RunningServer, ServerSettings
+from vramguard.io.native_server import serve_native
+from vramguard.io.rsgi import RsgiApp
+from vramguard.io.tls import CertificateExpiryCollector, ReloadingTLSContext
 
 __all__ = ["Address", "RunningServer", "ServerSettings", "run_https", "serve"]
 
 logger = logging.getLogger(__name__)
 
 TLSArgument = ssl.SSLContext | ReloadingTLSContext | None
-Address = tuple[str, int]
 
 # Set once the application's registry exports the certificate expiry of its TLS context.
 _EXPIRY_EXPORTED = web.AppKey("vramguard_certificate_expiry_exported", bool)
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """Connection handling limits; the defaults suit in-cluster callers (Go HTTP clients)."""
-
-    # Longer than the 90 s IdleConnTimeout of the Go transports in the kube-apiserver and the
-    # kube-scheduler: if the server closed idle connections first, a POST racing the close would
-    # fail (Go retries only idempotent requests), turning into a webhook or extender error.
-    keepalive_timeout: float = 120.0
-    # Time requests in flight get to finish after the listener closes.
-    shutdown_timeout: float = 15.0
-    # Time between readiness turning 503 and the listener closing; set a few seconds in a cluster
-    # so that no new request is routed to a pod that no longer accepts it.
-    drain_delay: float = 0.0
-    # Time spent discarding a request body the handler did not read, before closing.
-    lingering_time: float = 2.0
-    # How often a ReloadingTLSContext checks its files.
-    reload_interval: float = DEFAULT_RELOAD_INTERVAL
-    # Access logs are off: probes and scheduler calls would flood them; metrics carry the counts.
-    access_log: bool = False
-    backlog: int = 128
-    max_line_size: int = 8190
-    max_field_size: int = 8190
-
-
-@dataclass(frozen=True)
-class RunningServer:
-    """Where a started server listens."""
-
-    host: str
-    port: int
-    scheme: str
-    operational: RunningServer | None = None
-    """The plain-HTTP listener of ``/healthz``, ``/readyz`` and ``/metrics``, when separate."""
-
-    @property
-    def url(self) -> str:
-        """Base URL of the server, e.g. ``https://127.0.0.1:8443``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
 
 
 @contextlib.asynccontextmanager
@@ -94,6 +55,7 @@ async def serve(
     *,
     settings: ServerSettings | None = None,
     operational: Address | None = None,
+    native: RsgiApp | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve ``app`` on ``host:port`` while the ``async with`` body runs; stop gracefully on exit.
 
@@ -105,8 +67,15 @@ async def serve(
     metrics there over plain HTTP; ``app`` should then be made without them
     (``create_app(operational_routes=False)``). It closes after the main listener, so probes
     keep answering (503) while requests drain.
+
+    ``native``: the main listener serves that RSGI application instead, from native code (HTTP/2
+    and HTTP/1.1, see :mod:`vramguard.io.native_server`; ``tls`` must then be a
+    :class:`~vramguard.io.tls.ReloadingTLSContext` or None), and ``app``, made with its probes and
+    metrics (``create_app()``), is served as it is on ``operational``, which is then required.
     """
     settings = settings or ServerSettings()
+    if native is not None and (operational is None or isinstance(tls, ssl.SSLContext)):
+        raise ValueError("a native server needs an operational address, and its TLS as a ReloadingTLSContext")
     ssl_context = tls.context if isinstance(tls, ReloadingTLSContext) else tls
     readiness = app.get(READINESS_KEY)
     if isinstance(tls, ReloadingTLSContext):
@@ -116,13 +85,12 @@ async def serve(
         if registry is not None and not app.get(_EXPIRY_EXPORTED, False):
             registry.register(CertificateExpiryCollector(tls))
             app[_EXPIRY_EXPORTED] = True
-            if tls.requires_client_certificate:
-                app[CLIENT_CERTIFICATE_OBSERVER_KEY] = tls.observe_client_certificate
 
     operational_runner: web.AppRunner | None = None
     operational_server: RunningServer | None = None
     if operational is not None:
-        operational_runner = _runner(create_operational_app(app), settings)
+        # With a native main listener, ``app`` is only the probes and metrics: served here as it is.
+        operational_runner = _runner(app if native is not None else create_operational_app(app), settings)
         await operational_runner.setup()
         try:
             operational_site = web.TCPSite(operational_runner, *operational, backlog=settings.backlog)
@@ -132,6 +100,18 @@ async def serve(
             raise
         operational_server = RunningServer(host=operational[0], port=operational_site.port, scheme="http")
         logger.info("serving probes and metrics on %s", operational_server.url)
+
+    if native is not None:
+        try:
+            assert not isinstance(tls, ssl.SSLContext)
+            async with serve_native(native, host, port, tls, settings=settings) as running:
+                yield RunningServer(host=host, port=running.port, scheme=running.scheme, operational=operational_server)
+        finally:
+            if readiness is not None:
+                readiness.begin_shutdown()
+            if operational_runner is not None:
+                await operational_runner.cleanup()
+        return
 
     runner = _runner(app, settings)
     await runner.setup()
@@ -169,10 +149,11 @@ async def run_https(
     on_started: Callable[[RunningServer], None] | None = None,
     handle_signals: bool = True,
     operational: Address | None = None,
+    native: RsgiApp | None = None,
 ) -> None:
     """Serve ``app`` until SIGTERM or SIGINT (or ``stop`` is set), then shut down gracefully.
 
-    ``operational`` is passed on to :func:`serve`.
+    ``operational`` and ``native`` are passed on to :func:`serve`.
 
     Tests pass ``port=0``, learn the port from ``on_started``, and end the server by setting
     ``stop`` (``handle_signals=False`` leaves the process's signal handling alone). Signal
@@ -191,7 +172,7 @@ async def run_https(
                 continue
             installed.append(signum)
     try:
-        async with serve(app, host, port, tls, settings=settings, operational=operational) as server:
+        async with serve(app, host, port, tls, settings=settings, operational=operational, native=native) as server:
             if on_started is not None:
                 on_started(server)
             await stop.wait()

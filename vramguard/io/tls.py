@@ -27,10 +27,9 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -44,6 +43,7 @@ __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
     "CertificateExpiryCollector",
     "LoadedCertificate",
+    "PemFiles",
     "ReloadingTLSContext",
     "TLSLoadError",
     "load_server_tls",
@@ -62,6 +62,15 @@ _TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 class TLSLoadError(Exception):
     """The certificate and key files could not be loaded as a matching pair."""
+
+
+@dataclass(frozen=True)
+class PemFiles:
+    """The content of the TLS files as one load read and validated them (a consistent set)."""
+
+    certificate: bytes
+    key: bytes
+    client_ca: bytes | None
 
 
 @dataclass(frozen=True)
@@ -111,37 +120,16 @@ class ReloadingTLSContext:
         self._front.sni_callback = self._select_current
         self._current: ssl.SSLContext | None = None
         self._loaded_digest: bytes | None = None
+        self._pem: PemFiles | None = None
         self._failed_digest: bytes | None = None
         self._certificate: LoadedCertificate | None = None
         self._client_cas: tuple[LoadedCertificate, ...] = ()
-        self._last_client_expiry: float | None = None
-        self._last_client_not_after: str | None = None
         self.last_error: str | None = None
 
     @property
     def requires_client_certificate(self) -> bool:
         """Whether handshakes without a client certificate from the client CA are refused."""
         return self.client_ca_file is not None
-
-    @property
-    def last_client_expiry(self) -> float | None:
-        """Unix time at which the client certificate of the latest request expires, if any was seen."""
-        return self._last_client_expiry
-
-    def observe_client_certificate(self, peer: Mapping[str, Any]) -> None:
-        """Record the expiry of a verified client certificate (``SSLSocket.getpeercert()`` form).
-
-        The latest one wins: after kube-scheduler restarts with a renewed certificate the old
-        expiry must not linger. Client certificates are read only when their process starts, so
-        this is what an expiry alert must watch.
-        """
-        not_after = peer.get("notAfter")
-        if isinstance(not_after, str) and not_after != self._last_client_not_after:
-            self._last_client_not_after = not_after  # parsed once per certificate, not per connection
-            try:
-                self._last_client_expiry = float(ssl.cert_time_to_seconds(not_after))
-            except ValueError:
-                logger.debug("unparsable notAfter %r in a client certificate", not_after)
 
     @property
     def client_cas(self) -> tuple[LoadedCertificate, ...]:
@@ -158,6 +146,12 @@ class ReloadingTLSContext:
         """The certificate new handshakes receive, or None before the first successful load."""
         return self._certificate
 
+    @property
+    def pem(self) -> PemFiles | None:
+        """The files' content as last loaded and validated, or None before the first load: what a
+        server that reads certificates from files of its own is given (never a half-rotated pair)."""
+        return self._pem
+
     def is_loaded(self) -> bool:
         """Return True once a certificate is being served (a readiness check)."""
         return self._current is not None
@@ -169,10 +163,11 @@ class ReloadingTLSContext:
         :attr:`last_error`, and the previous pair keeps serving.
         """
         try:
-            cert_pem, ca_pem, before = self._read()
+            pem, before = self._read()
         except OSError as exc:
             self._failed(None, f"cannot read {exc.filename or 'the TLS files'}: {exc.strerror or exc}")
             return False
+        cert_pem, ca_pem = pem.certificate, pem.client_ca
         if before == self._loaded_digest:
             return False
         candidate = new_server_context()
@@ -190,7 +185,7 @@ class ReloadingTLSContext:
                 self._failed(before, f"cannot load the client CA {self.client_ca_file}: {exc}")
                 return False
         try:
-            _, _, after = self._read()
+            _, after = self._read()
         except OSError as exc:
             self._failed(None, f"cannot read {exc.filename or 'the TLS files'}: {exc.strerror or exc}")
             return False
@@ -201,6 +196,7 @@ class ReloadingTLSContext:
             return False
         self._current = candidate
         self._loaded_digest = before
+        self._pem = pem
         self._failed_digest = None
         self._certificate = certificate
         self._client_cas = client_cas
@@ -234,8 +230,8 @@ class ReloadingTLSContext:
         if current is not None:
             connection.context = current
 
-    def _read(self) -> tuple[bytes, bytes | None, bytes]:
-        """Return the certificate file's content, the client CA file's, and a digest of all files."""
+    def _read(self) -> tuple[PemFiles, bytes]:
+        """Return the files' content and a digest of all of them."""
         cert_pem = self.cert_file.read_bytes()
         key_pem = self.key_file.read_bytes()
         ca_pem = self.client_ca_file.read_bytes() if self.client_ca_file is not None else None
@@ -244,7 +240,7 @@ class ReloadingTLSContext:
             # Length-prefixed so that moving bytes from one file to another changes the digest.
             sha.update(len(content).to_bytes(8, "big"))
             sha.update(content)
-        return cert_pem, ca_pem, sha.digest()
+        return PemFiles(cert_pem, key_pem, ca_pem), sha.digest()
 
     def _failed(self, digest: bytes | None, message: str) -> None:
         self.last_error = message
@@ -262,10 +258,11 @@ class CertificateExpiryCollector(Collector):
     """``vramguard_certificate_expiry_timestamp_seconds{role}``: when the loaded certificates expire.
 
     Read from the :class:`ReloadingTLSContext` at scrape time, so a reload shows on the next
-    scrape. Roles: ``serving`` (the certificate presented to clients), ``client-ca`` (the
-    soonest-expiring CA client certificates are checked against, with mutual TLS) and ``client``
-    (the certificate the latest client presented: kube-scheduler's, which it reads only at start,
-    so renewing it takes a restart). Nothing is exported before it is known.
+    scrape. Roles: ``serving`` (the certificate presented to clients) and ``client-ca`` (the
+    soonest-expiring CA client certificates are checked against, with mutual TLS). Nothing is
+    exported before it is known. The certificate a client presents is not among them: the native
+    server that checks it shows the application no peer certificate (RSGI has no field for it);
+    where ``vramguard keep-certs`` issues kube-scheduler's, it exports that one's expiry.
     """
 
     def __init__(self, tls: ReloadingTLSContext) -> None:
@@ -284,8 +281,6 @@ class CertificateExpiryCollector(Collector):
             family.add_metric(["serving"], serving.not_after.timestamp())
         if self._tls.client_cas:
             family.add_metric(["client-ca"], min(ca.not_after for ca in self._tls.client_cas).timestamp())
-        if self._tls.last_client_expiry is not None:
-            family.add_metric(["client"], self._tls.last_client_expiry)
         yield family
 
 
