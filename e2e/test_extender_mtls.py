@@ -104,11 +104,25 @@ def test_probes_and_metrics_need_no_client_certificate(cluster: Any) -> None:
     status, metrics = _get(ops + "/metrics")
     assert status == 200
     expiry = dict(re.findall(r'vramguard_certificate_expiry_timestamp_seconds\{role="([a-z-]+)"\} (\S+)', metrics))
-    assert set(expiry) == {"serving", "client-ca", "client"}
-    scheduler_cert = x509.load_pem_x509_certificate(cluster.scheduler_client_cert[0].read_bytes())
-    assert float(expiry["client"]) == scheduler_cert.not_valid_after_utc.timestamp()
+    # Not the client's own certificate: the native TLS shows the extender no peer certificate.
+    assert set(expiry) == {"serving", "client-ca"}
+    client_ca = x509.load_pem_x509_certificate((cluster.pki / "ca.crt").read_bytes())
+    assert float(expiry["client-ca"]) == client_ca.not_valid_after_utc.timestamp()
     assert all(float(value) > time.time() for value in expiry.values())
     # The verbs port serves the verbs only, even to kube-scheduler.
     for path in ("/metrics", "/readyz"):
         answered = _post(verbs, path, b"", cluster.client_ssl_context(), method="GET")
         assert isinstance(answered, bytes) and answered.startswith(b"HTTP/1.1 404"), (path, answered)
+
+
+def test_the_verbs_are_offered_over_http2_to_the_schedulers_certificate(cluster: Any) -> None:
+    # kube-scheduler's extender client takes HTTP/2 when offered: one connection for a whole wave.
+    verbs, _ = _extender(cluster)
+    parts = urlsplit(verbs)
+    context = cluster.client_ssl_context()
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection((parts.hostname, parts.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=parts.hostname) as tls,
+    ):
+        assert tls.selected_alpn_protocol() == "h2"
