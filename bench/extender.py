@@ -11,7 +11,7 @@ Prints one JSON line per measurement, then a summary table.
   few nodes changed since the last. ``steady`` is every request but each shape's first, reported
   as percentiles; ``first-of-wave`` the first of each of the 4 shapes (no cached verdict), reported
   as its 4 values, too few for a percentile. Measured in-process (the verbs alone) and over HTTPS on loopback (the
-  extender's aiohttp app behind ``vramguard.io.server.serve``, a client that keeps its connection),
+  extender's endpoints behind ``vramguard.io.server.serve``, a client that keeps its connection),
   with the collector frozen after the sync as the extender freezes it. Then 2 x 120 pods of new
   shapes with all 5,000 names and with 500: the served filter and, alternating request by request,
   the baseline of every node judged one by one; with the answer's size, its distinct failure
@@ -57,9 +57,26 @@ Prints one JSON line per measurement, then a summary table.
   every score is 0, bind only creates the Binding): what the extender protocol alone costs a wave,
   the most any extender could keep of the stock rate on the machine (``floor-h2``: the same,
   offering HTTP/2, which kube-scheduler's extender client then uses: one connection for every call).
+  ``--extender hami`` puts HAMi's scheduler extender (``bench/hami``: Project-HAMi/HAMi's
+  ``cmd/scheduler``, Go, built from the source tree ``--hami-source`` names) in the extender's place,
+  wired as HAMi's chart wires it (filter and bind, its resources ``ignoredByScheduler``), on nodes
+  annotated as its device plugin registers them (one GPU shared by the 4 replicas the node
+  advertises); the pods of its waves ask for ``nvidia.com/gpumem``, the MiB vLLM reserves: the
+  packing problem vramguard's waves face. HAMi exports no per-verb timings (no ``extender-verbs``
+  record): its filter's share shows in the scheduler's cycle figures; its log's counts of filters,
+  binds and failed node locks are reported (``hami-log``). HAMi is given the schedulers' API rate
+  limit (its own default, 5 requests/s, is client-go's) and a node lock that counts as expired at
+  once: its device plugin releases the lock on the node, and no kubelet runs here
+  (:data:`bench.hami.peer.KUBE_QPS`, :data:`bench.hami.peer.NODE_LOCK_TIMEOUT`). Every run reports
+  the extender process's resident memory after the waves (``extender-memory``).
+
+- **hami-filter** (only when ``--only`` names it; needs HAMi's source tree like ``--extender hami``):
+  HAMi's filter over its HTTPS, on the local control plane with 5,000 nodes annotated as the
+  throughput part annotates them, with 500 and with 5,000 ``NodeNames`` alternated request by
+  request, each for a pending pod of its own; then HAMi's resident memory (:func:`bench_hami_filter`).
 
 ``--quick`` shrinks everything (1,000 nodes, 10,000 pods; 100 nodes and 400 pods on the control
-plane) for a smoke run.
+plane; 1,000 nodes, 500 and 1,000 names, for hami-filter) for a smoke run.
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -82,7 +100,7 @@ import tempfile
 import time
 import tracemalloc
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +125,8 @@ from vramguard.policy import ClassChoice, default_policy
 
 JSON = dict[str, Any]
 PARTS = ("latency", "lag", "scrape", "memory", "tls", "verbs", "throughput")
+OPTIONAL_PARTS = ("hami-filter",)
+"""Parts run only when ``--only`` names them (they need HAMi's source tree)."""
 SCHEDULER = "vramguard"
 """The scheduler name of the pods the benchmark schedules (the default policy's)."""
 IDLE_SAMPLE_SECONDS = 5.0
@@ -115,7 +135,19 @@ SETTLE_SECONDS = 4.0
 """How long after a wave's last binding its CPU is still counted (``cpu_ms_per_pod_settled``)."""
 FLOOR_SOURCE = Path(__file__).resolve().parent / "floor"
 """The floor extender (Go): the extender wire with no checks behind it (``--extender floor``)."""
-EXTENDERS = ("vramguard", "floor", "floor-h2")
+EXTENDERS = ("vramguard", "floor", "floor-h2", "hami")
+HAMI_LAUNCHER = Path(__file__).resolve().parent / "hami" / "launch.py"
+HAMI_CACHE = Path.home() / ".cache" / "vramguard-bench"
+"""Where HAMi's source is cloned when ``--hami-source`` names none."""
+DEFAULT_EXTENDERS = "vramguard,floor-h2,hami"
+"""What the throughput part measures by default, each against the stock kube-scheduler on a cluster
+of its own: vramguard, the floor over the transport vramguard serves, and the peer."""
+"""Starts HAMi's scheduler with the harness's extender command line (``--extender hami``)."""
+WAVE_UTILIZATION = "0.20"
+"""The ``--gpu-memory-utilization`` of the throughput waves' vLLM pods."""
+WAVE_GPU_MODEL = "H100-80GB"
+"""The GPU of the throughput benchmark's nodes (``e2e.gpu_nodes``), time-sliced 4 ways."""
+WAVE_REPLICAS = 4
 EXTENDER_ONLY = (
     "import sys\n"
     "from vramguard.cli import main\n"
@@ -424,7 +456,8 @@ async def bench_latency(model: ClusterModel, requests: int, cold_requests: int =
                                                                      ip_addresses=["127.0.0.1"]))
         tls = load_server_tls(files.tls_cert, files.tls_key)
         client_tls = ssl.create_default_context(cafile=str(files.ca_cert))
-        async with serve(app, "127.0.0.1", 0, tls) as server, aiohttp.ClientSession(
+        async with serve(app.operational, "127.0.0.1", 0, tls, operational=("127.0.0.1", 0),
+                         native=app.verbs) as server, aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=client_tls, limit=1)
         ) as session:
             async def call(verb: str, pod: JSON, nodes: list[str]) -> Any:
@@ -608,8 +641,9 @@ async def bench_scrape(model: ClusterModel, requests: int) -> list[JSON]:
         tls = load_server_tls(files.tls_cert, files.tls_key)
         client_tls = ssl.create_default_context(cafile=str(files.ca_cert))
         async with contextlib.AsyncExitStack() as stack:
-            servers = {mode: await stack.enter_async_context(serve(app, "127.0.0.1", 0, tls))
-                       for mode, app in apps.items()}
+            servers = {mode: await stack.enter_async_context(
+                serve(app.operational, "127.0.0.1", 0, tls, operational=("127.0.0.1", 0), native=app.verbs))
+                for mode, app in apps.items()}
             verbs_session = await stack.enter_async_context(
                 aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls, limit=1)))
             scrape_session = await stack.enter_async_context(
@@ -628,13 +662,15 @@ async def bench_scrape(model: ClusterModel, requests: int) -> list[JSON]:
                 return time.perf_counter() - started
 
             async def scrape(mode: str) -> None:
-                async with scrape_session.get(f"{servers[mode].url}/metrics") as response:
+                ops = servers[mode].operational
+                assert ops is not None
+                async with scrape_session.get(f"{ops.url}/metrics") as response:
                     response.raise_for_status()
                     await response.read()
 
             async def render(mode: str) -> None:
                 started = time.perf_counter()
-                await apps[mode][LEDGER_EXPOSITION_KEY].render()
+                await apps[mode].operational[LEDGER_EXPOSITION_KEY].render()
                 render_wall[mode].append(time.perf_counter() - started)
 
             for mode in SCRAPE_MODES:  # a first rendering and the per-shape caches, untimed
@@ -827,9 +863,115 @@ def build_floor(out_dir: Path) -> Path:
     return binary
 
 
+def hami_wiring(work_dir: Path, source: Path | None, extra: Sequence[str] = ()) -> tuple[list[str], Path, JSON]:
+    """What ``--extender hami`` starts the cluster with: the extender command (the launcher and HAMi's
+    flags, the harness appending its own), a manifests tree whose second scheduler is wired to HAMi,
+    and the figures every record of the run carries (HAMi's release and flags)."""
+    from bench.hami import peer  # noqa: PLC0415
+    from e2e import services as e2e_services  # noqa: PLC0415
+
+    if source is None:
+        source = peer.fetch_source(HAMI_CACHE)
+    binary, version = peer.build_hami(source.resolve(), work_dir / "hami-build")
+    device_config = work_dir / "hami-device-config.yaml"
+    device_config.write_text(peer.device_config())
+    flags = [f"--kube-qps={peer.KUBE_QPS}", f"--kube-burst={peer.KUBE_BURST}",
+             f"--node-lock-timeout={peer.NODE_LOCK_TIMEOUT}", *extra]
+    command = [sys.executable, str(HAMI_LAUNCHER), "--binary", str(binary), "--device-config", str(device_config),
+               *(f"--hami-arg={flag}" for flag in flags)]
+    like = e2e_services.load_yaml(e2e_services.SECOND_SCHEDULER_CONFIG)
+    manifests = peer.write_manifests(work_dir / "hami-manifests", like)
+    return command, manifests, {"hami_version": version, "hami_flags": flags}
+
+
+def _hami_nodes_and_pods() -> tuple[Callable[[str], dict[str, str]], dict[str, str]]:
+    """HAMi's node annotations for a throughput node (its one GPU shared by the replicas the node
+    advertises), and the extended resources of a wave's pod (the VRAM vLLM reserves on it)."""
+    from bench.hami import peer  # noqa: PLC0415
+    from e2e import gpu_nodes  # noqa: PLC0415
+
+    model = gpu_nodes.gpu_model(WAVE_GPU_MODEL)
+
+    def annotate(name: str) -> dict[str, str]:
+        return peer.node_annotations(name, gpus=1, count=WAVE_REPLICAS, devmem_mib=model.memory_mib,
+                                     product=model.nvml_name)
+
+    return annotate, peer.pod_resources(WAVE_UTILIZATION, model.memory_mib)
+
+
+HAMI_REGISTER_SECONDS = 900.0
+"""How long HAMi may take to register the devices of new nodes (it does on node events and every
+15 s; 1,000 nodes took half a minute on 2 cores: a first pass patches every node)."""
+
+
+def _hami_pid(ops_url: str) -> int:
+    """HAMi's process id, from the launcher's ops listener."""
+    with urllib.request.urlopen(f"{ops_url}/pid", timeout=10) as response:
+        return int(response.read().decode())
+
+
+async def _hami_registered(ops_url: str, names: list[str], *, timeout_s: float) -> None:
+    """Wait until HAMi has registered the devices of every node of ``names`` (it does on node events
+    and every 15 s): a wave must not start while some nodes are still unknown to it."""
+    from bench.hami import peer  # noqa: PLC0415
+
+    def fetch() -> str:
+        # HAMi answers /metrics from the state its registration pass updates: slow while it runs.
+        try:
+            with urllib.request.urlopen(f"{ops_url}/metrics", timeout=150) as response:
+                return str(response.read().decode())
+        except (OSError, TimeoutError):
+            return ""
+
+    wanted, deadline = set(names), time.monotonic() + timeout_s
+    while True:
+        missing = wanted - peer.registered_nodes(await asyncio.to_thread(fetch))
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"HAMi registered no devices on {len(missing)} of {len(wanted)} nodes "
+                               f"in {timeout_s:.0f} s (e.g. {sorted(missing)[:3]})")
+        await asyncio.sleep(1.0)
+
+
+def process_memory(pid: int) -> JSON:
+    """A process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in MiB."""
+    fields = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = round(int(value.split()[0]) / 1024, 1)
+    return {"rss_mib": fields.get("VmRSS"), "peak_rss_mib": fields.get("VmHWM")}
+
+
+HAMI_LOG_LINES = {
+    "filters": '"Starting schedule filter process"',
+    "filters_without_fit": '"No available nodes meet the required scores"',
+    "binds": '"Attempting to bind pod to node"',
+    "binds_done": '"Successfully bound pod to node"',
+    "node_lock_failures": '"Failed to lock node"',
+    "bind_failures": '"Failed to bind pod"',
+}
+"""HAMi's log lines (``pkg/scheduler/scheduler.go``, at its default verbosity) counted after a run."""
+
+
+def hami_log_counts(path: Path) -> JSON:
+    """How often each of :data:`HAMI_LOG_LINES` appears in HAMi's log: the filters and binds it
+    served, and the binds it failed (a node lock held by another pod: the pod is scheduled again)."""
+    counts = dict.fromkeys(HAMI_LOG_LINES, 0)
+    with contextlib.suppress(OSError), path.open(errors="replace") as log:
+        for line in log:
+            for key, marker in HAMI_LOG_LINES.items():
+                if marker in line:
+                    counts[key] += 1
+    return counts
+
+
 def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeout_s: float, *,
                      webhook: bool, verbs: list[str] | None = None, start: str = "pause",
-                     extender: str = "vramguard") -> list[JSON]:
+                     extender: str = "vramguard", hami_source: Path | None = None,
+                     hami_args: Sequence[str] = ()) -> list[JSON]:
     """Pods/s onto the real control plane, the stock scheduler and the extender's alternated on one
     cluster; see the module docstring.
 
@@ -840,24 +982,42 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
     ``verbs``: configure the extender's scheduler to call only these (what each verb costs a wave);
     ``None``: as shipped. ``start``: how each wave starts (:class:`WaveGate`). ``extender``:
     ``floor`` runs the floor extender in the extender's place (no webhook), ``floor-h2`` the same
-    offering HTTP/2.
+    offering HTTP/2; ``hami`` HAMi's scheduler extender (no webhook), built from ``hami_source``
+    and given ``hami_args`` as extra flags (see :mod:`bench.hami`).
     """
     # Imported here: the e2e harness is only needed for this part.
     from e2e import services as e2e_services  # noqa: PLC0415
-    from e2e.cluster import Cluster  # noqa: PLC0415
+    from e2e.cluster import Cluster, ClusterConfig  # noqa: PLC0415
 
+    work_dir.mkdir(parents=True, exist_ok=True)
+    manifests = e2e_services.MANIFESTS
+    peer: JSON = {}
     if extender.startswith("floor"):
-        work_dir.mkdir(parents=True, exist_ok=True)
         command: list[str] | None = [str(build_floor(work_dir)), *(["--http2"] if extender == "floor-h2" else [])]
+    elif extender == "hami":
+        command, manifests, peer = hami_wiring(work_dir, hami_source, hami_args)
     else:
         command = None if webhook else [sys.executable, "-c", EXTENDER_ONLY]
     records: list[JSON] = []
-    with Cluster.up(work_dir / "throughput", second_scheduler=True, vramguard="auto",
-                    vramguard_command=command, extender_verbs=verbs) as cluster:
+    cluster = Cluster(ClusterConfig(directory=work_dir / "throughput", second_scheduler=True, vramguard="auto",
+                                    vramguard_command=command, extender_verbs=verbs, manifests=manifests))
+    cluster.start()
+    with cluster:
         services = sorted((cluster.state.vramguard if cluster.state else {}).keys())
         if "extender" not in services:
             raise RuntimeError("the extender did not start (`vramguard extender --help` failed)")
         pids = {proc.record.name: proc.record.pid for proc in cluster.processes} | {"bench client": os.getpid()}
+        extender_pid = pids.get("vramguard-extender")
+        nodes_ready: Callable[[list[str]], Awaitable[None]] | None = None
+        annotate: Callable[[str], dict[str, str]] | None = None
+        resources: dict[str, str] | None = None
+        if extender == "hami":
+            # The launcher only translates the command line: HAMi's own process is measured.
+            pids.pop("vramguard-extender", None)
+            extender_pid = pids["hami-scheduler"] = _hami_pid(cluster.ops_url("extender"))
+            nodes_ready = functools.partial(_hami_registered, cluster.ops_url("extender"),
+                                            timeout_s=HAMI_REGISTER_SECONDS)
+            annotate, resources = _hami_nodes_and_pods()
         schedulers = {
             "kube-scheduler": ("default-scheduler", pids.get("kube-scheduler")),
             "kube-scheduler + extender": (e2e_services.SECOND_SCHEDULER_NAME, pids.get("vramguard-scheduler")),
@@ -865,17 +1025,26 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         if start == "pause" and not all(pid for _, pid in schedulers.values()):
             raise RuntimeError("a kube-scheduler process to pause is missing; no wave would start all at once")
         runs = asyncio.run(_alternate(cluster.kubeconfig, nodes, pods, repeats, timeout_s, schedulers,
-                                      lambda: cpu_seconds(pids), start))
+                                      lambda: cpu_seconds(pids), start, annotate=annotate,
+                                      nodes_ready=nodes_ready, extender_resources=resources))
         shipped = "shipped" if verbs is None else ",".join(verbs)
         for run in runs:
             records.append({"bench": "throughput", "extender": extender, "vramguard_services": services,
-                            "extender_verbs": shipped, **run})
+                            "extender_verbs": shipped, **peer, **run})
+        if extender_pid is not None:
+            records.append({"bench": "throughput", "phase": "extender-memory", "extender": extender, "nodes": nodes,
+                            "pods": pods, "pid": extender_pid, **process_memory(extender_pid)})
         # The extender's own view of its verbs, over every wave it served, and the schedulers' view
         # of their cycles: where the extender's share of a scheduling cycle goes.
-        figures = _verb_figures(cluster.ops_url("extender"), cluster.ssl_context())
-        verb_ms = figures["mean_ms"]
-        records.append({"bench": "throughput", "phase": "extender-verbs", "extender": extender, "nodes": nodes,
-                        "pods": pods, "extender_verbs": shipped, **figures})
+        verb_ms: dict[str, float] = {}
+        if extender == "hami":
+            records.append({"bench": "throughput", "phase": "hami-log", "extender": extender, "nodes": nodes,
+                            "pods": pods, **peer, **hami_log_counts(cluster.logs / "vramguard-extender.log")})
+        else:
+            figures = _verb_figures(cluster.ops_url("extender"), cluster.ssl_context())
+            verb_ms = figures["mean_ms"]
+            records.append({"bench": "throughput", "phase": "extender-verbs", "extender": extender, "nodes": nodes,
+                            "pods": pods, "extender_verbs": shipped, **figures})
         state = cluster.state
         assert state is not None
         for process, label in (("kube-scheduler", "kube-scheduler"),
@@ -886,7 +1055,9 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
                 # extender's filter and prioritize round trips (prioritize overlaps the score plugins).
                 cycle["extender_round_trips_ms"] = round(
                     cycle["algorithm_ms"] - cycle.get("filter_plugins_ms", 0.0) - cycle.get("score_plugins_ms", 0.0), 2)
-                cycle["extender_handlers_ms"] = round(verb_ms.get("filter", 0.0) + verb_ms.get("prioritize", 0.0), 2)
+                if verb_ms:
+                    cycle["extender_handlers_ms"] = round(
+                        verb_ms.get("filter", 0.0) + verb_ms.get("prioritize", 0.0), 2)
             records.append({"bench": "throughput", "phase": "cycle", "extender": extender, "scheduler": label,
                             "nodes": nodes, "pods": pods, "extender_verbs": shipped, **cycle})
     rates = {name: [r["pods_per_s"] for r in runs if r["scheduler"] == name and r.get("pods_per_s")]
@@ -897,11 +1068,127 @@ def bench_throughput(nodes: int, pods: int, repeats: int, work_dir: Path, timeou
         per_repeat = [round(e / s, 2) for s, e in zip(rates["kube-scheduler"], rates["kube-scheduler + extender"],
                                                       strict=False)]
         records.append({"bench": "throughput", "phase": "ratio", "extender": extender, "nodes": nodes, "pods": pods,
-                        "extender_verbs": shipped, "wave_start": start, "repeats": repeats,
+                        "extender_verbs": shipped, **peer, "wave_start": start, "repeats": repeats,
                         "stock_pods_per_s_median": stock,
                         "extender_pods_per_s_median": extended, "ratio": round(extended / stock, 2),
                         "ratio_median_of_repeats": statistics.median(per_repeat), "ratios_per_repeat": per_repeat})
     return records
+
+
+def side_by_side(records: list[JSON]) -> JSON:
+    """The extenders of one throughput run side by side: each one's rate against the stock
+    kube-scheduler of its own cluster (the median of the repeats' ratios, each wave alternated with
+    a stock one), and vramguard's over each other's: the share of the floor's rate it keeps on the
+    same transport, and against the peer."""
+    ratios = {r["extender"]: r["ratio_median_of_repeats"] for r in records
+              if r.get("bench") == "throughput" and r.get("phase") == "ratio"}
+    record: JSON = {"bench": "throughput", "phase": "side-by-side", "ratio_to_stock": ratios,
+                    "skipped": [r["extender"] for r in records if r.get("phase") == "skipped"]}
+    if "vramguard" in ratios:
+        record["vramguard_over"] = {name: round(ratios["vramguard"] / ratio, 2)
+                                    for name, ratio in ratios.items() if name != "vramguard" and ratio}
+    return record
+
+
+HAMI_FILTER_SIZES = (500, 5000)
+"""The node-name counts HAMi's filter is timed with (``--only hami-filter``)."""
+
+
+def bench_hami_filter(work_dir: Path, hami_source: Path | None, hami_args: Sequence[str] = (), *,
+                      nodes: int = 5000, sizes: Sequence[int] = HAMI_FILTER_SIZES, requests: int = 60,
+                      timeout_s: float = 240.0) -> list[JSON]:
+    """HAMi's filter latency over its HTTPS, for ``sizes`` node names out of ``nodes`` annotated
+    nodes (as the throughput part annotates them), alternated request by request; then HAMi's
+    resident memory.
+
+    HAMi runs as in the throughput part (:func:`hami_wiring`) on the same local control plane,
+    with no wave: the requests come from this process over one kept-alive connection with
+    kube-scheduler's client certificate, each for a pending pod of its own (HAMi's filter writes
+    its choice to the pod's annotations through the API server, so the pod must exist, and records
+    the pod's GPU memory, so the nodes fill as the requests go). The body is what kube-scheduler
+    sends a ``nodeCacheCapable`` extender: the pod and ``NodeNames``. The first request of each size
+    is reported apart (``first_ms``). No pod runs on the nodes beforehand: what HAMi's filter costs
+    with the nodes alone, unlike the latency part's 50,000 running pods."""
+    from e2e.cluster import Cluster, ClusterConfig  # noqa: PLC0415
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    command, manifests, peer = hami_wiring(work_dir, hami_source, hami_args)
+    cluster = Cluster(ClusterConfig(directory=work_dir / "hami-filter", second_scheduler=True, vramguard="auto",
+                                    vramguard_command=command, manifests=manifests, timeout=timeout_s))
+    cluster.start()
+    with cluster:
+        state = cluster.state
+        assert state is not None
+        ops = cluster.ops_url("extender")
+        pid = _hami_pid(ops)
+        records = asyncio.run(_hami_filter_requests(cluster.kubeconfig, state.vramguard["extender"],
+                                                    cluster.client_ssl_context(), ops, nodes, sizes, requests))
+        records.append({"bench": "hami-filter", "phase": "memory", "nodes": nodes, "pid": pid,
+                        **process_memory(pid)})
+    return [{**record, **peer} for record in records]
+
+
+async def _hami_filter_requests(kubeconfig: Path, url: str, context: ssl.SSLContext, ops: str, nodes: int,
+                                sizes: Sequence[int], requests: int) -> list[JSON]:
+    """:func:`bench_hami_filter` once the cluster is up."""
+    from vramguard.io.kube import KubeClient, load_connection  # noqa: PLC0415
+
+    client = KubeClient(load_connection(str(kubeconfig)))
+    namespace = "bench"
+    names = [f"bench-gpu-{i:04d}" for i in range(nodes)]
+    annotate, resources = _hami_nodes_and_pods()
+    limit = asyncio.Semaphore(32)
+
+    async def bounded(call: Awaitable[Any]) -> Any:
+        async with limit:
+            return await call
+
+    try:
+        await client.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        started = time.monotonic()
+        await asyncio.gather(*(bounded(_create_node(client, n, False, annotate)) for n in names))
+        created_s = time.monotonic() - started
+        await _hami_registered(ops, names, timeout_s=HAMI_REGISTER_SECONDS)
+        registered_s = time.monotonic() - started - created_s
+        # Pending pods of a scheduler that does not exist: nothing but these requests touches them.
+        text = json.dumps(wave_pod(namespace, "hami-filter-bench", resources))
+
+        async def create_pod(i: int) -> JSON:
+            body = json.loads(text)
+            body["metadata"]["name"] = f"filter-{i:05d}"
+            created: JSON = await client.create(f"/api/v1/namespaces/{namespace}/pods", body)
+            return created
+
+        pods = await asyncio.gather(*(bounded(create_pod(i)) for i in range(requests * len(sizes))))
+        times: dict[int, list[float]] = {size: [] for size in sizes}
+        errors: dict[int, list[str]] = {size: [] for size in sizes}
+        answer_bytes: dict[int, list[int]] = {size: [] for size in sizes}
+        connector = aiohttp.TCPConnector(ssl=context, limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for i, pod in enumerate(pods):
+                size = sizes[i % len(sizes)]
+                body = json.dumps({"Pod": pod, "NodeNames": names[:size]}).encode()
+                begun = time.perf_counter()
+                async with session.post(f"{url}/filter", data=body,
+                                        headers={"Content-Type": "application/json"}) as response:
+                    raw = await response.read()
+                times[size].append(time.perf_counter() - begun)
+                answer_bytes[size].append(len(raw))
+                answer = json.loads(raw)
+                chosen = answer.get("NodeNames") or answer.get("nodenames") or []
+                if response.status != 200 or answer.get("Error") or len(chosen) != 1 or chosen[0] not in names[:size]:
+                    errors[size].append(f"{response.status} {raw[:200]!r}")
+        records: list[JSON] = [{"bench": "hami-filter", "phase": "setup", "nodes": nodes, "create_nodes_s":
+                                round(created_s, 1), "registered_after_s": round(registered_s, 1)}]
+        for size in sizes:
+            first, *steady = times[size]
+            records.append({"bench": "hami-filter", "phase": "filter", "nodes": nodes, "names": size,
+                            "first_ms": round(first * 1000, 2), "filter": latency_stats(steady),
+                            "answer_bytes_median": statistics.median(answer_bytes[size]),
+                            "errors": len(errors[size]), "error_examples": errors[size][:3]})
+        return records
+    finally:
+        await client.close()
 
 
 def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
@@ -955,11 +1242,14 @@ WAVE_STARTS = ("pause", "uncordon")
 
 async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, timeout_s: float,
                      schedulers: Mapping[str, tuple[str, int | None]], cpu: Callable[[], dict[str, float]],
-                     start: str = "pause") -> list[JSON]:
+                     start: str = "pause", *, annotate: Callable[[str], dict[str, str]] | None = None,
+                     nodes_ready: Callable[[list[str]], Awaitable[None]] | None = None,
+                     extender_resources: Mapping[str, str] | None = None) -> list[JSON]:
     """Create the nodes once, then ``repeats`` waves per scheduler, alternating which goes first.
     ``schedulers``: label -> (scheduler name, the pid of the kube-scheduler serving it);
-    ``start``: how a wave starts (:class:`WaveGate`)."""
-    from e2e import gpu_nodes  # noqa: PLC0415
+    ``start``: how a wave starts (:class:`WaveGate`). ``annotate``: more annotations for a node by
+    name; ``nodes_ready``: awaited with the node names once they exist, before anything is measured;
+    ``extender_resources``: more extended resources for each pod of the extender's waves."""
     from vramguard.io.kube import KubeClient, load_connection  # noqa: PLC0415
 
     client = KubeClient(load_connection(str(kubeconfig)))
@@ -979,15 +1269,9 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
 
         # Uncordon waves: cordoned nodes, so every pod of a wave is created and pending before any
         # can be scheduled. Pause waves: schedulable nodes, the wave's scheduler stopped instead.
-        async def create_node(name: str) -> None:
-            spec = gpu_nodes.time_sliced(name, "H100-80GB", gpus=1, replicas=4)
-            manifest = gpu_nodes.node_manifest(spec)
-            manifest.setdefault("spec", {})["unschedulable"] = start == "uncordon"
-            await client.create("/api/v1/nodes", manifest)
-            await client.request("PUT", f"/api/v1/nodes/{name}/status",
-                                 {**manifest, "status": gpu_nodes.node_status(spec)})
-
-        await asyncio.gather(*(bounded(create_node(n)) for n in names))
+        await asyncio.gather(*(bounded(_create_node(client, n, start == "uncordon", annotate)) for n in names))
+        if nodes_ready is not None:
+            await nodes_ready(names)
         # What the control plane burns with nothing to schedule (watches, leases, housekeeping):
         # a slower wave accrues more of it, so it is reported to read the per-pod figures against.
         idle_before, idle_started = cpu(), time.monotonic()
@@ -1002,8 +1286,10 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
                 order.reverse()
             for label, (scheduler_name, pid) in order:
                 gate = WaveGate(start, names, patch, pid)
+                extended = label != "kube-scheduler"
                 result = await _wave(client, namespace, pods, scheduler_name, timeout_s, gate, bounded,
-                                     cpu, prefix=f"chat-{repeat}{'se'[label != 'kube-scheduler']}")
+                                     cpu, prefix=f"chat-{repeat}{'se'[extended]}",
+                                     resources=extender_resources if extended else None)
                 runs.append({"scheduler": label, "repeat": repeat, "wave_start": start, **result})
                 print(f"throughput {label} repeat {repeat}: {result.get('pods_per_s')} pods/s "
                       f"({result['bound']}/{pods} bound)", file=sys.stderr, flush=True)
@@ -1012,17 +1298,30 @@ async def _alternate(kubeconfig: Path, nodes: int, pods: int, repeats: int, time
         await client.close()
 
 
+async def _create_node(client: Any, name: str, unschedulable: bool,
+                       annotate: Callable[[str], dict[str, str]] | None = None) -> None:
+    """One throughput node (a time-sliced H100, :data:`WAVE_REPLICAS` replicas) with its status, as a
+    kubelet and the device plugin would report it; ``annotate``: more annotations by node name."""
+    from e2e import gpu_nodes  # noqa: PLC0415
+
+    spec = gpu_nodes.time_sliced(name, WAVE_GPU_MODEL, gpus=1, replicas=WAVE_REPLICAS)
+    manifest = gpu_nodes.node_manifest(spec)
+    manifest.setdefault("spec", {})["unschedulable"] = unschedulable
+    if annotate is not None:
+        manifest["metadata"].setdefault("annotations", {}).update(annotate(name))
+    await client.create("/api/v1/nodes", manifest)
+    await client.request("PUT", f"/api/v1/nodes/{name}/status", {**manifest, "status": gpu_nodes.node_status(spec)})
+
+
 async def _wave(client: Any, namespace: str, pods: int, scheduler_name: str,
                 timeout_s: float, gate: WaveGate, bounded: Callable[[Any], Any],
-                cpu: Callable[[], dict[str, float]], prefix: str = "chat") -> JSON:
+                cpu: Callable[[], dict[str, float]], prefix: str = "chat",
+                resources: Mapping[str, str] | None = None) -> JSON:
     """One wave: ``pods`` pending pods of ``scheduler_name`` let through at once (``gate``), pods/s
     from the first binding to the last; then the placement checked, the gate closed and the pods
-    deleted. ``cpu_ms_per_pod``: each component's CPU time from the start to the last binding, per pod."""
-    template = gpu_pod("x", namespace, "x", "0.20")
-    for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "managedFields"):
-        template["metadata"].pop(key, None)
-    template.pop("status", None)
-    template["spec"]["schedulerName"] = scheduler_name
+    deleted. ``cpu_ms_per_pod``: each component's CPU time from the start to the last binding, per pod.
+    ``resources``: extended resources each pod's container asks for besides its GPU (limits and requests)."""
+    template = wave_pod(namespace, scheduler_name, resources)
     text = json.dumps(template)
 
     async def create_pod(i: int) -> None:
@@ -1035,6 +1334,21 @@ async def _wave(client: Any, namespace: str, pods: int, scheduler_name: str,
         return await _gated_wave(client, namespace, pods, timeout_s, gate, bounded, cpu, prefix, create_pod)
     finally:
         await gate.close()
+
+
+def wave_pod(namespace: str, scheduler_name: str, resources: Mapping[str, str] | None = None) -> JSON:
+    """The pod every wave creates (named per wave): a vLLM pod of :data:`WAVE_UTILIZATION` on one GPU,
+    for ``scheduler_name``, its container asking for ``resources`` too (limits and requests)."""
+    template = gpu_pod("x", namespace, "x", WAVE_UTILIZATION)
+    for key in ("uid", "resourceVersion", "creationTimestamp", "ownerReferences", "managedFields"):
+        template["metadata"].pop(key, None)
+    template.pop("status", None)
+    template["spec"]["schedulerName"] = scheduler_name
+    for container in template["spec"]["containers"]:
+        if "nvidia.com/gpu" in (container.get("resources") or {}).get("limits", {}):
+            container["resources"]["limits"].update(resources or {})
+            container["resources"]["requests"].update(resources or {})
+    return template
 
 
 async def _gated_wave(client: Any, namespace: str, pods: int, timeout_s: float, gate: WaveGate,
@@ -1278,20 +1592,41 @@ def summary_table(records: list[JSON]) -> str:
             lines.append(f"| re-list of {r['pods']:,} pods fed to the state | {r['relist_pods_s']} s |")
         elif r.get("bench") == "throughput" and r.get("phase") == "cycle":
             shown = {k: v for k, v in r.items() if k.endswith("_ms")}
-            lines.append(f"| {r['scheduler']}: mean per scheduling attempt | {shown} |")
+            lines.append(f"| {r['scheduler']} ({r.get('extender')} run): mean per scheduling attempt | {shown} |")
         elif r.get("bench") == "throughput" and r.get("scheduler") == "idle":
-            lines.append(f"| control plane idle, CPU ms per second | {r['cpu_ms_per_s']} |")
+            lines.append(f"| control plane idle ({r.get('extender')} run), CPU ms per second | {r['cpu_ms_per_s']} |")
         elif r.get("bench") == "throughput" and "scheduler" in r:
             lines.append(
-                f"| {r['pods']:,} pods onto {r['nodes']} nodes, {r['scheduler']}, repeat {r['repeat']} | "
+                f"| {r['pods']:,} pods onto {r['nodes']} nodes, {r['scheduler']} ({r.get('extender')} run), "
+                f"repeat {r['repeat']} | "
                 f"{r.get('pods_per_s', '-')} pods/s ({r['bound']} bound, {len(r['violations'])} violations; "
                 f"CPU ms per pod {r['cpu_ms_per_pod']}, in all {round(sum(r['cpu_ms_per_pod'].values()), 1)}; "
                 f"with the {r.get('settle_s')} s after the last binding, in all "
                 f"{round(sum(r.get('cpu_ms_per_pod_settled', {}).values()), 1)}) |"
             )
+        elif r.get("bench") == "hami-filter" and r.get("phase") == "filter":
+            f = r["filter"]
+            lines.append(f"| HAMi {r.get('hami_version')} https filter, {r['names']:,} names of {r['nodes']:,} "
+                         f"nodes: p50 / p99 | {f.get('p50_ms')} / {f.get('p99_ms')} ms (n={f['n']}; first "
+                         f"{r['first_ms']} ms; {r['errors']} errors) |")
+        elif r.get("bench") == "hami-filter" and r.get("phase") == "memory":
+            lines.append(f"| HAMi after registering {r['nodes']:,} nodes: RSS / peak RSS | "
+                         f"{r['rss_mib']} / {r['peak_rss_mib']} MiB |")
+        elif r.get("bench") == "throughput" and r.get("phase") == "extender-memory":
+            lines.append(f"| the extender process ({r['extender']}) after the waves: RSS / peak RSS | "
+                         f"{r['rss_mib']} / {r['peak_rss_mib']} MiB |")
+        elif r.get("bench") == "throughput" and r.get("phase") == "hami-log":
+            shown = {k: r[k] for k in HAMI_LOG_LINES}
+            lines.append(f"| HAMi {r.get('hami_version')}: filters and binds in its log | {shown} |")
         elif r.get("bench") == "throughput" and r.get("phase") == "extender-verbs":
             lines.append(f"| extender's mean time per verb | {r['mean_ms']} ms (requests {r.get('requests')}, "
                          f"new TLS connections {r.get('tls_connections')}) |")
+        elif r.get("bench") == "throughput" and r.get("phase") == "side-by-side":
+            lines.append(f"| side by side: rate with each extender / the stock kube-scheduler of its cluster | "
+                         f"{r['ratio_to_stock']}; vramguard over each: {r.get('vramguard_over')}"
+                         f"{'; skipped: ' + ', '.join(r['skipped']) if r['skipped'] else ''} |")
+        elif r.get("bench") == "throughput" and r.get("phase") == "skipped":
+            lines.append(f"| {r['extender']}: not measured | {r['reason']} |")
         elif r.get("bench") == "throughput" and "ratio" in r:
             lines.append(f"| throughput with / without the extender ({r.get('extender', 'vramguard')}, verbs: "
                          f"{r.get('extender_verbs')}), median of "
@@ -1304,7 +1639,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m bench.extender", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller cluster, for a smoke run")
-    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts of {', '.join(PARTS + OPTIONAL_PARTS)} (default: all but "
+                             f"{', '.join(OPTIONAL_PARTS)})")
     parser.add_argument("--requests", type=int, default=None, help="requests per pod shape (latency)")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where the control planes run, kept afterwards (default: a temporary directory)")
@@ -1319,10 +1656,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extender-verbs", default=None,
                         help="comma-separated verbs the extender's scheduler calls, of filter, prioritize, bind, "
                              "preempt (throughput; default: as shipped)")
-    parser.add_argument("--extender", choices=EXTENDERS, default="vramguard",
-                        help="what serves the extender's verbs (throughput): vramguard, or the floor extender "
-                             "(bench/floor, Go, needs go): the same wire with no checks behind it (floor-h2: "
-                             "offering HTTP/2 as well)")
+    parser.add_argument("--extender", default=DEFAULT_EXTENDERS,
+                        help="comma-separated, what serves the extender's verbs (throughput), each on a cluster of "
+                             "its own against the stock kube-scheduler: vramguard, the floor extender (bench/floor, "
+                             "Go): the same wire with no checks behind it, over HTTP/1.1 (floor) or offering HTTP/2 "
+                             "as vramguard does (floor-h2), HAMi's scheduler extender (hami: needs go, cgo, and "
+                             f"--hami-source or git access to GitHub). Default: {DEFAULT_EXTENDERS}")
+    parser.add_argument("--hami-source", type=Path, default=os.environ.get("HAMI_SOURCE") or None,
+                        help="a source tree of Project-HAMi/HAMi to build its scheduler from (--extender hami; "
+                             "default: $HAMI_SOURCE)")
+    parser.add_argument("--hami-arg", action="append", default=[],
+                        help="one more flag for HAMi's scheduler, e.g. --hami-arg=-v=4 (repeatable)")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -1330,9 +1674,12 @@ def main(argv: list[str] | None = None) -> int:
         emit(memory_child(nodes, pods, bool(traced)))
         return 0
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(parts) - set(PARTS) - set(OPTIONAL_PARTS))
     if unknown:
         parser.error(f"unknown parts: {', '.join(unknown)}")
+    extenders = [e.strip() for e in args.extender.split(",") if e.strip()]
+    if not extenders or not set(extenders) <= set(EXTENDERS) or len(set(extenders)) != len(extenders):
+        parser.error(f"--extender takes distinct names of {', '.join(EXTENDERS)}")
     verb_names = {"filter", "prioritize", "bind", "preempt"}
     if args.extender_verbs and not {v.strip() for v in args.extender_verbs.split(",") if v.strip()} <= verb_names:
         parser.error(f"--extender-verbs takes some of {', '.join(sorted(verb_names))}")
@@ -1371,9 +1718,32 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
             work = args.work_dir or Path(tmp)
             verbs = [v.strip() for v in args.extender_verbs.split(",") if v.strip()] if args.extender_verbs else None
-            for record in bench_throughput(nodes, pods, args.repeats, work, args.throughput_timeout,
-                                           webhook=args.with_webhook, verbs=verbs, start=args.wave_start,
-                                           extender=args.extender):
+            for extender in extenders:
+                try:
+                    measured = bench_throughput(nodes, pods, args.repeats, work / extender, args.throughput_timeout,
+                                                webhook=args.with_webhook, verbs=verbs, start=args.wave_start,
+                                                extender=extender, hami_source=args.hami_source,
+                                                hami_args=args.hami_arg)
+                except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+                    if len(extenders) == 1:
+                        raise
+                    # One extender that cannot run (HAMi without its source) leaves the others' figures.
+                    measured = [{"bench": "throughput", "phase": "skipped", "extender": extender,
+                                 "reason": str(exc)[:500]}]
+                    print(f"throughput {extender}: skipped: {exc}", file=sys.stderr, flush=True)
+                for record in measured:
+                    emit(record)
+                    records.append(record)
+            if len(extenders) > 1:
+                record = side_by_side(records)
+                emit(record)
+                records.append(record)
+    if "hami-filter" in parts:
+        with tempfile.TemporaryDirectory(prefix="vramguard-bench-") as tmp:
+            work = args.work_dir or Path(tmp)
+            nodes, sizes, requests = (1000, (500, 1000), 20) if args.quick else (5000, HAMI_FILTER_SIZES, 60)
+            for record in bench_hami_filter(work, args.hami_source, args.hami_arg, nodes=nodes, sizes=sizes,
+                                            requests=requests, timeout_s=args.throughput_timeout):
                 emit(record)
                 records.append(record)
     emit({"bench": "machine", "load_average_after": [round(v, 1) for v in os.getloadavg()]})
