@@ -58,6 +58,8 @@ class Scope(Protocol):
 class HTTPProtocol(Protocol):
     """What an RSGI HTTP protocol offers that is used here."""
 
+    async def __call__(self) -> bytes: ...
+
     def __aiter__(self) -> Any: ...
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None: ...
@@ -153,6 +155,12 @@ class RsgiApp:
                 # Refused before a byte of it is read.
                 raise RequestError(
                     413, f"request body of {length} bytes exceeds the limit of {limit} bytes{self._hint}")
+            # A declared length within the limit: read in one go (the server holds the sender to it).
+            try:
+                async with asyncio.timeout(self._body_timeout):
+                    return await protocol()
+            except TimeoutError:
+                raise RequestError(408, f"request body not received within {self._body_timeout:g} s") from None
         chunks: list[bytes] = []
         size = 0
         try:
