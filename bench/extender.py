@@ -51,14 +51,19 @@ Prints one JSON line per measurement, then a summary table.
   (``settled``: the Events and watch traffic a fast wave leaves behind are counted too, the same
   tail for both), and the idle control plane's CPU per second beforehand (a slower wave accrues
   more of that background). The final placement is checked against the ledger's invariants (no
-  GPU above budget whatever the device plugin picked). ``--extender floor`` puts the floor
+  GPU above budget whatever the device plugin picked). ``--extender`` names what serves the
+  verbs, comma-separated, each on a cluster of its own against that cluster's stock scheduler
+  (default ``vramguard,floor-h2,hami``), then a ``side-by-side`` record sets them against each other.
+  ``floor`` puts the floor
   extender (``bench/floor``, Go) in the extender's place: the same wire (mutual TLS, HTTP/1.1,
   JSON, the same verbs and scheduler configuration) with nothing behind it (every node passes,
   every score is 0, bind only creates the Binding): what the extender protocol alone costs a wave,
   the most any extender could keep of the stock rate on the machine (``floor-h2``: the same,
-  offering HTTP/2, which kube-scheduler's extender client then uses: one connection for every call).
-  ``--extender hami`` puts HAMi's scheduler extender (``bench/hami``: Project-HAMi/HAMi's
-  ``cmd/scheduler``, Go, built from the source tree ``--hami-source`` names) in the extender's place,
+  offering HTTP/2, which kube-scheduler's extender client then uses: one connection for every call;
+  vramguard serves HTTP/2 too, so ``floor-h2`` is its floor). ``hami`` puts HAMi's scheduler
+  extender (``bench/hami``: Project-HAMi/HAMi's
+  ``cmd/scheduler``, Go, built from the source tree ``--hami-source`` names, or cloned from GitHub
+  into ``~/.cache/vramguard-bench``; skipped with the reason when neither works) in the extender's place,
   wired as HAMi's chart wires it (filter and bind, its resources ``ignoredByScheduler``), on nodes
   annotated as its device plugin registers them (one GPU shared by the 4 replicas the node
   advertises); the pods of its waves ask for ``nvidia.com/gpumem``, the MiB vLLM reserves: the

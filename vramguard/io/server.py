@@ -27,14 +27,16 @@ import logging
 import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from vramguard.io.http import READINESS_KEY, REGISTRY_KEY, create_operational_app
 from vramguard.io.listener import Address, RunningServer, ServerSettings
-from vramguard.io.native_server import serve_native
-from vramguard.io.rsgi import RsgiApp
 from vramguard.io.tls import CertificateExpiryCollector, ReloadingTLSContext
+
+if TYPE_CHECKING:
+    from vramguard.io.rsgi import RsgiApp
 
 __all__ = ["Address", "RunningServer", "ServerSettings", "run_https", "serve"]
 
@@ -102,6 +104,9 @@ async def serve(
         logger.info("serving probes and metrics on %s", operational_server.url)
 
     if native is not None:
+        # Imported here: the services without a native listener (the webhook, the agent) do not load it.
+        from vramguard.io.native_server import serve_native  # noqa: PLC0415
+
         try:
             assert not isinstance(tls, ssl.SSLContext)
             async with serve_native(native, host, port, tls, settings=settings) as running:
