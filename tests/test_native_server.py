@@ -252,3 +252,27 @@ async def test_serving_needs_the_tls_files_loaded(pki: Pki) -> None:  # noqa: F8
     with pytest.raises(ValueError, match="loaded before serving"):
         async with running(ReloadingTLSContext(pki.cert_file, pki.key_file)):
             pass
+
+
+async def test_a_listener_that_stops_by_itself_ends_the_service_with_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worker of granian's server ends without being told (a crash): nothing would serve the
+    # verbs while the probes, on their own listener, still answered. run_https must raise, so that
+    # the runtime ends the process.
+    from granian.server.embed import Server  # noqa: PLC0415
+
+    from vramguard.io import native_server  # noqa: PLC0415
+    from vramguard.io.http import create_app  # noqa: PLC0415
+    from vramguard.io.server import run_https  # noqa: PLC0415
+
+    class Dying(Server):  # type: ignore[misc]
+        async def serve(self, *args: object, **kwargs: object) -> None:
+            asyncio.get_running_loop().call_later(0.5, self.stop)
+            await super().serve(*args, **kwargs)
+
+    monkeypatch.setattr(native_server, "Server", Dying)
+    registry = CollectorRegistry()
+    operational = create_app(registry=registry)
+    app = make_app(Handlers(), CollectorRegistry())
+    with pytest.raises(RuntimeError, match="stopped by itself"):
+        async with asyncio.timeout(10):
+            await run_https(operational, HOST, 0, None, operational=(HOST, 0), native=app, handle_signals=False)

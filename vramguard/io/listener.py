@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from vramguard.io.tls import DEFAULT_RELOAD_INTERVAL
@@ -44,6 +45,9 @@ class RunningServer:
     scheme: str
     operational: RunningServer | None = None
     """The plain-HTTP listener of ``/healthz``, ``/readyz`` and ``/metrics``, when separate."""
+    ended: asyncio.Future[None] | None = None
+    """Done when the listener stopped by itself (a native server whose worker died); None when it
+    cannot (aiohttp's listeners stop only when told)."""
 
     @property
     def url(self) -> str:

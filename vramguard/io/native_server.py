@@ -135,7 +135,7 @@ async def serve_native(
             await _until_listening(host, port, serving)
             if tls is not None:
                 watcher = asyncio.create_task(_follow(tls, server, copy, settings.reload_interval), name="tls-reload")
-            running = RunningServer(host=host, port=port, scheme="https" if tls is not None else "http")
+            running = RunningServer(host=host, port=port, scheme="https" if tls is not None else "http", ended=serving)
             logger.info("serving on %s (HTTP/2 and HTTP/1.1)", running.url)
             yield running
         finally:

@@ -27,7 +27,7 @@ import logging
 import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -110,7 +110,8 @@ async def serve(
         try:
             assert not isinstance(tls, ssl.SSLContext)
             async with serve_native(native, host, port, tls, settings=settings) as running:
-                yield RunningServer(host=host, port=running.port, scheme=running.scheme, operational=operational_server)
+                yield RunningServer(host=host, port=running.port, scheme=running.scheme, operational=operational_server,
+                                    ended=running.ended)
         finally:
             if readiness is not None:
                 readiness.begin_shutdown()
@@ -180,7 +181,7 @@ async def run_https(
         async with serve(app, host, port, tls, settings=settings, operational=operational, native=native) as server:
             if on_started is not None:
                 on_started(server)
-            await stop.wait()
+            await _until_stopped(stop, server)
             readiness = app.get(READINESS_KEY)
             if readiness is not None:
                 readiness.begin_shutdown()
@@ -191,6 +192,24 @@ async def run_https(
         for signum in installed:
             loop.remove_signal_handler(signum)
     logger.info("server stopped")
+
+
+async def _until_stopped(stop: asyncio.Event, server: RunningServer) -> None:
+    """Wait for ``stop``; raise if the listener stops by itself first (nothing would serve, while
+    the probes, on their own listener, still answered)."""
+    if server.ended is None:
+        await stop.wait()
+        return
+    waiting: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    either: set[asyncio.Future[Any]] = {waiting, server.ended}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+    if not stop.is_set():
+        ended = server.ended
+        error = ended.exception() if not ended.cancelled() else None
+        raise RuntimeError(f"the listener on {server.url} stopped by itself" + (f": {error}" if error else ""))
 
 
 def _request_stop(stop: asyncio.Event, signum: signal.Signals) -> None:
