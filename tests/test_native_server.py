@@ -276,3 +276,19 @@ async def test_a_listener_that_stops_by_itself_ends_the_service_with_an_error(mo
     with pytest.raises(RuntimeError, match="stopped by itself"):
         async with asyncio.timeout(10):
             await run_https(operational, HOST, 0, None, operational=(HOST, 0), native=app, handle_signals=False)
+
+
+async def test_connections_that_never_handshake_do_not_keep_kube_scheduler_out(
+    mutual: MutualPki, tmp_path: Path  # noqa: F811
+) -> None:
+    tls = load_server_tls(mutual.server.cert_file, mutual.server.key_file, mutual.client_ca_file)
+    async with running(tls) as server:
+        silent = [await asyncio.open_connection(HOST, server.port) for _ in range(300)]
+        try:
+            started = time.monotonic()
+            status, body = await post(server, mutual.client(tmp_path / "c", "trusted-ca"), "/echo", b"{}")
+            assert (status, body) == (200, {"keys": 0})
+            assert time.monotonic() - started < 5
+        finally:
+            for _, writer in silent:
+                writer.close()

@@ -22,8 +22,10 @@ handshake for most filters; aiohttp has no HTTP/2, and framing it in Python cost
 - **Shutdown.** Readiness turns 503, the drain delay passes (``run_https``), the listener closes and
   requests in flight get ``shutdown_timeout`` seconds to finish.
 - **Bounds.** Headers: ``max_field_size`` per HTTP/1.1 buffer and HTTP/2 header list; a connection
-  that sends no complete header block within ``keepalive_timeout`` seconds is closed; at most
-  ``backlog`` requests in flight per worker, then connections wait; bodies are bounded by the app.
+  that sends no complete header block within ``keepalive_timeout`` seconds is closed, and one that
+  never finishes its TLS handshake within about 10 s (granian's own limit; 1,000 of them left a
+  request from kube-scheduler's certificate answered in 4 ms); at most ``backlog`` requests in
+  flight per worker, then connections wait; bodies are bounded by the app.
 """
 
 from __future__ import annotations
