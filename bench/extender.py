@@ -115,6 +115,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.cluster_model import NEW_POD_SHAPES, ClusterModel, Shape, gpu_node, gpu_pod, new_pod, node_name
 from bench.report import refuse_if_traced
+from bench.restart import MIB, proc_status
 from extender.app import LEDGER_EXPOSITION_KEY, build_app
 from extender.main import freeze_collector
 from extender.metrics import render_ledger_now
@@ -941,13 +942,12 @@ async def _hami_registered(ops_url: str, names: list[str], *, timeout_s: float) 
 
 def process_memory(pid: int) -> JSON:
     """A process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in MiB."""
-    fields = {}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                fields[name] = round(int(value.split()[0]) / 1024, 1)
-    return {"rss_mib": fields.get("VmRSS"), "peak_rss_mib": fields.get("VmHWM")}
+    try:
+        fields = proc_status(pid)
+    except OSError:
+        fields = {}
+    mib = {name: round(value / MIB, 1) for name, value in fields.items()}
+    return {"rss_mib": mib.get("VmRSS"), "peak_rss_mib": mib.get("VmHWM")}
 
 
 HAMI_LOG_LINES = {

@@ -53,6 +53,7 @@ __all__ = [
     "load_ca",
     "parse_ip_addresses",
     "service_dns_names",
+    "write_atomic",
     "write_ca_key",
     "write_serving_files",
 ]
@@ -445,9 +446,9 @@ def write_serving_files(out_dir: Path | str, leaf: ServingCertificate) -> Servin
         tls_cert=directory / TLS_CERT_FILE,
         tls_key=directory / TLS_KEY_FILE,
     )
-    _write_atomic(files.ca_cert, leaf.ca_pem(), 0o644)
-    _write_atomic(files.tls_key, leaf.key_pem(), 0o600)
-    _write_atomic(files.tls_cert, leaf.cert_pem(), 0o644)
+    write_atomic(files.ca_cert, leaf.ca_pem(), 0o644)
+    write_atomic(files.tls_key, leaf.key_pem(), 0o600)
+    write_atomic(files.tls_cert, leaf.cert_pem(), 0o644)
     return files
 
 
@@ -458,7 +459,7 @@ def write_ca_key(path: Path | str, ca: CertificateAuthority) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CertificateError(f"cannot create {target.parent}: {exc.strerror or exc}") from None
-    _write_atomic(target, ca.key_pem(), 0o600)
+    write_atomic(target, ca.key_pem(), 0o600)
     return target
 
 
@@ -530,7 +531,9 @@ def _read(path: Path, what: str) -> bytes:
         raise CertificateError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` at once (readers see the old file or the new, never a part), mode
+    ``mode`` from the start; :class:`CertificateError` when it cannot be written."""
     # mkstemp creates the file 0600 in the target directory (same filesystem, so the rename is
     # atomic); the mode is then set exactly, independent of the umask.
     try:

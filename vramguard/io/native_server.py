@@ -18,7 +18,8 @@ handshake for most filters; aiohttp has no HTTP/2, and framing it in Python cost
   (``SO_REUSEPORT``) before the old one stops, and established connections finish on the old one.
 - **The client's certificate** cannot be observed: RSGI exposes no peer certificate, so the
   ``client`` role of ``vramguard_certificate_expiry_timestamp_seconds`` is not exported by this
-  server (the client CA's expiry is, and kube-scheduler logs its own certificate's).
+  server (the client CA's expiry is; ``vramguard keep-certs`` exports that of the client
+  certificate it issues).
 - **Shutdown.** Readiness turns 503, the drain delay passes (``run_https``), the listener closes and
   requests in flight get ``shutdown_timeout`` seconds to finish.
 - **Bounds.** Headers: ``max_field_size`` per HTTP/1.1 buffer and HTTP/2 header list; a connection
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import tempfile
 from collections.abc import AsyncIterator
@@ -43,6 +43,7 @@ from granian.constants import HTTPModes, Interfaces, SSLProtocols
 from granian.http import HTTP1Settings, HTTP2Settings
 from granian.server.embed import Server
 
+from vramguard.io.certs import write_atomic
 from vramguard.io.listener import RunningServer, ServerSettings
 from vramguard.io.rsgi import RsgiApp
 from vramguard.io.tls import PemFiles, ReloadingTLSContext
@@ -72,13 +73,8 @@ class _TLSCopy:
 
     def write(self, pem: PemFiles) -> None:
         for path, content in ((self.cert, pem.certificate), (self.key, pem.key), (self.ca, pem.client_ca)):
-            if content is None:
-                continue
-            staged = path.with_suffix(".new")
-            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(content)
-            staged.replace(path)
+            if content is not None:
+                write_atomic(path, content, 0o600)
 
 
 @contextlib.asynccontextmanager
@@ -136,7 +132,13 @@ async def serve_native(
         try:
             await _until_listening(host, port, serving)
             if tls is not None:
-                watcher = asyncio.create_task(_follow(tls, server, copy, settings.reload_interval), name="tls-reload")
+                def respawn() -> None:
+                    # The copy first: the new worker reads it as it starts.
+                    assert tls.pem is not None
+                    copy.write(tls.pem)
+                    server.reload()  # type: ignore[no-untyped-call]
+
+                watcher = asyncio.create_task(tls.watch(settings.reload_interval, respawn), name="tls-reload")
             running = RunningServer(host=host, port=port, scheme="https" if tls is not None else "http", ended=serving)
             logger.info("serving on %s (HTTP/2 and HTTP/1.1)", running.url)
             yield running
@@ -146,19 +148,6 @@ async def serve_native(
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
             await _stop(server, serving, settings.shutdown_timeout)
-
-
-async def _follow(tls: ReloadingTLSContext, server: Server, copy: _TLSCopy, interval: float) -> None:
-    """Reload the files every ``interval`` seconds; on a validated change, respawn the worker on the new copy."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            if tls.reload() and tls.pem is not None:
-                copy.write(tls.pem)
-                server.reload()  # type: ignore[no-untyped-call]
-        except Exception:
-            # A bug here must not end the watcher, or rotation would silently stop.
-            logger.exception("unexpected error while reloading TLS files")
 
 
 async def _until_listening(host: str, port: int, serving: asyncio.Task[None]) -> None:

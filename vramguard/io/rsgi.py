@@ -155,16 +155,13 @@ class RsgiApp:
                 # Refused before a byte of it is read.
                 raise RequestError(
                     413, f"request body of {length} bytes exceeds the limit of {limit} bytes{self._hint}")
-            # A declared length within the limit: read in one go (the server holds the sender to it).
-            try:
-                async with asyncio.timeout(self._body_timeout):
-                    return await protocol()
-            except TimeoutError:
-                raise RequestError(408, f"request body not received within {self._body_timeout:g} s") from None
-        chunks: list[bytes] = []
-        size = 0
         try:
             async with asyncio.timeout(self._body_timeout):
+                if declared is not None:
+                    # Within the limit: read in one go (the server holds the sender to its length).
+                    return await protocol()
+                chunks: list[bytes] = []
+                size = 0
                 async for chunk in protocol:
                     size += len(chunk)
                     if size > limit:

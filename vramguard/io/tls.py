@@ -27,7 +27,7 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,8 +211,11 @@ class ReloadingTLSContext:
             logger.info("requiring client certificates signed by %s (expires %s)", ca.subject, ca.not_after.isoformat())
         return True
 
-    async def watch(self, interval: float = DEFAULT_RELOAD_INTERVAL) -> None:
-        """Check the files every ``interval`` seconds until cancelled, reloading on change.
+    async def watch(
+        self, interval: float = DEFAULT_RELOAD_INTERVAL, on_change: Callable[[], None] | None = None
+    ) -> None:
+        """Check the files every ``interval`` seconds until cancelled, reloading on change, and
+        calling ``on_change`` after each change loaded (a server that reads the files itself).
 
         Content hashes, not modification times, decide: a Secret volume update swaps a symlink
         and may keep the old timestamps.
@@ -220,7 +223,8 @@ class ReloadingTLSContext:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.reload()
+                if self.reload() and on_change is not None:
+                    on_change()
             except Exception:
                 # A bug here must not end the watcher, or rotation would silently stop.
                 logger.exception("unexpected error while reloading TLS files")
