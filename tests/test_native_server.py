@@ -292,3 +292,11 @@ async def test_connections_that_never_handshake_do_not_keep_kube_scheduler_out(
         finally:
             for _, writer in silent:
                 writer.close()
+
+
+async def test_headers_past_the_limit_are_a_431_and_the_server_goes_on() -> None:
+    async with running(None) as server:
+        answer = await raw(server, b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000
+                           + b"\r\nContent-Length: 2\r\n\r\n{}")
+        assert answer.startswith(b"HTTP/1.1 431")
+        assert await post(server, None, "/echo", b"{}") == (200, {"keys": 0})
