@@ -5,6 +5,7 @@ read as one object, the second's fields silently replacing the first's)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,56 @@ def test_unreadable_files_are_said_in_words_not_as_python_errors(
         assert main([command, *args]) == 2
         err = capsys.readouterr().err
         assert said in err and "Errno" not in err and "Traceback" not in err
+
+
+def _laughs(levels: int = 9) -> str:
+    """Nested YAML aliases, ten copies a level: a few hundred characters, 10**levels strings."""
+    text = "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n"
+    for level in range(1, levels):
+        text += f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * 10) + "]\n"
+    return text
+
+
+@pytest.mark.timeout(60)
+def test_yaml_aliases_that_expand_past_the_bound_are_an_error_not_a_memory_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The engine's arguments are 10**8 strings once expanded: reading them must not be tried.
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n" + "x-anchors:\n"
+        + "".join(f"  {line}\n" for line in _laughs().splitlines())
+        + "spec:\n  containers: [{name: c, image: vllm/vllm-openai:v0.11.0, args: *l8,"
+          " resources: {limits: {nvidia.com/gpu: 1}}}]\n"
+    )
+    assert len(pod.read_text()) < 1000
+    for command in ("explain", "plan"):
+        code, _, err = run(capsys, command, str(pod), str(NODES))
+        assert code == 2 and "its aliases expand to more than 1,000,000 nodes" in err, err
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("a: &a [*a]\n", "an alias refers to a node that contains it"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+])
+def test_recursive_aliases_and_deep_nesting_are_said_in_words(text: str, said: str) -> None:
+    [document] = load_each_document(text)
+    assert document.error is not None and said in document.error
+
+
+@pytest.mark.timeout(60)
+def test_a_ray_serve_setting_behind_nested_aliases_is_not_expanded(tmp_path: Path) -> None:
+    # 707 characters of serveConfigV2 made `explain` expand 10**8 items: the webhook reads it too.
+    config = _laughs() + (
+        "applications: [{import_path: 'ray.serve.llm:build_openai_app', "
+        "args: {llm_configs: [{engine_kwargs: {gpu_memory_utilization: *l8}}]}}]\n"
+    )
+    service = {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"}, "spec": {
+        "serveConfigV2": config,
+        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "r"}]}}},
+                             "workerGroupSpecs": [{"groupName": "gpu", "replicas": 1, "template": {"spec": {
+                                 "containers": [{"name": "w", "image": "rayproject/ray-llm:2.52.0",
+                                                 "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}]}}}
+    path = tmp_path / "service.json"
+    path.write_text(json.dumps(service))
+    assert main(["explain", "-o", "json", str(path)]) == 0

@@ -44,13 +44,114 @@ def pod_template(obj: Mapping[str, Any], kind: str | None = None) -> Mapping[str
     return node if isinstance(node, Mapping) else None
 
 
+MAX_YAML_NODES = 1_000_000
+"""Nodes a YAML document may hold once its aliases are expanded. PyYAML shares an aliased node
+instead of copying it, but whatever walks the result (a JSON digest, ``str()`` of a value, the
+demand's reading) visits every copy: nine nested aliases in a few hundred characters are 10^8 items.
+The largest object the API server stores (1.5 MiB) has far fewer nodes than this."""
+
+MAX_SETTINGS_NODES = 100_000
+"""The same bound for settings embedded as YAML text in an object (a RayService's serveConfigV2, a
+KAITO ConfigMap): real ones have a few hundred nodes, and the webhook reads them within its timeout."""
+
+
+class YamlTooLarge(yaml.YAMLError):
+    """A YAML document whose aliases expand past the limit, or refer to themselves."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a document that expands past :attr:`max_nodes` (see
+    :data:`MAX_YAML_NODES`) or holds a recursive alias."""
+
+    max_nodes = MAX_YAML_NODES
+
+    def compose_document(self) -> yaml.Node | None:
+        node: yaml.Node | None = super().compose_document()
+        if node is not None:
+            _check_expanded(node, self.max_nodes)
+        return node
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expanded(root: yaml.Node, limit: int) -> None:
+    """Count the nodes of ``root`` as if every alias were a copy, each shared node once (linear in
+    the document as written); :class:`YamlTooLarge` past ``limit`` or on a cycle."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        if closing:
+            open_nodes.discard(key)
+            size = 1 + sum(sizes[id(child)] for child in _children(node))
+            if size > limit:
+                raise YamlTooLarge(f"its aliases expand to more than {limit:,} nodes")
+            sizes[key] = size
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise YamlTooLarge("an alias refers to a node that contains it")
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in open_nodes:
+                raise YamlTooLarge("an alias refers to a node that contains it")
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """One YAML document read with the safe loader, bounded (:data:`MAX_YAML_NODES`); raises
+    :class:`yaml.YAMLError` (:class:`YamlTooLarge` among them) for what cannot be read."""
+    return _load(text, _BoundedLoader, max_nodes)
+
+
+def _load(text: str, loader_class: type[_BoundedLoader], max_nodes: int) -> Any:
+    loader = loader_class(text)
+    loader.max_nodes = max_nodes
+    try:
+        return loader.get_single_data()
+    except RecursionError:
+        raise YamlTooLarge("it is nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _load_all(text: str) -> list[Any]:
+    loader = _BoundedLoader(text)
+    try:
+        documents = []
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            documents.append(loader.get_data())
+        return documents
+    except RecursionError:
+        raise YamlTooLarge("it is nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
 def load_documents(text: str) -> list[Mapping[str, Any]]:
     """Every object in a JSON or (multi-document) YAML text, with ``kind: List`` items flattened."""
     try:
         documents: list[Any] = [json.loads(text)]
+    except RecursionError:
+        raise DocumentError("not valid JSON: it is nested too deeply") from None
     except ValueError:
         try:
-            documents = list(yaml.safe_load_all(text))
+            documents = _load_all(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -109,6 +210,8 @@ def load_each_document(text: str) -> list[Document]:
     """
     try:
         whole: Any = json.loads(text, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        return [Document(1, error="not valid JSON: it is nested too deeply")]
     except ValueError:
         pass  # not JSON, or JSON with a key twice: read as YAML, which says where
     else:
@@ -127,7 +230,7 @@ def load_each_document(text: str) -> list[Document]:
     return [d for d in documents if d.objects or d.error is not None]
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(_BoundedLoader):
     """PyYAML's safe loader, refusing a mapping that names a key twice: YAML 1.2 forbids it, and the
     last value would win without a word (two files concatenated without ``---`` read as one object,
     the second Node's fields replacing the first's)."""
@@ -154,7 +257,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 def _parse(index: int, text: str, first_line: int) -> Document:
     try:
-        value = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+        value = _load(text, _StrictLoader, MAX_YAML_NODES)  # a SafeLoader: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {first_line + mark.line + 1}" if mark is not None else ""

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from vramguard.demand.config_maps import ConfigMaps
+from vramguard.demand.objects import MAX_SETTINGS_NODES, YamlTooLarge, load_yaml
 from vramguard.operators.common import count, full_scale, mapping, pod, string
 from vramguard.template_part import TemplatePart, with_group_size
 
@@ -124,7 +125,10 @@ def _config_args(config: str | None, namespace: str, maps: ConfigMaps, notes: li
         )
         return []
     try:
-        settings = mapping(mapping(yaml.safe_load(data.get(CONFIG_KEY) or "")).get("vllm"))
+        settings = mapping(mapping(load_yaml(data.get(CONFIG_KEY) or "", MAX_SETTINGS_NODES)).get("vllm"))
+    except YamlTooLarge as exc:
+        notes.append(f"ConfigMap {config}: {CONFIG_KEY} is not read: {exc.problem}")
+        return []
     except yaml.YAMLError as exc:
         notes.append(f"ConfigMap {config}: {CONFIG_KEY} is not YAML ({exc.__class__.__name__}): KAITO refuses it")
         return []

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from vramguard.demand.objects import MAX_SETTINGS_NODES, YamlTooLarge, load_yaml
 from vramguard.operators.common import count, items, mapping, string
 from vramguard.template_part import TemplatePart
 
@@ -47,7 +48,10 @@ def with_serve_config(obj: Mapping[str, Any], parts: list[TemplatePart], notes: 
         notes.append(f"serveConfigV2 is over {MAX_CONFIG_CHARS >> 10} KiB: not read; declare the workers' VRAM")
         return parts
     try:
-        config = yaml.safe_load(text)
+        config = load_yaml(text, MAX_SETTINGS_NODES)
+    except YamlTooLarge as exc:
+        notes.append(f"serveConfigV2 is not read: {exc.problem}; declare the workers' VRAM")
+        return parts
     except yaml.YAMLError as exc:
         notes.append(f"serveConfigV2 is not YAML ({exc.__class__.__name__}): Ray Serve refuses it")
         return parts
