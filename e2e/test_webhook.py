@@ -599,3 +599,72 @@ def test_vramguard_annotations_of_a_bound_pod_are_frozen(cluster: Any, namespace
         assert "its vramguard.io/ annotations can no longer change" in answer["message"], case
     status, _ = raw(cluster, "PATCH", path, {"metadata": {"annotations": {"team": "b"}}}, content_type=MERGE)
     assert status == 200
+
+
+# --------------------------------------------------------------------------- a bound pod that changes
+
+
+def test_a_bound_pods_changes_are_judged_against_the_gpu_it_holds(
+    cluster: Any, core_v1: Any, namespace: Callable[[str], Namespace], unique: str
+) -> None:
+    # vLLM's default utilization is 0.9 before v0.20.0 (vllm/config/cache.py); an image whose tag names
+    # no vLLM version may be v0.34.0 or later, whose extensible KV cache takes the whole device.
+    spec = private_node(gpu_nodes.time_sliced("changes", "H100-80GB", gpus=1, replicas=4), unique)
+    gpu_nodes.create_gpu_node(core_v1, spec)
+    try:
+        enforced = namespace("enforce")
+
+        def placed(ns: Namespace, name: str, container: dict[str, Any]) -> dict[str, Any]:
+            body = pod(name, container)
+            body["spec"] = {**body["spec"], "nodeName": spec.name}
+            del body["spec"]["nodeSelector"]
+            return body
+
+        default_share = {**vllm_container("0.9"), "image": "vllm/vllm-openai:v0.11.0", "args": ["--model", "m"]}
+
+        def admitted(ns: Namespace, name: str, container: dict[str, Any]) -> Callable[[], bool]:
+            def create() -> bool:
+                try:
+                    ns.create_pod(placed(ns, name, container))
+                except kube.api_exception():
+                    return False
+                return True
+            return create
+
+        # The webhook's ledger learns the node from its watch; a small neighbour, then the 0.9 pod.
+        poll("the webhook to see the GPU node", admitted(enforced, "neighbour", vllm_container("0.02")))
+        poll("the 0.9 pod to be admitted beside it", admitted(enforced, "served", default_share))
+        path = f"/api/v1/namespaces/{enforced.name}/pods/served"
+        tenant_image = {"spec": {"containers": [{"name": "vllm", "image": "registry.example/tenant/vllm:mine"}]}}
+        strategic = "application/strategic-merge-patch+json"
+
+        def image_change_refused() -> dict[str, Any] | None:
+            status, answer = raw(cluster, "PATCH", path + "?dryRun=All", tenant_image, content_type=strategic)
+            return answer if status == 403 else None
+
+        # The webhook's model sees both pods bound once its watch delivers them.
+        answer = poll("the image change to be refused", image_change_refused)
+        assert answer["message"].startswith(
+            'admission webhook "pod-changes.vramguard.io" denied the request: pod is bound to '
+            f"{spec.name} and this change alters what it holds there, which no longer fits: GPU 0 (NVIDIA H100 "
+            "80GB HBM3)"), answer["message"]
+        # A tag of the same rules changes nothing that is checked.
+        same_rules = {"spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.1"}]}}
+        status, answer = raw(cluster, "PATCH", path, same_rules, content_type=strategic)
+        assert status == 200, answer
+        # kubectl debug adds an ephemeral container; one naming every GPU of the node is refused.
+        debugger = {"spec": {"ephemeralContainers": [{
+            "name": "debugger", "image": "busybox", "targetContainerName": "vllm",
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+        status, answer = raw(cluster, "PATCH", path + "/ephemeralcontainers", debugger, content_type=strategic)
+        assert status == 403, answer
+        assert "ephemeral container debugger sets NVIDIA_VISIBLE_DEVICES=all" in answer["message"]
+        # The class a bound pod was placed under cannot change (ValidatingAdmissionPolicy).
+        status, answer = raw(cluster, "PATCH", path, {"metadata": {"labels": {"vramguard.io/qos-class": "x"}}},
+                             content_type=MERGE)
+        assert status == 403 and "its vramguard.io/ labels can no longer change" in answer["message"], answer
+        # Other updates of a bound pod go through (labels, annotations): never judged as changes.
+        status, _ = raw(cluster, "PATCH", path, {"metadata": {"labels": {"team": "b"}}}, content_type=MERGE)
+        assert status == 200
+    finally:
+        gpu_nodes.delete_nodes(core_v1, [spec.name])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from extender.app import build_app
 from extender.evictor import Evictor
+from extender.growth import GrowthReporter
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
@@ -163,6 +164,9 @@ async def run(settings: ExtenderSettings) -> None:
     runtime.tasks["lease-expiry"] = expire_leases()
     runtime.tasks["confirm-in-flight"] = confirm_in_flight()
     runtime.tasks["vram-preemption"] = evictor.run()
+    runtime.tasks["growth-reports"] = GrowthReporter(
+        state, client, runtime.registry, serving=elector.serving if elector is not None else lambda: True
+    ).run()
     if elector is not None:
         runtime.tasks["leader-election"] = elector.run()
     if policy_file is not None:

@@ -426,8 +426,11 @@ class Verbs:
             return f"node {node} is not known to vramguard"
         return placement_refusal(spec, node, selection.labels, selection.taints)
 
-    async def bind(self, name: str, namespace: str, uid: str, node: str) -> str:
-        """Check, reserve, record and bind; returns an error message, or ``""`` when the pod is bound."""
+    async def bind(self, name: str, namespace: str, uid: str, node: str, *, fresh: bool = False) -> str:
+        """Check, reserve, record and bind; returns an error message, or ``""`` when the pod is bound.
+
+        The pod is read from the watch cache unless ``fresh``; a Binding refused because the pod
+        changed since that read (a conflict on its ``resourceVersion``) is tried once more from etcd."""
         if not uid:
             return f"refused: no PodUID for pod {namespace}/{name}; bind needs the UID to know which pod it binds"
         bound = self.state.is_bound(uid)
@@ -440,7 +443,7 @@ class Verbs:
         if uid in self.state.in_flight:
             return f"pod {namespace}/{name} is already being bound"
         try:
-            pod = await self._read_pod(namespace, name, uid)
+            pod = await self._read_pod(namespace, name, uid, cached=not fresh)
         except ApiError as exc:
             return f"cannot read pod {namespace}/{name}: {exc.message or exc}"
         allocated: Mapping[str, tuple[str, ...]] | None = None
@@ -502,6 +505,10 @@ class Verbs:
                         "name": name,
                         "namespace": namespace,
                         "uid": uid,
+                        # A precondition: the pod bound is the pod judged. Its images can change
+                        # (``kubectl set image``), and with them its claims; the API server refuses the
+                        # Binding with a conflict if the pod changed after it was read.
+                        **({"resourceVersion": version} if (version := _resource_version(pod)) else {}),
                         "annotations": {
                             PLACEMENT_ANNOTATION: assignment.annotation(), **findings_annotations(verdict.findings)
                         },
@@ -512,6 +519,9 @@ class Verbs:
         except ApiError as exc:
             self.state.abort_bind(uid)
             self.state.dra.release(uid)
+            if exc.status == 409 and not fresh and _resource_version(pod) is not None:
+                self._binding.discard(uid)
+                return await self.bind(name, namespace, uid, node, fresh=True)  # the pod changed: judge it again
             return f"binding {namespace}/{name} to {node} failed: {exc.message or exc}"
         except asyncio.CancelledError:
             # The scheduler hung up; whether the Binding was created, the watch (or housekeeping) will tell.
@@ -534,10 +544,9 @@ class Verbs:
         server's cheapest answer), or from etcd when that copy is not the pod being bound (not there
         yet, or another UID: the cache lags a re-creation), or when ``cached`` is False.
 
-        A cached copy of the right UID decides as well as a fresh one: what bind checks and derives
-        claims from is immutable once the pod exists (scheduler, containers, node selection;
-        tolerations can only be added), an annotation can change after either read, and a pod
-        bound or deleted meanwhile makes the Binding fail (its UID and the API server's checks)."""
+        A cached copy of the right UID decides as well as a fresh one: the Binding carries the
+        copy's ``resourceVersion`` as a precondition, so a pod changed since (a new image, hence new
+        claims), bound or deleted makes the Binding fail with a conflict, and the scheduler tries again."""
         path = object_path("/api/v1/pods", namespace, name)
         if cached:
             try:
@@ -624,3 +633,10 @@ class Verbs:
         if self.client is None:
             raise ApiError(503, "NoClient", "the extender has no API client")
         return self.client
+
+
+def _resource_version(pod: Mapping[str, Any]) -> str | None:
+    """The pod's ``metadata.resourceVersion`` as read, or ``None``."""
+    metadata = pod.get("metadata")
+    version = metadata.get("resourceVersion") if isinstance(metadata, Mapping) else None
+    return version if isinstance(version, str) and version else None

@@ -18,6 +18,7 @@ from vramguard.admission import (
     WARNING_LIMIT,
     AdmissionRules,
     ClusterView,
+    Code,
     Decision,
     NamespaceUsage,
     ResourceOffer,
@@ -810,6 +811,88 @@ def test_direct_placement_of_unknown_vram_counts_a_whole_gpu_even_where_the_clas
     violations = RULES.review(subject, view).violations
     assert any(v.startswith("container app: VRAM unknown and class guaranteed rejects that") for v in violations)
     assert any(v.startswith("spec.nodeName n1 places the pod past the scheduler") for v in violations)
+
+
+# --------------------------------------------------------------------------- a bound pod that changes
+
+
+def bound_update(old_image: str, new_image: str, mode: str = "enforce", *bound: dict[str, Any],
+                 ephemeral: list[dict[str, Any]] | None = None) -> Decision:
+    """The update of pod ``b1`` (vLLM, default utilization) bound to n1 beside ``bound``, its image changed."""
+    before = pod(container("vllm", image=old_image, args=["--model", "m"]), nodeName="n1")
+    before["metadata"]["uid"] = "b1"
+    after = json.loads(json.dumps(before))
+    after["spec"]["containers"][0]["image"] = new_image
+    if ephemeral is not None:
+        after["spec"]["ephemeralContainers"] = ephemeral
+    subject = Subject("Pod", "UPDATE", "default", after, before, "bob")
+    view = ClusterView({ENFORCE_LABEL: mode}, TIME_SLICED, TIME_SLICED, None, ledger_with(before, *bound))
+    return RULES.review(subject, view)
+
+
+def test_a_bound_pods_new_image_must_still_fit_its_gpu() -> None:
+    # vLLM's default utilization is 0.9 before v0.20.0 and 0.92 from it (config/cache.py); an image whose
+    # tag names no version holds the whole device (the extensible KV cache of v0.34.0 sizes itself to
+    # what is free). Beside a pod holding 0.02 of the GPU, 0.9 fits, the whole device does not.
+    neighbour = direct("0.02", "b0")
+    decision = bound_update("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.1", "enforce", neighbour)
+    assert decision.allowed and not decision.violations  # the same rules: nothing to check
+    decision = bound_update("vllm/vllm-openai:v0.11.0", "registry.example/tenant/vllm:mine", "enforce", neighbour)
+    assert not decision.allowed
+    [violation] = decision.problems
+    assert violation.code is Code.BOUND_CHANGE
+    assert violation.message.startswith("pod is bound to n1 and this change alters what it holds there, which no "
+                                        "longer fits: GPU 0 (NVIDIA A100 SXM4 80GB)")
+    # warn and audit admit it, saying what enforce would refuse.
+    decision = bound_update("vllm/vllm-openai:v0.11.0", "registry.example/tenant/vllm:mine", "warn", neighbour)
+    assert decision.allowed and any(w.startswith("would deny: bound to n1") for w in decision.warnings)
+    # Alone on the GPU it fits, whatever the image.
+    assert bound_update("vllm/vllm-openai:v0.11.0", "registry.example/tenant/vllm:mine").allowed
+
+
+def test_an_ephemeral_container_naming_gpus_is_refused_on_a_bound_pod() -> None:
+    debug = [{"name": "debugger", "image": "vllm/vllm-openai:v0.11.0", "targetContainerName": "vllm",
+              "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]
+    decision = bound_update("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.0", ephemeral=debug)
+    assert not decision.allowed
+    [violation] = decision.problems
+    assert violation.code is Code.VISIBLE_DEVICES
+    assert violation.message.startswith("ephemeral container debugger sets NVIDIA_VISIBLE_DEVICES=all")
+    quiet = [{"name": "debugger", "image": "busybox", "targetContainerName": "vllm"}]
+    assert bound_update("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.0", ephemeral=quiet).allowed
+
+
+VISIBLE = {
+    "no-gpu-request-all": (container("app", env={"NVIDIA_VISIBLE_DEVICES": "all"}, gpus=None), True),
+    "one-gpu-naming-every-gpu": (vllm("app", "--gpu-memory-utilization", "0.2",
+                                      env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), True),
+    "from-a-configmap": (container("app", gpus=None, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {
+        "configMapKeyRef": {"name": "c", "key": "k"}}}]), True),
+    "void-gives-none": (container("app", env={"NVIDIA_VISIBLE_DEVICES": "void"}, gpus=None), False),
+    "none-gives-none": (container("app", env={"NVIDIA_VISIBLE_DEVICES": "none"}, gpus=None), False),
+    "empty-gives-none": (container("app", env={"NVIDIA_VISIBLE_DEVICES": ""}, gpus=None), False),
+}
+
+
+@pytest.mark.parametrize(("spec", "refused"), VISIBLE.values(), ids=VISIBLE.keys())
+def test_containers_naming_their_own_gpus_break_their_class(spec: dict[str, Any], refused: bool) -> None:
+    decision = review(pod(spec))
+    assert decision.allowed is not refused
+    assert [f.code for f in decision.problems] == ([Code.VISIBLE_DEVICES] if refused else [])
+
+
+def test_a_class_may_allow_naming_gpus_and_updates_are_not_refused_for_it() -> None:
+    allowing = AdmissionRules(POLICY.model_copy(update={"classes": {
+        **POLICY.classes, "best-effort": POLICY.classes["best-effort"].model_copy(update={
+            "allow_visible_devices": True})}}))
+    obj = pod(container("exporter", env={"NVIDIA_VISIBLE_DEVICES": "all"}, gpus=None))
+    decision = review(obj, rules=allowing)
+    assert decision.allowed and [f.code for f in decision.remarks] == [Code.VISIBLE_DEVICES]
+    # An update that keeps the setting is not refused for it (nor is a workload's).
+    decision = review(obj, operation="UPDATE", old=obj)
+    assert decision.allowed and [f.code for f in decision.remarks] == [Code.VISIBLE_DEVICES]
+    decision = review(deployment(obj), kind="Deployment")
+    assert not decision.allowed and [f.code for f in decision.problems] == [Code.VISIBLE_DEVICES]
 
 
 # --------------------------------------------------------------------------- engines named only by env vars

@@ -340,7 +340,62 @@ CASES = [
         None,
         warnings=["may set kv-cache-memory-bytes"],
     ),
+    # vllm/v1/core/kv_cache_utils.py _get_kv_cache_config_uniform_type (v0.8.5): "Overriding
+    # num_gpu_blocks=%d with num_gpu_blocks_override=%d", then the cache is that many blocks, never
+    # checked against the device; v1/core/kv_cache_planning.py may_override_num_blocks (v0.34.0).
+    Case(
+        "vllm-num-gpu-blocks-override-unknown",
+        pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.1",
+                               "--num-gpu-blocks-override", "30000"])),
+        "vllm",
+        None,
+        warnings=["--num-gpu-blocks-override 30000: vLLM makes its KV cache that many blocks"],
+    ),
+    # vllm/engine/arg_utils.py (v0.34.0): "--gpu-memory-utilization", "--device-memory-utilization",
+    # dest="gpu_memory_utilization".
+    Case(
+        "vllm-device-memory-utilization-alias",
+        pod(container(command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.1",
+                               "--device-memory-utilization", "0.6"])),
+        "vllm",
+        Fraction(3, 5),
+    ),
+    # An empty --kv-cache-memory-bytes= is unset for vLLM: the utilization decides.
+    Case(
+        "vllm-empty-kv-cache-bytes-is-unset",
+        pod(container(command=["vllm", "serve", "m", "--kv-cache-memory-bytes=", "--gpu-memory-utilization", "0.3"])),
+        "vllm",
+        Fraction(3, 10),
+    ),
     # SGLang
+    # srt/model_executor/model_runner.py (v0.5.5): "if SGLANG_CI_SMALL_KV_SIZE: self.max_total_num_tokens
+    # = int(SGLANG_CI_SMALL_KV_SIZE)", whatever --mem-fraction-static says; gone in v0.5.23.
+    Case(
+        "sglang-small-kv-size-replaces-the-pool",
+        pod(container(image="lmsysorg/sglang:v0.5.5-cu129",
+                      command=["python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.3"],
+                      env={"SGLANG_CI_SMALL_KV_SIZE": "9000000"})),
+        "sglang",
+        None,
+        warnings=["env SGLANG_CI_SMALL_KV_SIZE=9000000"],
+    ),
+    Case(
+        "sglang-env-from-may-replace-the-pool",
+        pod(container(image="lmsysorg/sglang:latest",
+                      command=["python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.3"],
+                      envFrom=[{"secretRef": {"name": "hf"}}])),
+        "sglang",
+        None,
+        warnings=["env SGLANG_CI_SMALL_KV_SIZE may be set from secretRef hf"],
+    ),
+    Case(
+        "sglang-env-from-in-a-version-without-the-variable",
+        pod(container(image="lmsysorg/sglang:v0.5.23-cu130",
+                      command=["python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.3"],
+                      envFrom=[{"secretRef": {"name": "hf"}}])),
+        "sglang",
+        Fraction(3, 10),
+    ),
     Case(
         "sglang-module",
         pod(
@@ -419,6 +474,15 @@ CASES = [
         Fraction(1, 2),
         errors=["TGI: --num-shard 2 = 2 GPUs, but the container requests 1"],
     ),
+    # launcher/src/main.rs: every option is `#[clap(long, env)]`, so envFrom may set CUDA_MEMORY_FRACTION.
+    Case(
+        "tgi-env-from-may-set-the-fraction",
+        pod(container(image="ghcr.io/huggingface/text-generation-inference:3.3.0", args=["--model-id", "m"],
+                      envFrom=[{"configMapRef": {"name": "tgi"}}])),
+        "tgi",
+        None,
+        warnings=["env CUDA_MEMORY_FRACTION may be set from configMapRef tgi"],
+    ),
     Case(
         "tgi-env-out-of-range",
         pod(container(command=["text-generation-launcher"], env={"CUDA_MEMORY_FRACTION": "2"})),
@@ -453,6 +517,59 @@ CASES = [
         "jax",
         None,
         warnings=["platform allocator has no cap"],
+    ),
+    # A setting that can lift JAX's cap, from a source vramguard cannot read, makes its VRAM unknown:
+    # the allocator from a ConfigMap may be "platform" (no cap), and envFrom may set any of them.
+    Case(
+        "jax-allocator-from-a-configmap-unknown",
+        pod(container(command=["python", "train.py"], env=[
+            {"name": "XLA_PYTHON_CLIENT_MEM_FRACTION", "value": "0.2"},
+            {"name": "XLA_PYTHON_CLIENT_ALLOCATOR", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}])),
+        "jax",
+        None,
+        warnings=["env XLA_PYTHON_CLIENT_ALLOCATOR may be set from valueFrom", "so its VRAM is unknown"],
+    ),
+    Case(
+        "jax-env-from-may-lift-the-cap",
+        pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"},
+                      envFrom=[{"configMapRef": {"name": "jax-settings"}}])),
+        "jax",
+        None,
+        warnings=["may be set by configMapRef jax-settings"],
+    ),
+    # xla/pjrt/gpu/gpu_helpers.cc CreateBFCAllocator: "When unified memory is enabled, allow GPU memory
+    # oversubscription by setting memory_fraction > 1."
+    Case(
+        "jax-unified-memory-unknown",
+        pod(container(command=["python", "train.py"],
+                      env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2", "TF_FORCE_UNIFIED_MEMORY": "1"})),
+        "jax",
+        None,
+        warnings=["JAX holds memory outside its fraction"],
+    ),
+    # se_gpu_pjrt_client.cc: a CUDA-async allocator of fraction 1.0 for temporary buffers.
+    Case(
+        "jax-separate-temp-buffers-unknown",
+        pod(container(command=["python", "train.py"], env={
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2",
+            "XLA_FLAGS": "--xla_gpu_autotune_level=2 --xla_gpu_temp_buffer_use_separate_color=true"})),
+        "jax",
+        None,
+        warnings=["XLA_FLAGS --xla_gpu_temp_buffer_use_separate_color=true"],
+    ),
+    Case(
+        "jax-harmless-xla-flags-keep-the-fraction",
+        pod(container(command=["python", "train.py"], env={
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2", "XLA_FLAGS": "--xla_gpu_autotune_level=2"})),
+        "jax",
+        Fraction(1, 5),
+    ),
+    # jaxlib/xla_client.py: only 'false', 'False' and '0' turn preallocation off; the cap holds either way.
+    Case(
+        "jax-preallocate-off-spelled-otherwise-still-the-fraction",
+        pod(container(command=["python", "train.py"], env={"XLA_PYTHON_CLIENT_PREALLOCATE": "FALSE"})),
+        "jax",
+        Fraction(3, 4),
     ),
     # jaxlib/xla_client.py generate_pjrt_gpu_plugin_options raises when both are set.
     Case(

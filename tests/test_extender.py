@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extender import metrics
 from extender.app import LEDGER_EXPOSITION_KEY, NOT_SYNCED, build_app
+from extender.growth import GrowthReporter
 from extender.metrics import LedgerExposition, render_ledger_now
 from extender.verbs import NOT_LEADER, Verbs
 from extender.wire import MAX_CONTAINER_DEPTH
@@ -77,6 +78,11 @@ class FakeKube:
         if self.fail_binding is not None:
             raise self.fail_binding
         pod = self.pods[body["metadata"]["name"]]
+        # The API server's precondition (pkg/registry/core/pod/storage/storage.go setPodNodeAndMetadata,
+        # v1.36.3): a Binding naming a resourceVersion binds only that version of the pod.
+        version = body["metadata"].get("resourceVersion")
+        if version is not None and version != pod["metadata"].get("resourceVersion"):
+            raise ApiError(409, "Conflict", "the object has been modified")
         pod["spec"]["nodeName"] = body["target"]["name"]
         # As the API server does: the Binding's annotations land on the pod.
         pod["metadata"].setdefault("annotations", {}).update(body["metadata"].get("annotations", {}))
@@ -592,6 +598,26 @@ async def test_bind_reads_from_etcd_when_the_watch_cache_lags(cached: dict[str, 
     assert state.ledger.check_invariants() == []
 
 
+async def test_a_pod_changed_after_bind_read_it_is_judged_again_not_bound_as_read() -> None:
+    # The watch cache still shows the pod at 0.05; its image changed since (a new version, more VRAM):
+    # the Binding names the version read, the API server refuses it, and bind judges the pod again.
+    state, verbs, fake = make([gpu_node("h100")], [vllm_pod("held", "0.5", node="h100")])
+    stale = vllm_pod("p", "0.05")
+    stale["metadata"]["resourceVersion"] = "10"
+    current = vllm_pod("p", "0.6")
+    current["metadata"]["resourceVersion"] = "11"
+    fake.pods["p"], fake.watch_cache["p"] = current, stale
+    error = await verbs.bind("p", "default", "uid-p", "h100")
+    assert "VRAM budget free" in error  # 0.6 beside 0.5 does not fit; 0.05 would have been bound
+    assert [body["metadata"]["resourceVersion"] for method, _, body in fake.calls if method == "POST"] == ["10"]
+    assert fake.reads == [{"resourceVersion": "0"}, None]
+    assert state.ledger.pod_count() == 1 and not state.in_flight
+    current["metadata"]["resourceVersion"] = "12"
+    fake.pods["p"] = vllm_pod("p", "0.3") | {"metadata": {**current["metadata"]}}
+    fake.watch_cache["p"] = fake.pods["p"]
+    assert await verbs.bind("p", "default", "uid-p", "h100") == ""
+
+
 async def test_bind_refuses_when_etcd_shows_another_pod_too() -> None:
     _, verbs, fake = make([gpu_node("h100")])
     fake.pods["p"] = _replaced("p")
@@ -1023,3 +1049,37 @@ async def test_kept_filter_outcomes_are_out_of_the_collectors_reach() -> None:
     kept = (snapshot.nodes, snapshot.members, snapshot.passing, snapshot.failed, snapshot.unresolvable)
     assert [gc.is_tracked(part) for part in kept] == [False] * 5
     assert not any(gc.is_tracked(verdicts) for verdicts in verbs._verdicts.values())
+
+
+async def test_a_bound_pod_whose_claims_grow_past_the_budget_is_reported_not_silent() -> None:
+    # An image changed on a running pod past the webhook: the ledger counts the new claims at once,
+    # and the growth that takes the GPU past its budget is reported (Event VRAMOvercommitted, counter).
+    state, _, _ = make([gpu_node("h100")], [vllm_pod("a", "0.5", node="h100"), vllm_pod("b", "0.3", node="h100")])
+    assert state.take_growths() == []
+    grown = vllm_pod("b", "0.6", node="h100")
+    state.pods.upsert(grown)
+    [growth] = state.take_growths()
+    assert (growth.pod.name, growth.node) == ("b", "h100")
+    assert growth.message.startswith("pod default/b changed while bound to h100 (a new image?) and now claims more "
+                                     "VRAM than its GPU has room for: GPU 0 (NVIDIA H100 80GB HBM3) may hold")
+    # Shrinking, or a change that leaves the GPU within its budget, is nothing to report.
+    state.pods.upsert(vllm_pod("b", "0.3", node="h100"))
+    state.pods.upsert(vllm_pod("b", "0.35", node="h100"))
+    assert state.take_growths() == []
+
+    class Events:
+        def __init__(self) -> None:
+            self.posted: list[Any] = []
+
+        async def create(self, path: str, body: Any) -> dict[str, Any]:
+            self.posted.append((path, body))
+            return {}
+
+    events = Events()
+    reporter = GrowthReporter(state, events, CollectorRegistry(), serving=lambda: True)  # type: ignore[arg-type]
+    state.pods.upsert(grown)
+    assert await reporter.report() == 1
+    [(path, event)] = events.posted
+    assert path == "/api/v1/namespaces/default/events"
+    assert (event["reason"], event["type"], event["involvedObject"]["name"]) == ("VRAMOvercommitted", "Warning", "b")
+    assert reporter.counter._value.get() == 1

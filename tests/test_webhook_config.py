@@ -17,6 +17,7 @@ from vramguard.policy import Policy, default_policy
 from vramguard.webhook_config import (
     MUTATING_HEADER,
     WebhookTarget,
+    asks_for_gpu_expression,
     mutating_webhook_configuration,
     render,
     webhook_configuration,
@@ -46,6 +47,9 @@ def entries(config: JSON) -> dict[str, tuple[str, tuple[str, ...], tuple[str, tu
 WARN_DEFAULT = {
     "pods.vramguard.io": ("Fail", ("CREATE",), ("In", ("enforce",))),
     "pods-unenforced.vramguard.io": ("Ignore", ("CREATE",), ("NotIn", ("enforce",))),
+    # A bound pod's change that alters what it holds is judged like a creation; other updates never fail.
+    "pod-changes.vramguard.io": ("Fail", ("UPDATE",), ("In", ("enforce",))),
+    "pod-changes-unenforced.vramguard.io": ("Ignore", ("UPDATE",), ("NotIn", ("enforce",))),
     "pod-updates.vramguard.io": ("Ignore", ("UPDATE",), None),
     "workloads.vramguard.io": ("Fail", ("CREATE", "UPDATE"), ("In", ("enforce",))),
     "workloads-unenforced.vramguard.io": ("Ignore", ("CREATE", "UPDATE"), ("NotIn", ("enforce",))),
@@ -87,7 +91,7 @@ def test_every_namespace_meets_exactly_one_create_entry_and_fails_closed_only_wh
     policy = default_policy().model_copy(update={"enforcement": mode})
     labels = {ENFORCE_LABEL: label} if label is not None else {}
     effective, _ = policy.enforcement_for(labels)
-    for kind in ("pods", "workloads", "cronjobs", *EXTRA_KINDS):
+    for kind in ("pods", "pod-changes", "workloads", "cronjobs", *EXTRA_KINDS):
         chosen = [w for w in webhook_configuration(policy)["webhooks"]
                   if w["name"].startswith(f"{kind}.") or w["name"].startswith(f"{kind}-unenforced.")]
         matching = [w for w in chosen if selects(enforce_expression(w), labels)]
@@ -246,8 +250,16 @@ def test_the_mutating_configuration_sends_gpu_pod_creates_and_never_blocks_them(
         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]},
         {"key": "vramguard.io/routing", "operator": "NotIn", "values": ["disabled"]},
     ]
-    validating = webhook_configuration(default_policy())["webhooks"][0]["matchConditions"]
-    assert webhook["matchConditions"] == validating  # the same pods: those asking for a GPU
+    [validating] = webhook_configuration(default_policy())["webhooks"][0]["matchConditions"]
+    [condition] = webhook["matchConditions"]
+    # The same pods, those asking for a GPU, except those that only set NVIDIA_VISIBLE_DEVICES:
+    # the validating webhook judges them, and there is nothing to route.
+    assert "NVIDIA_VISIBLE_DEVICES" in validating["expression"]
+    policy = default_policy()
+    assert condition["expression"] == asks_for_gpu_expression(
+        "object.spec", policy.gpu_resources, policy.gpu_resource_prefixes, reaches=False)
+    assert validating["expression"] == asks_for_gpu_expression(
+        "object.spec", policy.gpu_resources, policy.gpu_resource_prefixes)
 
 
 def test_shipped_mutating_file_is_the_generator_output() -> None:

@@ -83,16 +83,17 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Literal
 
-from vramguard.codecs import QOS_CLASS_LABEL, VRAM_ANNOTATION
+from vramguard.codecs import PLACEMENT_ANNOTATION, QOS_CLASS_LABEL, VRAM_ANNOTATION, Placement
 from vramguard.demand import MAX_DEVICES, PodDemand, Vram, derive_pod_demand
 from vramguard.demand.derive import reads_annotation
 from vramguard.demand.model import ContainerDemand
 from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
+from vramguard.demand.visible import DeviceReach, device_reaches
 from vramguard.dra.claims import read_claim, read_claim_template
 from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_claim_users, review_pod_claims
 from vramguard.inventory import Gpu, NodeInventory
-from vramguard.ledger import Claim, Ledger, ResourceOffer
+from vramguard.ledger import Claim, Fit, Ledger, ResourceOffer
 from vramguard.mutation import (
     DEFAULT_SCHEDULER,
     ROUTING_LABEL,
@@ -101,7 +102,7 @@ from vramguard.mutation import (
     routes_namespace,
     routing_scheduler,
 )
-from vramguard.placement import filter_node, pod_claims
+from vramguard.placement import apply_intended, describe_fit, filter_node, pod_claims
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes, quantity_text
 from vramguard.template_part import TemplatePart
@@ -279,6 +280,11 @@ class Code(StrEnum):
     """A claim's memory could not be checked (its template, class or devices not known yet; a note)."""
     CLAIM_MISSING = "claim-missing"
     """A pod's container reserving memory uses a claim whose ResourceClaim or template does not exist."""
+    BOUND_CHANGE = "bound-change"
+    """An update of a bound pod (a new image, an ephemeral container) makes it hold more than its
+    devices have room for."""
+    VISIBLE_DEVICES = "visible-devices"
+    """A container names its own GPUs in ``NVIDIA_VISIBLE_DEVICES``, past what it requests."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,8 +497,11 @@ class AdmissionRules:
             if cluster.dra is not None
             else None
         )
+        reaches = device_reaches(template)
         if not demand.wants_gpu and (dra is None or not dra.found_anything):
-            return Decision(True, mode)
+            if not reaches:
+                return Decision(True, mode)
+            return self._review_reaches(subject, template, reaches, cluster, mode)
 
         found = _Findings()
         if mode_problem is not None:
@@ -500,6 +509,7 @@ class AdmissionRules:
         if dra is not None:
             _claim_findings(dra, found, subject.kind == "Pod")
         choice = self._class(template, cluster, found)
+        self._visible_devices(reaches, choice, found)
         if not demand.wants_gpu:  # only claims: the device-plugin rules have nothing to check
             pods = workload_pods(subject.kind, subject.obj)
             assert dra is not None
@@ -646,6 +656,7 @@ class AdmissionRules:
         node = _mapping(template.get("spec")).get("nodeName")
         if isinstance(node, str) and node:
             self._direct_placement(subject, node, demand, choice, cluster, found)
+            self._bound_change(subject, node, demand, choice, cluster, found)
         else:
             self._scheduler(subject.kind, template, cluster.namespace_labels, found)
 
@@ -714,10 +725,7 @@ class AdmissionRules:
             return
         if self.policy.direct_placement.allows(subject.user, subject.groups):
             return
-        whole_gpu = choice
-        if choice.qos.unknown_vram != "whole-gpu":
-            qos = choice.qos.model_copy(update={"unknown_vram": "whole-gpu"})
-            whole_gpu = ClassChoice(choice.name, qos, choice.source)
+        whole_gpu = _whole_gpu(choice)
         uid = _mapping(subject.obj.get("metadata")).get("uid")
         if cluster.held_back is not None:
             found.violate(
@@ -732,6 +740,81 @@ class AdmissionRules:
                 f"spec.nodeName {node} places the pod past the scheduler and it does not fit there: "
                 f"{verdict.message}"
             )
+
+    def _bound_change(
+        self,
+        subject: Subject,
+        node: str,
+        demand: PodDemand,
+        choice: ClassChoice,
+        cluster: ClusterView,
+        found: _Findings,
+    ) -> None:
+        """An update of a pod already bound that changes what it holds must fit the devices it holds.
+
+        A running pod's images can change (``kubectl set image``), and with an image the engine's
+        version, hence its rules; the ledger would count the new claims at once. So the new claims
+        are checked on the pod's node, on the devices it holds (recorded at bind, or reported by
+        the agent), without what the pod itself holds there now. Unknown VRAM holds a whole GPU, as
+        for every bound pod.
+        """
+        if subject.kind != "Pod" or subject.operation != "UPDATE" or subject.old is None or cluster.ledger is None:
+            return
+        if _node_name(subject.old) != node:
+            return  # bound by this update (a Binding is a subresource): bind checked it
+        whole_gpu = _whole_gpu(choice)
+        metadata = _mapping(subject.obj.get("metadata"))
+        uid = metadata.get("uid")
+        uid = uid if isinstance(uid, str) else ""
+        old_demand, _ = self._believed(self._derive(subject.old)[0], (), choice, _Findings())
+        new = pod_claims(demand, whole_gpu, uid)
+        old = pod_claims(old_demand, whole_gpu, uid)
+        if new.claims == old.claims and new.refusal == old.refusal:
+            return
+        placement = Placement.decode(_mapping(metadata.get("annotations")).get(PLACEMENT_ANNOTATION))
+        claims = apply_intended(new.claims, placement.containers)
+        fit = cluster.ledger.fits(node, claims, uid or None)
+        if fit.ok:
+            return
+        before = cluster.ledger.fits(node, apply_intended(old.claims, placement.containers), uid or None)
+        if not before.ok and not fit.problems and _need(fit) <= _need(before):
+            return  # over its budget before the change already (the ledger reports it); it adds nothing
+        found.violate(
+            Code.BOUND_CHANGE,
+            f"pod is bound to {node} and this change alters what it holds there, which no longer fits: "
+            f"{describe_fit(fit, claims)}; create a new pod instead, so that the scheduler places it",
+            brief=f"bound to {node[:60]}: the change no longer fits its GPUs",
+        )
+
+    def _visible_devices(self, reaches: Sequence[DeviceReach], choice: ClassChoice, found: _Findings) -> None:
+        """Containers naming their own GPUs break their class unless it allows it (a note then)."""
+        for reach in reaches:
+            if choice.qos.allow_visible_devices:
+                found.note(Code.VISIBLE_DEVICES, f"{reach.describe()} (class {choice.name} allows it)",
+                           container=reach.container)
+            else:
+                found.violate(
+                    Code.VISIBLE_DEVICES, f"{reach.describe()} (class {choice.name})", container=reach.container,
+                    brief=f"{reach.kind} {reach.container[:40]} sets NVIDIA_VISIBLE_DEVICES: GPUs nobody counted",
+                )
+
+    def _review_reaches(
+        self,
+        subject: Subject,
+        template: Mapping[str, Any],
+        reaches: Sequence[DeviceReach],
+        cluster: ClusterView,
+        mode: Enforcement,
+    ) -> Decision:
+        """A pod (or template) that asks for no GPU but names GPUs in ``NVIDIA_VISIBLE_DEVICES``."""
+        found = _Findings()
+        choice = self._class(template, cluster, found)
+        self._visible_devices(reaches, choice, found)
+        if subject.operation == "UPDATE" and subject.old is not None:
+            old_found = _Findings()
+            self._visible_devices(device_reaches(pod_template(subject.old, subject.kind) or {}), choice, old_found)
+            found.spare(old_found.violations)
+        return self._decide(mode, choice, found, (), workload_pods(subject.kind, subject.obj))
 
     def _class(self, template: Mapping[str, Any], cluster: ClusterView, found: _Findings) -> ClassChoice:
         labels = _string_map(_mapping(template.get("metadata")).get("labels"))
@@ -1017,10 +1100,8 @@ class AdmissionRules:
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.old, old_template, old_demand, offers)
         self._rules(old_subject, old_demand, choice, offers, claims, pods, cluster, old_found)
-        before = set(old_found.violations)
-        for violation in [v for v in found.violations if v in before]:
-            found.violations.remove(violation)
-            found.notes.append(violation)
+        self._visible_devices(device_reaches(old_template), choice, old_found)
+        found.spare(old_found.violations)
 
     def _decide(
         self, mode: Enforcement, choice: ClassChoice, found: _Findings, claims: tuple[Claim, ...], pods: int
@@ -1123,6 +1204,13 @@ class _Findings:
     def note(self, code: Code, message: str, container: str | None = None) -> None:
         self.notes.append(Finding(code, message, container))
 
+    def spare(self, before: Sequence[Finding]) -> None:
+        """Demote the violations ``before`` (the old object's) had too: an update is not refused for them."""
+        had = set(before)
+        for violation in [v for v in self.violations if v in had]:
+            self.violations.remove(violation)
+            self.notes.append(violation)
+
 
 _SPLIT_CODES = frozenset({Code.CLAIM_MEMORY, Code.EXTENDED_RESOURCE_MEMORY})
 
@@ -1175,6 +1263,23 @@ def _implicit_default(container: ContainerDemand) -> str | None:
     if not container.implicit_default or container.engine is None:
         return None
     return _ENGINE_TITLES.get(container.engine)
+
+
+def _need(fit: Fit) -> int:
+    """The most a failed fit's pod adds to one device."""
+    return max((shortfall.need for shortfall in fit.shortfalls), default=0)
+
+
+def _whole_gpu(choice: ClassChoice) -> ClassChoice:
+    """``choice`` with unknown VRAM held as a whole GPU, as it is held once the pod runs."""
+    if choice.qos.unknown_vram == "whole-gpu":
+        return choice
+    return ClassChoice(choice.name, choice.qos.model_copy(update={"unknown_vram": "whole-gpu"}), choice.source)
+
+
+def _node_name(obj: Mapping[str, Any]) -> str:
+    node = _mapping(obj.get("spec")).get("nodeName")
+    return node if isinstance(node, str) else ""
 
 
 def _controlled(obj: Mapping[str, Any]) -> bool:

@@ -30,6 +30,7 @@ import json
 import sys
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,7 +58,7 @@ from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
 from vramguard.placement import PodClaims, apply_intended, pod_claims
 from vramguard.policy import ClassChoice, Policy
 from vramguard.preemption import DisruptionBudgets
-from vramguard.quantity import QuantityError, parse_quantity
+from vramguard.quantity import QuantityError, format_bytes, parse_quantity
 
 _TERMINAL = ("Succeeded", "Failed")
 TERMINAL_PHASES = frozenset(_TERMINAL)
@@ -238,6 +239,32 @@ class HeldAdmission:
     """Seconds since it was admitted."""
 
 
+MAX_GROWTHS = 1000
+"""Growths kept until reported (the oldest go first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """A bound pod whose claims changed while it ran, leaving devices of its node past their budget."""
+
+    pod: PodKey
+    node: str
+    devices: tuple[tuple[str, int, int], ...]
+    """(device label, bytes it may hold in the worst case, budget) of each device past its budget."""
+
+    @property
+    def message(self) -> str:
+        """The growth in words, for an Event on the pod."""
+        devices = "; ".join(
+            f"{label} may hold {format_bytes(worst)} of its {format_bytes(budget)} budget"
+            for label, worst, budget in self.devices
+        )
+        return (
+            f"pod {self.pod.namespace}/{self.pod.name} changed while bound to {self.node} (a new image?) and now "
+            f"claims more VRAM than its GPU has room for: {devices}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSelection:
     """What a pod's node selection and tolerations are checked against."""
@@ -324,6 +351,9 @@ class ClusterState:
         """DRA nodes where a pod appeared bound since the last sync."""
         self._dra_inputs: dict[str, tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]] = {}
         """Per DRA node, what its ledger part was computed from (see :meth:`sync_dra`)."""
+        self.grown: deque[Growth] = deque(maxlen=MAX_GROWTHS)
+        """Bound pods whose claims grew past a device's budget (an image changed on a running pod,
+        past the webhook), oldest first, for the extender to report (:meth:`take_growths`)."""
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -622,8 +652,31 @@ class ClusterState:
             # Its placement comes from its claim, read at the next sync.
             self._dra_pod_changes += 1
             self._dra_pods_seen.add(record.node)
+        held = self.ledger.holding(key.uid) if was_bound else None
+        changed = held is not None and held[1] == record.node and held[2] != entry.claims
+        before = (
+            {row.device.id: row.worst_bytes for row in self.ledger.usage(record.node, pods=False)} if changed else None
+        )
         self.ledger.hold(record.node, key, entry.claims)
+        if before is not None:
+            self._note_growth(key, record.node, before)
         self._record(key, record)
+
+    def _note_growth(self, pod: PodKey, node: str, before: Mapping[str, int]) -> None:
+        """A bound pod's claims changed: the devices of its node it took past their budget, if any
+        (those already past it keep being reported by the ledger's metrics)."""
+        over = [
+            row for row in self.ledger.usage(node, pods=False)
+            if row.worst_bytes > row.budget and row.worst_bytes > before.get(row.device.id, 0)
+        ]
+        if over:
+            self.grown.append(Growth(pod, node, tuple((row.device.label, row.worst_bytes, row.budget) for row in over)))
+
+    def take_growths(self) -> list[Growth]:
+        """The growths noted since the last call (see :attr:`grown`)."""
+        taken = list(self.grown)
+        self.grown.clear()
+        return taken
 
     def _delete_pod(self, pod: JSON) -> None:
         uid = pod_key(pod).uid

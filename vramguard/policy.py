@@ -110,6 +110,10 @@ class QosClass(_Strict):
     """Whether an engine recognised only from environment variables (JAX's ``XLA_PYTHON_CLIENT_*``)
     is believed. Any container can set ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.01``; when false, such a
     container counts as unknown VRAM (``unknown_vram``) unless it declares its VRAM."""
+    allow_visible_devices: bool = False
+    """Whether a container may set ``NVIDIA_VISIBLE_DEVICES`` to name GPUs itself (webhook): where the
+    container toolkit honours it, it reaches GPUs no scheduler counted (:mod:`vramguard.demand.visible`).
+    A class for the GPU operator's own pods, or monitoring agents, may allow it."""
     enforce_memory_limits: bool = False
     """Whether the mutating webhook writes each GPU container's derived reservation as the
     container toolkit's ``NVIDIA_GPU_MEMORY_REQUEST``/``LIMIT`` (and, in an MPS-only class,

@@ -21,9 +21,16 @@ enforce             ``NotIn [warn, audit]``                  ``In [warn, audit]`
 ==================  ======================================  ======================================
 
 A label with another value follows the default mode in the webhook too, so the split and the
-webhook always agree. Pod UPDATEs stay ``Ignore`` everywhere: an outage must never block removing
-a finalizer or garbage collection, and an update cannot add a GPU to a pod (its containers'
-resources are immutable).
+webhook always agree.
+
+**Pod updates.** An update of a bound pod that changes what vramguard reads of it (an image, hence
+an engine's version and its rules; an ephemeral container added through ``pods/ephemeralcontainers``,
+which ``kubectl debug`` uses) is judged against the devices the pod holds, and gets the same pair
+of entries (``pod-changes``): ``Fail`` where the namespace enforces, since the ledger would count the
+new claims at once. Their matchCondition (:data:`BOUND_CHANGE_EXPRESSION`) compares ``object`` with
+``oldObject``, so no other update ever reaches them. Every other pod UPDATE stays ``Ignore``
+everywhere (``pod-updates``): an outage must never block removing a finalizer or garbage
+collection, and nothing else that decides a pod's VRAM can change.
 
 **Custom workloads.** Every namespaced kind of the policy's ``workload_kinds`` gets the same pair
 of entries, registered for the versions the policy names (a version the cluster does not serve
@@ -57,6 +64,7 @@ from typing import Any
 import yaml
 
 from vramguard.codecs import ENFORCE_LABEL, webhook_name
+from vramguard.demand.visible import VISIBLE_DEVICES
 from vramguard.mutation import ROUTING_DISABLED, ROUTING_LABEL
 from vramguard.operators import OPERATOR_RESOURCES
 from vramguard.policy import Policy
@@ -131,8 +139,12 @@ def enforcement_selectors(default_mode: str) -> tuple[dict[str, Any], dict[str, 
     )
 
 
-def asks_for_gpu_expression(spec_path: str, resources: Sequence[str], prefixes: Sequence[str]) -> str:
-    """A CEL expression true when the pod spec at ``spec_path`` asks for one of the GPU resources."""
+def asks_for_gpu_expression(
+    spec_path: str, resources: Sequence[str], prefixes: Sequence[str], *, reaches: bool = True
+) -> str:
+    """A CEL expression true when the pod spec at ``spec_path`` asks for one of the GPU resources,
+    names DRA claims, or (``reaches``) has a container that sets ``NVIDIA_VISIBLE_DEVICES``
+    (:mod:`vramguard.demand.visible`: it may reach GPUs without asking)."""
     is_gpu = _is_gpu(resources, prefixes)
     parts = spec_path.split(".")
     guards = [f"has({'.'.join(parts[: i + 1])})" for i in range(1, len(parts))]
@@ -145,7 +157,32 @@ def asks_for_gpu_expression(spec_path: str, resources: Sequence[str], prefixes: 
         )
     # A pod whose GPU comes from a DRA claim asks for no resource: its claims send it.
     per_list.append(f"(has({spec_path}.resourceClaims) && size({spec_path}.resourceClaims) > 0)")
+    if reaches:
+        fields = ("containers", "initContainers", "ephemeralContainers") if spec_path == "object.spec" else (
+            "containers", "initContainers")
+        per_list.extend(
+            f"(has({spec_path}.{field}) && {spec_path}.{field}.exists(c, has(c.env) &&\n"
+            f"  c.env.exists(e, e.name == '{VISIBLE_DEVICES}')))"
+            for field in fields
+        )
     return "object != null && " + " && ".join(guards) + " &&\n(" + " ||\n ".join(per_list) + ")"
+
+
+BOUND_CHANGE_EXPRESSION = (
+    "oldObject != null && has(oldObject.spec.nodeName) && oldObject.spec.nodeName != '' && (\n"
+    "  object.spec.containers.map(c, has(c.image) ? c.image : '') !=\n"
+    "    oldObject.spec.containers.map(c, has(c.image) ? c.image : '') ||\n"
+    "  (has(object.spec.initContainers) ? object.spec.initContainers.map(c, has(c.image) ? c.image : '') : []) !=\n"
+    "    (has(oldObject.spec.initContainers) ? oldObject.spec.initContainers.map(c, has(c.image) ? c.image : '') : [])"
+    " ||\n"
+    "  (has(object.spec.ephemeralContainers) ? size(object.spec.ephemeralContainers) : 0) !=\n"
+    "    (has(oldObject.spec.ephemeralContainers) ? size(oldObject.spec.ephemeralContainers) : 0))"
+)
+"""A pod already bound whose update changes what vramguard reads of it: an image (hence an engine's
+version), or an ephemeral container added (``kubectl debug``, through ``pods/ephemeralcontainers``).
+Nothing else that decides a pod's VRAM can change once it exists (its command, environment and
+resources are immutable; its ``vramguard.io/`` annotations and labels are frozen once bound by the
+ValidatingAdmissionPolicy ``vramguard-bound-pod-annotations``)."""
 
 
 def workload_gpu_expression(kind: WorkloadKind, resources: Sequence[str], prefixes: Sequence[str]) -> str:
@@ -227,13 +264,24 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
     for target_name, rules, expression in targets:
         condition = {"name": "asks-for-a-gpu", "expression": expression}
         creates = ["CREATE"] if target_name == "pods" else ["CREATE", "UPDATE"]
-        entries: list[tuple[str, str, list[str], dict[str, Any] | None]] = [
-            (webhook_name(target_name), "Fail", creates, fail_selector),
-            (webhook_name(f"{target_name}-unenforced"), "Ignore", creates, ignore_selector),
+        entries: list[tuple[str, str, list[dict[str, Any]], dict[str, Any] | None, list[dict[str, str]]]] = [
+            (webhook_name(target_name), "Fail", _with(rules, creates), fail_selector, [condition]),
+            (webhook_name(f"{target_name}-unenforced"), "Ignore", _with(rules, creates), ignore_selector, [condition]),
         ]
         if target_name == "pods":
-            entries.append((webhook_name("pod-updates"), "Ignore", ["UPDATE"], None))
-        for name, failure, operations, selector in entries:
+            # A bound pod's change that alters what it holds is judged like a creation: Fail where
+            # the namespace enforces. Every other update (labels, finalizers, status) is sent only
+            # with Ignore, so an outage never blocks garbage collection or a deletion.
+            changes = _with([*rules, {"apiGroups": [""], "apiVersions": ["v1"], "resources": [
+                "pods/ephemeralcontainers"]}], ["UPDATE"])
+            changed = {"name": "bound-pod-changes", "expression": BOUND_CHANGE_EXPRESSION}
+            unchanged = {"name": "not-a-bound-pod-change", "expression": f"!({BOUND_CHANGE_EXPRESSION})"}
+            entries += [
+                (webhook_name("pod-changes"), "Fail", changes, fail_selector, [condition, changed]),
+                (webhook_name("pod-changes-unenforced"), "Ignore", changes, ignore_selector, [condition, changed]),
+                (webhook_name("pod-updates"), "Ignore", _with(rules, ["UPDATE"]), None, [condition, unchanged]),
+            ]
+        for name, failure, entry_rules, selector, conditions in entries:
             expressions = [excluded, *([selector] if selector is not None else [])]
             webhooks.append({
                 "name": name,
@@ -243,9 +291,9 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
                 "failurePolicy": failure,
                 "matchPolicy": "Equivalent",
                 "clientConfig": _client_config(target),
-                "rules": [{**rule, "operations": list(operations), "scope": "Namespaced"} for rule in rules],
+                "rules": entry_rules,
                 "namespaceSelector": {"matchExpressions": [dict(e) for e in expressions]},
-                "matchConditions": [dict(condition)],
+                "matchConditions": [dict(c) for c in conditions],
             })
     webhooks.append(_claims_entry(webhook_name("resourceclaims"), "Fail", fail_selector, target, excluded))
     webhooks.append(
@@ -262,6 +310,10 @@ def webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -
     }
 
 
+def _with(rules: Sequence[dict[str, Any]], operations: Sequence[str]) -> list[dict[str, Any]]:
+    return [{**rule, "operations": list(operations), "scope": "Namespaced"} for rule in rules]
+
+
 def mutating_webhook_configuration(policy: Policy, target: WebhookTarget | None = None) -> dict[str, Any]:
     """The MutatingWebhookConfiguration for ``policy``: Pod CREATEs that ask for a GPU (a GPU
     resource of the policy, or any DRA claim) go to ``/mutate`` (:mod:`vramguard.mutation`).
@@ -275,7 +327,9 @@ def mutating_webhook_configuration(policy: Policy, target: WebhookTarget | None 
     target = replace(target or WebhookTarget(), path=MUTATE_PATH)
     excluded = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(target.excluded_namespaces)}
     opted_out = {"key": ROUTING_LABEL, "operator": "NotIn", "values": [ROUTING_DISABLED]}
-    expression = asks_for_gpu_expression("object.spec", policy.gpu_resources, policy.gpu_resource_prefixes)
+    expression = asks_for_gpu_expression(
+        "object.spec", policy.gpu_resources, policy.gpu_resource_prefixes, reaches=False
+    )
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -346,9 +400,12 @@ HEADER = """\
 # Each kind has two entries, split on the namespace label vramguard.io/enforce: failurePolicy
 # Fail where the namespace enforces the policy (an outage or an unreadable review is a refusal
 # there), Ignore where it warns or audits (Ignore admits the object unchecked on ANY error: down,
-# timeout, a body too large). Pod UPDATEs are Ignore everywhere, so an outage never blocks
-# finalizer removal or garbage collection. Run two replicas with the PodDisruptionBudget.
-# matchConditions send only objects that ask for a GPU resource of the policy or use a DRA claim.
+# timeout, a body too large). An update of a bound pod that changes what it holds (an image, an
+# ephemeral container added) gets the same pair (pod-changes); every other pod UPDATE is Ignore
+# everywhere (pod-updates), so an outage never blocks finalizer removal or garbage collection.
+# Run two replicas with the PodDisruptionBudget.
+# matchConditions send only objects that ask for a GPU resource of the policy, use a DRA claim, or
+# set NVIDIA_VISIBLE_DEVICES in a container.
 # ResourceClaims and ResourceClaimTemplates (CREATE) are checked against the pods already naming them,
 # with the same Fail / Ignore split; those made for a pod (by the scheduler or from a template) are not sent.
 #

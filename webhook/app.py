@@ -52,6 +52,8 @@ BODY_LIMIT = 8 * 1024 * 1024
 # The API server gives the webhook at most timeoutSeconds (5 s in the shipped configuration);
 # a namespace the watch has not delivered yet is fetched within a fraction of that.
 NAMESPACE_LOOKUP_TIMEOUT = 1.5
+REVIEWED_SUBRESOURCES = ("ephemeralcontainers",)
+"""Subresources whose reviews carry the whole Pod and change what it holds (``kubectl debug``)."""
 HOLD_CHECKS_AT_ONCE = 16
 """Pods of pending admissions read from the API server at the same time."""
 
@@ -319,7 +321,7 @@ async def validate(request: web.Request) -> web.Response:
     review = await read_model(request, AdmissionReview)
     admission = review.request
     kind = admission.kind.kind
-    if admission.operation in ("DELETE", "CONNECT") or admission.subResource:
+    if admission.operation in ("DELETE", "CONNECT") or admission.subResource not in ("", *REVIEWED_SUBRESOURCES):
         # Nothing to validate: deleting frees VRAM, subresources (status, scale, ...) carry no pod spec.
         metrics.reviews.labels(_kind_label(kind), admission.operation, "skipped").inc()
         return json_response(review_response(admission.uid, True))

@@ -269,6 +269,22 @@ def env_flag(env: ContainerEnv, name: str, found: Findings) -> Flag | None:
     return Flag(f"env {name}", entry.value, "=")
 
 
+def hidden_settings(env: ContainerEnv, names: Iterable[str], engine: str, found: Findings) -> bool:
+    """Whether any variable of ``names`` (settings that can lift or replace the engine's memory cap)
+    may hold a value the spec does not show: set from a Secret, a ConfigMap, a field or a resource,
+    or by an ``envFrom`` source. The engine's VRAM is then unknown (the warning says why)."""
+    hidden = [name for name in names if env.is_opaque(name)]
+    if not hidden:
+        return False
+    entry = env.values.get(hidden[0])
+    source = entry.source if entry is not None else ", ".join(env.opaque_sources)
+    found.warn(
+        f"env {', '.join(hidden[:4])} may be set from {source}, which vramguard cannot read; it can lift or "
+        f"replace {engine}'s memory cap, so its VRAM is unknown; set it literally or declare {VRAM_ANNOTATION}"
+    )
+    return True
+
+
 _ONE_GPU = {ray: Parallel(1, (), None, None, ray) for ray in (False, True)}
 
 

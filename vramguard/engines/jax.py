@@ -10,6 +10,14 @@ demand but keeps the fraction as the allocator's cap (``allow_growth``, ``xla/pj
 ``CreateBFCAllocator``): a bound, counted as the fraction. ``XLA_PYTHON_CLIENT_ALLOCATOR=platform``
 bypasses the allocator and its cap: the peak is then unknown. JAX is recognised only through these
 variables, since ``python train.py`` says nothing.
+
+Other settings put memory outside the fraction (jaxlib 0.10.2 and XLA's ``se_gpu_pjrt_client.cc``,
+``gpu_helpers.cc``): ``TF_FORCE_UNIFIED_MEMORY`` lets the fraction exceed the device (oversubscription);
+``XLA_FLAGS`` may add an allocator of its own (``--xla_gpu_enable_nccl_user_buffers``, a collective
+pool beside the main one; ``--xla_gpu_temp_buffer_use_separate_color``, one of fraction 1.0;
+``--xla_gpu_command_buffer_update_mode``, the VMM allocator); ``JAX_PJRT_CLIENT_CREATE_OPTIONS``
+replaces the plugin's options, the fraction among them. Any of these set, or any of the variables
+above set from a source vramguard cannot read, makes the VRAM unknown.
 """
 
 from __future__ import annotations
@@ -19,13 +27,26 @@ from fractions import Fraction
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Vram
-from vramguard.engines.base import Findings, env_flag
+from vramguard.engines.base import Findings, env_flag, hidden_settings
 
 NAME = "jax"
 FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 ALLOCATOR = "XLA_PYTHON_CLIENT_ALLOCATOR"
+UNIFIED_MEMORY = "TF_FORCE_UNIFIED_MEMORY"
+XLA_FLAGS = "XLA_FLAGS"
+CREATE_OPTIONS = "JAX_PJRT_CLIENT_CREATE_OPTIONS"
 ALL_VARIABLES = (*FRACTION_VARIABLES, PREALLOCATE, ALLOCATOR)
+CAP_VARIABLES = (ALLOCATOR, UNIFIED_MEMORY, XLA_FLAGS, CREATE_OPTIONS)
+"""Variables that can lift or bypass the fraction: unknown VRAM when the spec does not show them."""
+OUTSIDE_FLAGS = (
+    "--xla_gpu_enable_nccl_user_buffers", "--xla_gpu_temp_buffer_use_separate_color",
+    "--xla_gpu_command_buffer_update_mode",
+)
+"""``XLA_FLAGS`` entries that allocate device memory outside the fraction's allocator."""
+FALSE_VALUES = ("false", "False", "0")
+"""What ``XLA_PYTHON_CLIENT_PREALLOCATE`` reads as off (``jaxlib/xla_client.py``: ``preallocate not in
+('false', 'False', '0')``); any other value preallocates."""
 DEFAULT_FRACTION = Fraction(3, 4)
 RULE = (
     "the fraction is of the device's total memory, pre-allocated or, with preallocation off, the cap "
@@ -59,8 +80,9 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
             f"sets both {' and '.join(FRACTION_VARIABLES)}: jaxlib refuses to start (\"XLA_CLIENT_MEM_FRACTION "
             "is specified together with XLA_PYTHON_CLIENT_MEM_FRACTION\"); remove the latter"
         )
-    platform = (env.literal(ALLOCATOR) or "") == "platform"
-    on_demand = _is_false(env.literal(PREALLOCATE))
+    platform = (env.literal(ALLOCATOR) or "").strip().lower() == "platform"
+    on_demand = (env.literal(PREALLOCATE) or "").strip() in FALSE_VALUES
+    outside = _outside_the_fraction(env)
     vram: Vram | None
     if platform:
         found.evidence.append(f"{ALLOCATOR}=platform")
@@ -68,7 +90,14 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
             f"JAX's platform allocator has no cap, so its peak VRAM is unknown; declare it with {VRAM_ANNOTATION}"
         )
         vram = None
-    elif unreadable:
+    elif outside is not None:
+        found.evidence.append(outside)
+        found.warn(
+            f"{outside}: JAX holds memory outside its fraction there, so its peak VRAM is unknown; declare it "
+            f"with {VRAM_ANNOTATION}"
+        )
+        vram = None
+    elif unreadable or hidden_settings(env, CAP_VARIABLES, "JAX", found):
         vram = None
     else:
         if not fractions:
@@ -83,5 +112,17 @@ def claim(env: ContainerEnv, container: str) -> EngineClaim:
     )
 
 
-def _is_false(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("false", "0", "no", "off")
+def _outside_the_fraction(env: ContainerEnv) -> str | None:
+    """The literal setting that puts device memory outside the fraction's allocator, if any."""
+    unified = (env.literal(UNIFIED_MEMORY) or "").strip().lower()
+    if unified in ("1", "true"):
+        return f"env {UNIFIED_MEMORY}={unified}"
+    options = env.literal(CREATE_OPTIONS)
+    if options is not None and options.strip():
+        return f"env {CREATE_OPTIONS}={options.strip()[:64]}"
+    flags = env.literal(XLA_FLAGS) or ""
+    for word in flags.split():
+        name, _, value = word.partition("=")
+        if name in OUTSIDE_FLAGS and value.strip().lower() not in ("false", "0", "always_update"):
+            return f"XLA_FLAGS {word[:96]}"
+    return None

@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
+from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Vram
-from vramguard.engines.base import Findings, Options, parallel_layout, parse_positive_int
-from vramguard.engines.launchers import program, python_module
+from vramguard.engines.base import Findings, Options, hidden_settings, parallel_layout, parse_positive_int
+from vramguard.engines.launchers import image_repository, image_tag, program, python_module, version_from_tag
 from vramguard.quantity import MiB
 
 NAME = "sglang"
@@ -39,6 +40,13 @@ NODES = ("--nnodes",)
 CHUNKED_PREFILL = ("--chunked-prefill-size",)
 GRAPH_BATCH = ("--cuda-graph-max-bs",)
 NO_GRAPHS = ("--disable-cuda-graph",)
+SMALL_KV_SIZE = "SGLANG_CI_SMALL_KV_SIZE"
+"""Replaces the profiled KV token count, whatever the fraction (``model_runner.py`` v0.5.5: ``if
+SGLANG_CI_SMALL_KV_SIZE: self.max_total_num_tokens = int(SGLANG_CI_SMALL_KV_SIZE)``); gone by
+v0.5.23. SGLang reads no command-line option from the environment."""
+SMALL_KV_SIZE_GONE: tuple[int, int, int] = (0, 5, 23)
+VERSIONED_IMAGES = frozenset({"sglang"})
+"""Repository names of images whose tag is SGLang's version (``lmsysorg/sglang:v0.5.5-cu129``)."""
 DEFAULT_CHUNKED_PREFILL = 8192
 DEFAULT_GRAPH_BATCH = 256
 """SGLang's defaults for GPUs of 60 to 160 GiB at TP below 4 (``memory_hook.py``, v0.5.23); larger
@@ -66,8 +74,9 @@ def arguments(argv: Sequence[str]) -> list[str] | None:
 
 def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim:
     """What SGLang started with ``args`` will hold on each of its GPUs."""
-    del env, image
     found = Findings.for_container(container)
+    repository = image_repository(image).rsplit("/", 1)[-1]
+    version = version_from_tag(image_tag(image)) if repository in VERSIONED_IMAGES else None
     options = Options(args)
     options.report_misspellings((*MEM_FRACTION, *TENSOR, *PIPELINE, *DATA, *NODES), "SGLang",
                                 '"unrecognized arguments"', found)
@@ -84,6 +93,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
             "reserve takes the whole GPU; set it explicitly to share the GPU"
         )
         vram = Vram(fraction=Fraction(1), ceiling=True)
+    elif _replaced_kv_size(env, version, found):
+        vram = None
     else:
         fraction = found.fraction(fraction_flag)
         if fraction is not None and not found.overridden(fraction_flag, options, "SGLang"):
@@ -98,6 +109,20 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
         default_warning=found.default_warning, overheads=overheads,
     )
+
+
+def _replaced_kv_size(env: ContainerEnv, version: tuple[int, int, int] | None, found: Findings) -> bool:
+    """Whether :data:`SMALL_KV_SIZE` may replace the KV pool's size (in versions that read it)."""
+    if version is not None and version >= SMALL_KV_SIZE_GONE:
+        return False
+    value = env.literal(SMALL_KV_SIZE)
+    if value is not None and value.strip():
+        found.warn(
+            f"env {SMALL_KV_SIZE}={value.strip()[:32]}: SGLang (before v0.5.23) sizes its KV pool to that many tokens "
+            f"whatever --mem-fraction-static says, so its VRAM is unknown; declare {VRAM_ANNOTATION}"
+        )
+        return True
+    return hidden_settings(env, (SMALL_KV_SIZE,), "SGLang (before v0.5.23)", found)
 
 
 def reserve_bytes(options: Options, tp_pp: int) -> int:

@@ -19,7 +19,7 @@ from fractions import Fraction
 
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
-from vramguard.engines.base import Findings, Options, env_flag
+from vramguard.engines.base import Findings, Options, env_flag, hidden_settings
 from vramguard.engines.launchers import program
 
 NAME = "tgi"
@@ -55,7 +55,10 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     flag = options.last(MEMORY_FRACTION) or env_flag(env, MEMORY_FRACTION_ENV, found)
     vram: Vram | None
     implicit = flag is None
-    if flag is None:
+    if flag is None and hidden_settings(env, (MEMORY_FRACTION_ENV,), "TGI", found):
+        # clap reads every launcher option from its upper-case variable when the flag is absent.
+        vram, implicit = None, False
+    elif flag is None:
         found.evidence.append("TGI default --cuda-memory-fraction 1.0")
         found.relies_on_default(
             f"container {container} relies on TGI's default --cuda-memory-fraction (1.0: the whole "

@@ -32,11 +32,13 @@ rule, and says so.
 cache to that many bytes and skips the profiling that applies the utilization ("This does not
 respect the gpu_memory_utilization config", ``determine_available_memory`` in
 ``v1/worker/gpu_worker.py``): the engine then holds its weights and activations beside those bytes,
-which the manifest does not say. ``--config FILE`` reads options from a YAML file, inserted before
+which the manifest does not say. ``--num-gpu-blocks-override`` likewise replaces the profiled
+block count (:data:`BLOCKS_OVERRIDE`). ``--config FILE`` reads options from a YAML file, inserted before
 the command line's own (``FlexibleArgumentParser._pull_args_from_config`` in ``vllm/utils``): the
 file may set ``kv-cache-memory-bytes``, which no utilization on the command line bounds. An argument
-the spec does not show (``$(EXTRA_ARGS)`` from a Secret) may add either flag. In all three cases
-the claim is unknown, and the container must declare its VRAM.
+the spec does not show (``$(EXTRA_ARGS)`` from a Secret) may add any of these flags. In all these
+cases the claim is unknown, and the container must declare its VRAM. (vLLM reads no option from
+the environment.)
 """
 
 from __future__ import annotations
@@ -70,8 +72,15 @@ DEFAULT_SINCE_0_20 = Fraction(92, 100)
 GRAPHS_VARIABLE = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 EAGER = ("--enforce-eager",)
 SOURCE = "vllm/v1/worker/gpu_worker.py"
-UTILIZATION = ("--gpu-memory-utilization",)
+UTILIZATION = ("--gpu-memory-utilization", "--device-memory-utilization")
+"""The second is an alias of the first (the same ``dest``, ``engine/arg_utils.py`` v0.34.0)."""
 KV_CACHE_BYTES = ("--kv-cache-memory-bytes", "--kv-cache-memory")
+BLOCKS_OVERRIDE = ("--num-gpu-blocks-override",)
+"""Replaces the profiled number of KV cache blocks: the cache is that many blocks whatever the
+utilization says, never checked against the device (``v1/core/kv_cache_utils.py``
+``_get_kv_cache_config_uniform_type`` v0.8.5: "Overriding num_gpu_blocks=%d with
+num_gpu_blocks_override=%d"; ``engine/llm_engine.py`` in the old engine; ``v1/core/kv_cache_planning.py``
+``may_override_num_blocks`` v0.34.0)."""
 PARALLEL_SIZES = (
     ("tensor", ("--tensor-parallel-size", "-tp")),
     ("pipeline", ("--pipeline-parallel-size", "-pp")),
@@ -86,7 +95,7 @@ _SIZES_WITH_LOCAL_DATA = (*_SIZES, DATA_PARALLEL_LOCAL)
 NODES = ("--nnodes",)
 """Multi-node serving without Ray: the parallel sizes are totals over ``--nnodes`` pods."""
 MISSPELLABLE = (
-    *UTILIZATION, *KV_CACHE_BYTES, *(name for names in _SIZES for name in names), *DATA_PARALLEL,
+    *UTILIZATION, *KV_CACHE_BYTES, *BLOCKS_OVERRIDE, *(name for names in _SIZES for name in names), *DATA_PARALLEL,
     *DATA_PARALLEL_LOCAL, *CONFIG, *NODES, *EAGER,
 )
 """The options that decide what vLLM holds: a misspelling of one is an error, since vLLM's argument
@@ -121,6 +130,9 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     vram: Vram | None = None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
+    if kv_bytes is not None and kv_bytes.value is not None and not kv_bytes.value.strip():
+        kv_bytes = None  # ``--kv-cache-memory-bytes=``: vLLM reads an empty value as unset
+    blocks = options.last(BLOCKS_OVERRIDE)
     utilization = options.last(UTILIZATION)
     config = options.last(CONFIG)
     rules: list[str] = []
@@ -137,6 +149,13 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         found.warn(
             f"{kv_bytes.evidence()}: vLLM sizes its KV cache to that and holds its weights and activations "
             f"beside it, whatever --gpu-memory-utilization says ({SOURCE}), so its VRAM is unknown; "
+            f"declare {VRAM_ANNOTATION}"
+        )
+    elif blocks is not None:
+        found.evidence.append(blocks.evidence())
+        found.warn(
+            f"{blocks.evidence()}: vLLM makes its KV cache that many blocks, whatever --gpu-memory-utilization "
+            f"says and without checking the device (v1/core/kv_cache_utils.py), so its VRAM is unknown; "
             f"declare {VRAM_ANNOTATION}"
         )
     elif found.overridden(None, options, "vLLM"):
