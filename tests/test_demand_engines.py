@@ -367,7 +367,83 @@ CASES = [
         "vllm",
         Fraction(3, 10),
     ),
+    # argparse takes any unambiguous prefix of a long option (allow_abbrev, never turned off by vLLM,
+    # v0.4.0-v0.34.0); the last occurrence wins whichever way it is written. Built parsers of vLLM
+    # v0.5.5, v0.8.5, v0.10.2 and v0.34.0 read all of these so (vllm/utils FlexibleArgumentParser).
+    Case(
+        "vllm-a-prefix-is-the-option-and-the-last-wins",
+        pod(container(image="vllm/vllm-openai:v0.10.2",
+                      command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.10", "--gpu-memory-util", "0.95"])),
+        "vllm",
+        Fraction(95, 100),
+        evidence=["--gpu-memory-util 0.95"],
+    ),
+    Case(
+        "vllm-underscored-prefix-with-equals",
+        pod(container(image="vllm/vllm-openai:v0.34.0",
+                      command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.10", "--gpu_memory_util=0.95"])),
+        "vllm",
+        Fraction(95, 100),
+    ),
+    Case(
+        "vllm-ambiguous-prefix-is-an-error",
+        pod(container(image="vllm/vllm-openai:v0.34.0", command=["vllm", "serve", "m", "--g", "0.5"])),
+        "vllm",
+        Fraction(1),
+        errors=['--g: vLLM exits at start ("ambiguous option")'],
+    ),
+    Case(
+        "vllm-short-prefix-of-tp",
+        pod(container(image="vllm/vllm-openai:v0.34.0",
+                      command=["vllm", "serve", "m", "-t", "2", "--gpu-memory-utilization", "0.5"], gpus=2)),
+        "vllm",
+        Fraction(1, 2),
+        gpus=2,
+    ),
+    # --data-parallel-size-local (v0.9.0) extends --data-parallel-size: "ambiguous option:
+    # --data-parallel-siz could match --data-parallel-size, --data-parallel-size-local" (v0.10.2, v0.34.0).
+    Case(
+        "vllm-prefix-of-two-options-is-ambiguous",
+        pod(container(image="vllm/vllm-openai:v0.34.0",
+                      command=["vllm", "serve", "m", "--data-parallel-siz", "2", "--gpu-memory-utilization", "0.5"])),
+        "vllm",
+        Fraction(1, 2),
+        errors=['--data-parallel-siz: vLLM exits at start ("ambiguous option")'],
+    ),
+    Case(
+        "vllm-prefix-of-the-blocks-override-is-unknown",
+        pod(container(image="vllm/vllm-openai:v0.34.0",
+                      command=["vllm", "serve", "m", "--gpu-memory-utilization", "0.1", "--num-", "100"])),
+        "vllm",
+        None,
+        warnings=["--num- 100: vLLM makes its KV cache that many blocks"],
+    ),
     # SGLang
+    # srt/server_args.py: argparse.ArgumentParser() without allow_abbrev (v0.4.0-v0.5.23); --tp and --dp are
+    # prefixes of --tp-size and --dp-size; --pp is ambiguous from v0.5.4 (--pp-max-micro-batch-size).
+    Case(
+        "sglang-a-prefix-is-the-option-and-the-last-wins",
+        pod(container(image="lmsysorg/sglang:v0.5.5-cu129", command=[
+            "python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.5", "--mem-frac", "0.8"])),
+        "sglang",
+        Fraction(4, 5),
+    ),
+    Case(
+        "sglang-pp-is-ambiguous-from-0.5.4",
+        pod(container(image="lmsysorg/sglang:v0.5.5-cu129", command=[
+            "python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.5", "--tp", "1", "--pp", "1"])),
+        "sglang",
+        Fraction(1, 2),
+        errors=['--pp: SGLang exits at start ("ambiguous option")'],
+    ),
+    Case(
+        "sglang-turns-no-underscore-into-a-dash",
+        pod(container(image="lmsysorg/sglang:v0.5.23", command=[
+            "python3", "-m", "sglang.launch_server", "--mem_fraction_static", "0.8"])),
+        "sglang",
+        Fraction(1),
+        errors=["--mem_fraction_static: SGLang has no such option"],
+    ),
     # srt/model_executor/model_runner.py (v0.5.5): "if SGLANG_CI_SMALL_KV_SIZE: self.max_total_num_tokens
     # = int(SGLANG_CI_SMALL_KV_SIZE)", whatever --mem-fraction-static says; gone in v0.5.23.
     Case(
@@ -482,6 +558,15 @@ CASES = [
         "tgi",
         None,
         warnings=["env CUDA_MEMORY_FRACTION may be set from configMapRef tgi"],
+    ),
+    # clap 4 without args_override_self: "the argument '--cuda-memory-fraction <...>' cannot be used multiple times".
+    Case(
+        "tgi-a-flag-twice-is-refused",
+        pod(container(command=["text-generation-launcher", "--cuda-memory-fraction", "0.3",
+                               "--cuda-memory-fraction", "0.4"])),
+        "tgi",
+        Fraction(2, 5),
+        errors=["--cuda-memory-fraction is given twice"],
     ),
     Case(
         "tgi-env-out-of-range",

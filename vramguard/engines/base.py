@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -47,19 +47,72 @@ option of 20-odd characters (``--gpu-memory-utlization``: 0.98), while distinct 
 stay apart (``--data-parallel-size`` against ``--tensor-parallel-size``: 0.86)."""
 
 
+Version = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Abbreviations:
+    """How an engine's argparse parser takes a prefix of a long option (``allow_abbrev``, which argparse
+    turns on by default and neither vLLM nor SGLang turns off): ``--gpu-memory-util 0.95`` is
+    ``--gpu-memory-utilization 0.95`` when no other option of the parser starts with ``--gpu-memory-util``,
+    and an ambiguous prefix is an error (``ambiguous option: ... could match ...``). An exact name wins
+    over a prefix. Single-dash options are matched the same way (``-t`` is ``-tp``).
+
+    For each option vramguard reads, :attr:`shared` gives, by the engine versions whose parsers were
+    built and listed (``scripts/engine_options.py``), the longest prefix it shares with another option
+    of that parser (the whole name: only the whole name works). A prefix longer than that is the option.
+    """
+
+    shared: Mapping[str, tuple[tuple[Version, str], ...]]
+    """Option -> ((version, longest prefix shared with another option in that version), ...), oldest first."""
+    others: frozenset[str] = frozenset()
+    """Options vramguard does not read that are prefixes of some it does (``--device`` of
+    ``--device-memory-utilization``): written whole, they are themselves, not a prefix."""
+
+    def at(self, version: Version | None) -> dict[str, str]:
+        """The shared prefixes for ``version``. Between two versions listed, the shorter of the two
+        (the one that takes more prefixes: a version in between may have either option set); an
+        unknown version takes the shortest of all, so that a prefix any release takes is read."""
+        prefixes: dict[str, str] = {}
+        for option, rows in self.shared.items():
+            if version is None:
+                prefixes[option] = min((shared for _, shared in rows), key=len)
+                continue
+            listed = next((shared for since, shared in rows if since == version), None)
+            before = [shared for since, shared in rows if since < version]
+            after = [shared for since, shared in rows if since > version]
+            if listed is not None:
+                prefixes[option] = listed
+            elif before and after:
+                prefixes[option] = min(before[-1], after[0], key=len)
+            else:
+                prefixes[option] = before[-1] if before else after[0]
+        return prefixes
+
+
 class Options:
     """The options of one command line, read once: argparse and clap semantics, last occurrence wins.
 
     Both ``--flag value`` and ``--flag=value`` are read. A flag followed by nothing, or by another
     option, has no value (``Flag.value is None``): the engine itself would refuse to start. With
     ``underscores``, ``--gpu_memory_utilization`` means ``--gpu-memory-utilization`` (as in vLLM).
+    With ``prefixes`` (:meth:`Abbreviations.at`), a prefix of an option is read as argparse reads it:
+    the option, or an ambiguous one (:meth:`ambiguous`); ``exact`` names other options that are
+    prefixes of those.
     """
 
-    __slots__ = ("_found", "_unreadable")
+    __slots__ = ("_ambiguous", "_counts", "_found", "_unreadable")
 
-    def __init__(self, args: Sequence[str], underscores: bool = False) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        underscores: bool = False,
+        prefixes: Mapping[str, str] | None = None,
+        exact: frozenset[str] = frozenset(),
+    ) -> None:
         # name -> (index, as written, value, separator); a Flag is built only for the names asked for.
         found: dict[str, tuple[int, str, str | None, str]] = {}
+        counts: dict[str, int] = {}
         unreadable: tuple[int, str] | None = None
         count = len(args)
         index = 0
@@ -73,6 +126,7 @@ class Options:
                 name = written  # the key is the canonical name; the flag keeps the user's spelling
                 if underscores and name[:2] == "--" and "_" in name:
                     name = name.replace("_", "-")
+                counts[name] = counts.get(name, 0) + 1
                 if sep:
                     found[name] = (index, written, value, "=")
                 elif index + 1 < count and _is_value(following := args[index + 1]):
@@ -84,7 +138,42 @@ class Options:
                 unreadable = (index, word)
             index += 1
         self._found = found
+        self._counts = counts
         self._unreadable = unreadable
+        self._ambiguous: list[tuple[str, tuple[str, ...]]] = []
+        if prefixes:
+            self._resolve(prefixes, exact)
+
+    def _resolve(self, prefixes: Mapping[str, str], exact: frozenset[str]) -> None:
+        """Read each prefix of an option of ``prefixes`` as argparse does: the option (its last
+        occurrence wins, whichever way it was written), or ambiguous."""
+        found = self._found
+        for name in [n for n in found if n not in prefixes and n not in exact and n[:1] == "-"]:
+            dashes = "--" if name[:2] == "--" else "-"
+            candidates = tuple(
+                option for option in prefixes
+                if option.startswith(name) and (option[:2] == "--") == (dashes == "--")
+            )
+            if not candidates:
+                continue
+            taken = [option for option in candidates if len(name) > len(prefixes[option])]
+            entry = found.pop(name)
+            if len(taken) != 1:
+                self._ambiguous.append((entry[1], candidates))
+                continue
+            option = taken[0]
+            self._counts[option] = self._counts.get(option, 0) + self._counts.pop(name, 0)
+            current = found.get(option)
+            if current is None or current[0] < entry[0]:
+                found[option] = entry
+
+    def ambiguous(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Prefixes the engine refuses as ambiguous: (as written, the options read that start with it)."""
+        return list(self._ambiguous)
+
+    def repeated(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` given more than once (clap, without ``args_override_self``, refuses them)."""
+        return [name for name in names if self._counts.get(name, 0) > 1]
 
     def last(self, names: Iterable[str]) -> Flag | None:
         """The last occurrence of any of ``names`` (aliases such as ``-tp`` and ``--tensor-parallel-size``)."""
@@ -111,25 +200,36 @@ class Options:
 
     def report_misspellings(self, options: Iterable[str], engine: str, refusal: str, found: Findings) -> None:
         """An error for each :meth:`near_misses` of ``options``: ``engine``'s parser refuses an option it
-        does not know (``refusal``, its message), so the pod would crash-loop."""
+        does not know (``refusal``, its message), so the pod would crash-loop; and for each
+        :meth:`ambiguous` prefix, which it refuses too."""
         for written, meant in self.near_misses(options):
             found.error(f"{written}: {engine} has no such option and exits at start ({refusal}); did you mean {meant}?")
+        for written, candidates in self._ambiguous:
+            found.error(
+                f"{written}: {engine} exits at start (\"ambiguous option\"): its parser takes a prefix of an option "
+                f"only where no other option starts with it, and {', '.join(candidates)} and others do"
+            )
 
     def near_misses(self, options: Iterable[str]) -> list[tuple[str, str]]:
         """Long options given that are none of ``options`` but within a letter or two of one of them
-        (``--gpu-memory-utlization``), as ``(as written, meant)``, in the order given. Underscores and
-        dashes compare equal, and an option extending one (``--data-parallel-size-local``) is no miss."""
-        wanted = {name.replace("_", "-") for name in options if name.startswith("--")}
+        (``--gpu-memory-utlization``), as ``(as written, meant)``, in the order given. An option spelt
+        with ``_`` for ``-`` is a miss too, unless the engine reads it so (``underscores``), and an option
+        extending one (``--data-parallel-size-local``) is no miss."""
+        given = set(options)
+        wanted = {name.replace("_", "-"): name for name in options if name.startswith("--")}
         misses: list[tuple[str, str]] = []
         for name, (_, written, _, _) in sorted(self._found.items(), key=lambda item: item[1][0]):
             canonical = name.replace("_", "-")
-            if not canonical.startswith("--") or canonical in wanted:
+            if not canonical.startswith("--") or name in given:
+                continue
+            if canonical in wanted:
+                misses.append((written, wanted[canonical]))
                 continue
             if any(canonical.startswith(option + "-") for option in wanted):
                 continue
             close = difflib.get_close_matches(canonical, sorted(wanted), n=1, cutoff=NEAR_MISS_CUTOFF)
             if close:
-                misses.append((written, close[0]))
+                misses.append((written, wanted[close[0]]))
         return misses
 
 

@@ -22,7 +22,14 @@ from fractions import Fraction
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Vram
-from vramguard.engines.base import Findings, Options, hidden_settings, parallel_layout, parse_positive_int
+from vramguard.engines.base import (
+    Abbreviations,
+    Findings,
+    Options,
+    hidden_settings,
+    parallel_layout,
+    parse_positive_int,
+)
 from vramguard.engines.launchers import image_repository, image_tag, program, python_module, version_from_tag
 from vramguard.quantity import MiB
 
@@ -31,9 +38,11 @@ PROGRAM = "sglang"
 """The console script: ``sglang serve``."""
 MODULES = frozenset({"sglang.launch_server"})
 MEM_FRACTION = ("--mem-fraction-static",)
-TENSOR = ("--tp-size", "--tp", "--tensor-parallel-size")
+TENSOR = ("--tp-size", "--tensor-parallel-size")
 PIPELINE = ("--pp-size", "--pipeline-parallel-size")
-DATA = ("--dp-size", "--dp", "--data-parallel-size")
+DATA = ("--dp-size", "--data-parallel-size")
+"""``--tp`` and ``--dp`` are no options of SGLang's: prefixes of ``--tp-size`` and ``--dp-size``
+(:data:`ABBREVIATIONS`), as ``--pp`` was of ``--pp-size`` until v0.5.4 made it ambiguous."""
 DP_ATTENTION = ("--enable-dp-attention",)
 NODES = ("--nnodes",)
 """Multi-node serving: ``--tp`` is the total over ``--nnodes`` pods (``--node-rank`` 0 to n-1)."""
@@ -47,6 +56,24 @@ v0.5.23. SGLang reads no command-line option from the environment."""
 SMALL_KV_SIZE_GONE: tuple[int, int, int] = (0, 5, 23)
 VERSIONED_IMAGES = frozenset({"sglang"})
 """Repository names of images whose tag is SGLang's version (``lmsysorg/sglang:v0.5.5-cu129``)."""
+ABBREVIATIONS = Abbreviations({
+    "--mem-fraction-static": (((0, 4, 0), "--m"), ((0, 5, 19), "--me")),
+    "--tp-size": (((0, 4, 0), "--t"),),
+    "--tensor-parallel-size": (((0, 4, 0), "--t"),),
+    "--pp-size": (((0, 4, 6), "--p"), ((0, 5, 5), "--pp-")),
+    "--pipeline-parallel-size": (((0, 4, 6), "--p"), ((0, 5, 5), "--pi"), ((0, 5, 20), "--p")),
+    "--dp-size": (((0, 4, 0), "--d"),),
+    "--data-parallel-size": (((0, 4, 0), "--d"),),
+    "--chunked-prefill-size": (((0, 4, 0), "--ch"),),
+    "--cuda-graph-max-bs": (((0, 4, 0), "--c"), ((0, 4, 6), "--cuda-graph-"), ((0, 5, 19), "--cuda-graph-max-bs")),
+    "--disable-cuda-graph": (((0, 4, 0), "--disable-cuda-graph"),),
+    "--enable-dp-attention": (((0, 4, 0), "--enable-d"), ((0, 4, 6), "--enable-dp-"),
+                              ((0, 5, 19), "--enable-dp-attention")),
+    "--nnodes": (((0, 4, 0), "--n"),),
+})
+"""The server parser's options as argparse abbreviates them (``allow_abbrev`` is never set from v0.4.0
+to v0.5.23; parsers of v0.4.0, 0.4.6.post5, 0.4.10.post2, 0.5.5, 0.5.19, 0.5.20 and 0.5.23 built and
+listed: ``scripts/engine_options.py``). SGLang does not turn ``_`` into ``-``: ``--tp_size`` is refused."""
 DEFAULT_CHUNKED_PREFILL = 8192
 DEFAULT_GRAPH_BATCH = 256
 """SGLang's defaults for GPUs of 60 to 160 GiB at TP below 4 (``memory_hook.py``, v0.5.23); larger
@@ -77,7 +104,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     found = Findings.for_container(container)
     repository = image_repository(image).rsplit("/", 1)[-1]
     version = version_from_tag(image_tag(image)) if repository in VERSIONED_IMAGES else None
-    options = Options(args)
+    options = Options(args, prefixes=ABBREVIATIONS.at(version))
     options.report_misspellings((*MEM_FRACTION, *TENSOR, *PIPELINE, *DATA, *NODES), "SGLang",
                                 '"unrecognized arguments"', found)
     sizes = (TENSOR, PIPELINE) + (() if options.has(DP_ATTENTION) else (DATA,))

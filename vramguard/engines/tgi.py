@@ -1,7 +1,8 @@
 """Hugging Face Text Generation Inference: ``text-generation-launcher`` (the image's entrypoint).
 
 ``--cuda-memory-fraction`` (or env ``CUDA_MEMORY_FRACTION``; the flag wins, as clap reads the
-environment only for absent flags) defaults to 1.0: the whole GPU. ``--num-shard`` (env
+environment only for absent flags) defaults to 1.0: the whole GPU. clap takes long options whole (no
+``infer_long_args``) and refuses one given twice. ``--num-shard`` (env
 ``NUM_SHARD``) is the number of GPUs; without it TGI shards over every GPU it can see.
 
 The fraction is a **ceiling on the device**, not a share of its own: at warm-up TGI sizes its KV
@@ -52,6 +53,9 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     found = Findings.for_container(container)
     options = Options(args)
     options.report_misspellings((*MEMORY_FRACTION, *NUM_SHARD), "TGI's launcher", '"unexpected argument"', found)
+    for name in options.repeated((*MEMORY_FRACTION, *NUM_SHARD)):
+        # clap 4 without args_override_self (launcher/src/main.rs, v2.0.0 to v3.3.7): no last-one-wins.
+        found.error(f"{name} is given twice: TGI's launcher exits at start (\"cannot be used multiple times\")")
     flag = options.last(MEMORY_FRACTION) or env_flag(env, MEMORY_FRACTION_ENV, found)
     vram: Vram | None
     implicit = flag is None

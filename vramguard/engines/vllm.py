@@ -49,7 +49,7 @@ from fractions import Fraction
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
-from vramguard.engines.base import Findings, Options, parallel_layout, parse_positive_int
+from vramguard.engines.base import Abbreviations, Findings, Options, parallel_layout, parse_positive_int
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 
 NAME = "vllm"
@@ -74,7 +74,7 @@ EAGER = ("--enforce-eager",)
 SOURCE = "vllm/v1/worker/gpu_worker.py"
 UTILIZATION = ("--gpu-memory-utilization", "--device-memory-utilization")
 """The second is an alias of the first (the same ``dest``, ``engine/arg_utils.py`` v0.34.0)."""
-KV_CACHE_BYTES = ("--kv-cache-memory-bytes", "--kv-cache-memory")
+KV_CACHE_BYTES = ("--kv-cache-memory-bytes",)
 BLOCKS_OVERRIDE = ("--num-gpu-blocks-override",)
 """Replaces the profiled number of KV cache blocks: the cache is that many blocks whatever the
 utilization says, never checked against the device (``v1/core/kv_cache_utils.py``
@@ -101,6 +101,33 @@ MISSPELLABLE = (
 """The options that decide what vLLM holds: a misspelling of one is an error, since vLLM's argument
 parser refuses any option it does not know, and the pod would crash-loop."""
 EXECUTOR = ("--distributed-executor-backend",)
+ABBREVIATIONS = Abbreviations(
+    {
+        "--gpu-memory-utilization": (((0, 5, 5), "--g"),),
+        "--device-memory-utilization": (((0, 34, 0), "--device-"),),
+        "--kv-cache-memory-bytes": (((0, 10, 2), "--kv-cache-"), ((0, 15, 1), "--kv-cache-me")),
+        "--num-gpu-blocks-override": (((0, 11, 0), "--num-"), ((0, 15, 1), "--n"), ((0, 20, 2), "--num")),
+        "--tensor-parallel-size": (((0, 5, 5), "--t"),),
+        "--pipeline-parallel-size": (((0, 5, 5), "--p"),),
+        "--prefill-context-parallel-size": (((0, 15, 1), "--prefi"), ((0, 27, 1), "--prefill-")),
+        "--data-parallel-size": (((0, 8, 5), "--d"), ((0, 9, 2), "--data-parallel-size")),
+        "--data-parallel-size-local": (((0, 9, 2), "--data-parallel-size"),),
+        "--enforce-eager": (((0, 5, 5), "--en"),),
+        "--config": (((0, 6, 6), "--config"),),
+        "--nnodes": (((0, 15, 1), "--n"),),
+        "--distributed-executor-backend": (((0, 15, 1), "--dis"), ((0, 20, 2), "--distributed-")),
+        "-tp": (((0, 5, 5), "-"),),
+        "-pp": (((0, 11, 0), "-"), ((0, 15, 1), "-p")),
+        "-pcp": (((0, 15, 1), "-p"),),
+        "-dp": (((0, 8, 5), "-"), ((0, 9, 2), "-dp")),
+        "-dpl": (((0, 9, 2), "-dp"),),
+    },
+    others=frozenset({"--device"}),
+)
+"""The serve parser's options as argparse abbreviates them (``allow_abbrev`` is never set, in any release
+from v0.4.0 to v0.34.0; parsers of v0.5.5, 0.6.6, 0.8.5, 0.9.2, 0.10.2, 0.11.0, 0.15.1, 0.20.2, 0.27.1
+and 0.34.0 built and listed: ``scripts/engine_options.py``). vLLM turns ``_`` into ``-`` in each
+``--`` token before argparse sees it, so ``--gpu_memory_util`` is a prefix too."""
 
 
 def arguments(argv: Sequence[str]) -> list[str] | None:
@@ -121,12 +148,12 @@ def arguments(argv: Sequence[str]) -> list[str] | None:
 def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim:
     """What vLLM started with ``args`` in an image ``image`` will hold on each of its GPUs."""
     found = Findings.for_container(container)
-    options = Options(args, underscores=True)
-    options.report_misspellings(MISSPELLABLE, "vLLM", '"unrecognized arguments"', found)
-    parallel = _parallel(options, found)
     tag = image_tag(image)
     repository = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
     version = version_from_tag(tag) if repository in VERSIONED_IMAGES else None
+    options = Options(args, underscores=True, prefixes=ABBREVIATIONS.at(version), exact=ABBREVIATIONS.others)
+    options.report_misspellings(MISSPELLABLE, "vLLM", '"unrecognized arguments"', found)
+    parallel = _parallel(options, found)
     vram: Vram | None = None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
