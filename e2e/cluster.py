@@ -550,7 +550,7 @@ class Cluster:
                 )
                 self.create(mutating)
                 _log(f"registered MutatingWebhookConfiguration {mutating['metadata']['name']}")
-                for policy in services.admission_policies(cfg.manifests):
+                for policy in services.admission_policies(cfg.manifests, routing=cfg.second_scheduler):
                     self.create(policy)
         self.state.vramguard.update(urls)  # the extender replicas (if any) are there already
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -24,11 +25,13 @@ class Backend:
 
     port: int
     ready_url: str
+    context: ssl.SSLContext | None = None
+    """How to trust the probe's certificate, where it is served over HTTPS (the webhook's)."""
 
 
-def _ready(url: str) -> bool:
+def _ready(backend: Backend) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:
+        with urllib.request.urlopen(backend.ready_url, timeout=1, context=backend.context) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -37,9 +40,13 @@ def _ready(url: str) -> bool:
 class ServiceProxy:
     """Listen on 127.0.0.1:``port`` in a background thread; route to a ready backend."""
 
-    def __init__(self, port: int, backends: Sequence[Backend]) -> None:
+    def __init__(self, port: int, backends: Sequence[Backend], *, spread: bool = False) -> None:
+        """``spread``: each connection to the next ready backend in turn (kube-proxy's random choice,
+        made predictable), instead of the first ready one."""
         self.port = port
         self.backends = list(backends)
+        self.spread = spread
+        self._turn = 0
         self.connections: dict[int, int] = {}
         """Backend port -> connections routed to it (for the tests' own checks)."""
         self._loop = asyncio.new_event_loop()
@@ -70,11 +77,12 @@ class ServiceProxy:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        ready = [b for b in self.backends if await asyncio.to_thread(_ready, b.ready_url)]
+        ready = [b for b in self.backends if await asyncio.to_thread(_ready, b)]
         if not ready:
             writer.close()
             return
-        backend = ready[0]
+        backend = ready[self._turn % len(ready)] if self.spread else ready[0]
+        self._turn += 1
         self.connections[backend.port] = self.connections.get(backend.port, 0) + 1
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", backend.port)

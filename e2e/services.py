@@ -36,6 +36,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from vramguard.webhook_config import ROUTING_POLICY_NAME
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO_ROOT / "manifests"
 SCHEDULER_MANIFESTS = MANIFESTS / "scheduler"
@@ -333,9 +335,15 @@ def localize_webhook_configuration(config: Mapping[str, Any], *, webhook_url: st
     return local
 
 
-def admission_policies(root: Path = MANIFESTS) -> list[dict[str, Any]]:
-    """The shipped ValidatingAdmissionPolicies of the webhook (manifests/webhook) and their bindings."""
-    return manifest_objects(["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"], root / "webhook")
+def admission_policies(root: Path = MANIFESTS, *, routing: bool = False) -> list[dict[str, Any]]:
+    """The shipped ValidatingAdmissionPolicies of the webhook (manifests/webhook) and their bindings;
+    with ``routing``, the one that refuses GPU pods left unrouted too (the second-scheduler layout's)."""
+    kinds = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    found = manifest_objects(kinds, root / "webhook")
+    if routing:
+        base = manifest_objects(kinds, root / "base")
+        found += [obj for obj in base if obj["metadata"]["name"] == ROUTING_POLICY_NAME]
+    return found
 
 
 def mutating_webhook_configuration(root: Path = MANIFESTS) -> dict[str, Any]:

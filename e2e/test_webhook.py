@@ -8,10 +8,13 @@ namespace a quota, registered (from the same shipped file) for that namespace on
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import copy
 import json
 import re
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,8 +28,9 @@ import yaml
 from e2e import gpu_nodes, kube, services
 from e2e.procs import ManagedProcess, free_port, http_status, wait_until
 from e2e.scenario import private_node
+from e2e.service_proxy import Backend, ServiceProxy
 from vramguard.policy import Policy
-from vramguard.webhook_config import webhook_configuration
+from vramguard.webhook_config import ROUTING_POLICY_NAME, webhook_configuration
 
 WAIT = 30.0
 VALIDATE_COUNT = re.compile(
@@ -267,9 +271,12 @@ def test_objects_asking_for_no_gpu_never_reach_the_webhook(cluster: Any, namespa
 # --------------------------------------------------------------------------- quota
 
 
-@pytest.fixture
-def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[Namespace, str]]:
-    """A namespace with a 100Gi VRAM quota, guarded by a webhook that has that policy."""
+@contextlib.contextmanager
+def quota_webhooks(
+    cluster: Any, unique: str, tmp_path: Path, replicas: int = 1
+) -> Iterator[tuple[Namespace, str, list[str]]]:
+    """A namespace with a 100Gi VRAM quota, guarded by ``replicas`` webhooks that have that policy (behind
+    a Service-like proxy that spreads connections over them, when more than one)."""
     if not hasattr(cluster, "ca"):
         pytest.skip("starts a webhook of its own, signed by the local control plane's CA")
     command = services.vramguard_command()
@@ -279,18 +286,28 @@ def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[N
     policy.update(enforcement="enforce", quotas={name: "100Gi"}, schedulers=["default-scheduler"])
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
     cluster.ca.issue_localhost_server("vramguard-webhook-quota").write(tmp_path / "tls.crt", tmp_path / "tls.key")
-    port = free_port()
-    argv = services.service_argv(command, "webhook", port=port, tls_cert=tmp_path / "tls.crt",
-                                 tls_key=tmp_path / "tls.key", kubeconfig=cluster.kubeconfig,
-                                 policy=tmp_path / "policy.yaml")
-    process = ManagedProcess.start("webhook-quota", argv, log_path=tmp_path / "webhook.log", pid_dir=tmp_path,
-                                   cwd=tmp_path, die_with_parent=True)
-    url = f"https://127.0.0.1:{port}"
+    processes: list[ManagedProcess] = []
+    ports = [free_port() for _ in range(replicas)]
+    for index, port in enumerate(ports):
+        argv = services.service_argv(command, "webhook", port=port, tls_cert=tmp_path / "tls.crt",
+                                     tls_key=tmp_path / "tls.key", kubeconfig=cluster.kubeconfig,
+                                     policy=tmp_path / "policy.yaml")
+        processes.append(ManagedProcess.start(
+            f"webhook-quota-{index}", [*argv, f"--quota-namespace={name}"], log_path=tmp_path / f"webhook-{index}.log",
+            pid_dir=tmp_path / str(index), cwd=tmp_path, die_with_parent=True))
+    proxy = None
+    if replicas > 1:
+        proxy = ServiceProxy(free_port(), [Backend(port, f"https://127.0.0.1:{port}/readyz", cluster.ssl_context())
+                                           for port in ports], spread=True)
+    url = f"https://127.0.0.1:{proxy.port if proxy is not None else ports[0]}"
     configuration_name = f"vramguard-quota-{unique}"
     ns: Namespace | None = None
     try:
-        wait_until("the quota webhook /readyz", lambda: http_status(url + "/readyz", context=cluster.ssl_context())
-                   == 200, timeout=60, process=process)
+        for port, process in zip(ports, processes, strict=True):
+            wait_until("the quota webhook /readyz", lambda port=port: http_status(  # type: ignore[misc]
+                f"https://127.0.0.1:{port}/readyz", context=cluster.ssl_context()) == 200, timeout=60, process=process)
+        if proxy is not None:
+            proxy.start()
         # Its pods stay on default-scheduler, the scheduler this webhook's policy names.
         ns = Namespace(cluster, name, {"vramguard.io/routing": "disabled"})
         # The configuration `vramguard webhook-config` prints for this policy (default enforce).
@@ -312,14 +329,24 @@ def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[N
             return validate_count(url, cluster.ssl_context()) > 0
 
         poll("the quota webhook to be called", registered)
-        yield ns, url
+        yield ns, url, [f"https://127.0.0.1:{port}" for port in ports]
     finally:
         if ns is not None:
             ns.cleanup()
         with contextlib.suppress(Exception):  # it may never have been created
             cluster.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
                                       f"{configuration_name}")
-        process.stop()
+        if proxy is not None:
+            proxy.stop()
+        for process in processes:
+            process.stop()
+
+
+@pytest.fixture
+def quota_webhook(cluster: Any, unique: str, tmp_path: Path) -> Iterator[tuple[Namespace, str]]:
+    """A namespace with a 100Gi VRAM quota, guarded by a webhook that has that policy."""
+    with quota_webhooks(cluster, unique, tmp_path) as (ns, url, _):
+        yield ns, url
 
 
 def test_quota_holds_across_several_pods(quota_webhook: tuple[Namespace, str]) -> None:
@@ -351,6 +378,40 @@ def test_quota_holds_across_several_pods(quota_webhook: tuple[Namespace, str]) -
 
     poll("the freed quota to admit the pod", admitted)
     ns.create_pod(pod("c", worker, annotations=declared))
+
+
+PODS_AT_ONCE = 12
+
+
+def test_quota_holds_across_webhook_replicas_creating_at_once(cluster: Any, unique: str, tmp_path: Path) -> None:
+    # Two replicas behind a Service (each connection to the other in turn), twelve 40Gi pods created at
+    # once against a 100Gi quota: each replica reviews some before any pod is stored, so neither pod
+    # watch can count the others' admissions; the replicas share them through the API server
+    # (ConfigMap vramguard-quota-<namespace>), and two pods get in, whichever replica reviewed them.
+    with quota_webhooks(cluster, unique, tmp_path, replicas=2) as (ns, _, urls):
+        answered = [validate_count(url, cluster.ssl_context()) for url in urls]
+        declared = {"vramguard.io/vram": "40Gi"}
+        worker = {"name": "train", "image": "registry.k8s.io/pause:3.10",
+                  "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+
+        start = threading.Barrier(PODS_AT_ONCE)
+
+        def create(index: int) -> bool:
+            start.wait(timeout=30)  # all at once: the API server opens a connection per review in flight
+            try:
+                ns.create_pod(pod(f"p{index}", worker, annotations=declared))
+            except kube.api_exception():
+                return False
+            return True
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=PODS_AT_ONCE) as pool:
+            created = list(pool.map(create, range(PODS_AT_ONCE)))
+        assert created.count(True) == 2, created
+        # Both replicas reviewed some of them, and the record of their admissions is the API server's.
+        assert all(validate_count(url, cluster.ssl_context()) > before for url, before in zip(urls, answered,
+                                                                                                  strict=True))
+        status, record = raw(cluster, "GET", f"/api/v1/namespaces/{ns.name}/configmaps/vramguard-quota-{ns.name}")
+        assert status == 200 and record["data"]["holds"].startswith("[["), record
 
 
 def test_a_review_forged_by_any_caller_does_not_refuse_real_pods(cluster: Any, quota_webhook: tuple[Namespace, str],
@@ -668,3 +729,45 @@ def test_a_bound_pods_changes_are_judged_against_the_gpu_it_holds(
         assert status == 200
     finally:
         gpu_nodes.delete_nodes(core_v1, [spec.name])
+
+
+# --------------------------------------------------------------------------- a GPU pod left unrouted
+
+
+def test_a_gpu_pod_the_routing_webhook_left_unrouted_is_refused_by_the_api_server(cluster: Any, unique: str) -> None:
+    # The second-scheduler layout's ValidatingAdmissionPolicy (manifests/base/routing-policy.yaml), bound
+    # here to one namespace: in every mode, a GPU pod still on default-scheduler after the mutating
+    # webhooks (the routing webhook did not answer) is refused, not placed by a scheduler that counts
+    # no VRAM. The namespace opts out of routing, so that the routing webhook leaves its pods as it
+    # would when down; the session's own copy of the policy spares such namespaces, this one does not.
+    ns = Namespace(cluster, f"unrouted-{unique}", {"vramguard.io/enforce": "audit", "vramguard.io/routing": "disabled"})
+    policy, binding = (copy.deepcopy(obj) for obj in services.admission_policies(routing=True)
+                       if obj["metadata"]["name"] == ROUTING_POLICY_NAME)
+    name = f"{ROUTING_POLICY_NAME}-{unique}"
+    policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}}}
+    api = "/apis/admissionregistration.k8s.io/v1"
+    cluster.create(policy)
+    cluster.create(binding)
+    try:
+        unrouted = pod("unrouted", vllm_container("0.3"))
+
+        def refused() -> str | None:
+            try:
+                ns.create_pod(unrouted, dry_run="All")
+            except kube.api_exception() as error:
+                return denial(error)
+            return None
+
+        message = poll("the policy to refuse an unrouted GPU pod", refused)
+        assert "GPU pod unrouted was not routed to the vramguard scheduler (the vramguard webhook did not answer)" \
+            in message, message
+        routed = pod("routed", vllm_container("0.3"))
+        routed["spec"]["schedulerName"] = "vramguard"
+        assert ns.create_pod(routed, dry_run="All").status == 201
+        none = pod("no-gpu", {**vllm_container("0.3"), "resources": {"limits": {"nvidia.com/gpu": "0"}}})
+        assert ns.create_pod(none, dry_run="All").status == 201
+    finally:
+        cluster.request("DELETE", f"{api}/validatingadmissionpolicybindings/{name}")
+        cluster.request("DELETE", f"{api}/validatingadmissionpolicies/{name}")
+        ns.cleanup()

@@ -31,6 +31,8 @@ from vramguard.admission import (
 from vramguard.cluster import ClusterState
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.dra.fields import memory_text
+from vramguard.dra.review import CLAIM_USES_REFUSAL, MAX_CLAIM_USES
+from vramguard.dra.tenancy import place_claims
 from vramguard.policy import default_policy
 from vramguard.quantity import GiB, MiB
 
@@ -548,3 +550,37 @@ def test_a_template_created_after_its_pods_is_checked_against_those_still_waitin
     )
     # A pod whose claim the controller has made keeps it: the template no longer concerns it.
     assert review(_with_pods(state("memory"), made), template("8Gi"), kind="ResourceClaimTemplate").allowed
+
+
+def many_requests(name: str, requests: int) -> dict[str, Any]:
+    """A ResourceClaimTemplate of ``requests`` requests (the API allows 32)."""
+    obj = template(RESERVED_09, name)
+    [request] = obj["spec"]["spec"]["devices"]["requests"]
+    obj["spec"]["spec"]["devices"]["requests"] = [{**request, "name": f"r{i}"} for i in range(requests)]
+    return obj
+
+
+def claim_heavy_pod(claims: int) -> dict[str, Any]:
+    """One vLLM container using ``claims`` claims made from 32-request templates."""
+    obj = vllm_claim_pod(template="t0", namespace=NS)
+    obj["spec"]["resourceClaims"] = [{"name": f"k{i}", "resourceClaimTemplateName": f"t{i}"} for i in range(claims)]
+    obj["spec"]["containers"][0]["resources"] = {"claims": [{"name": f"k{i}"} for i in range(claims)]}
+    return obj
+
+
+def test_a_pod_using_its_claims_more_than_the_bound_is_refused_as_uncheckable() -> None:
+    # 8 claims x 32 requests = 256 uses: checked. 9 x 32 = 288: a review would check every one on every
+    # device, which for the pods the API server allows (32 x 32 x every container) took seconds.
+    cluster = state("memory", *(many_requests(f"t{i}", 32) for i in range(9)))
+    assert MAX_CLAIM_USES == 256
+    assert CLAIM_USES_REFUSAL not in " ".join(review(cluster, claim_heavy_pod(8)).violations)
+    decision = review(cluster, claim_heavy_pod(9))
+    assert not decision.allowed and any(CLAIM_USES_REFUSAL in v for v in decision.violations)
+    # The extender places it nowhere: it cannot check it either.
+    pod = claim_heavy_pod(9)
+    pod["status"] = {"resourceClaimStatuses": [{"name": f"k{i}", "resourceClaimName": f"p-k{i}"} for i in range(9)]}
+    cluster.dra.claims.replace([{**many_requests(f"t{i}", 32), "kind": "ResourceClaim",
+                                 "metadata": {"name": f"p-k{i}", "namespace": NS},
+                                 "spec": many_requests(f"t{i}", 32)["spec"]["spec"]} for i in range(9)])
+    placement = place_claims(cluster.dra, pod, "node-a", sizing=False)
+    assert [(r.message, r.resolvable) for r in placement.refusals] == [(f"node-a: {CLAIM_USES_REFUSAL}", False)]

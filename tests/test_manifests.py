@@ -172,6 +172,7 @@ def test_scheduler_config_is_the_shipped_second_scheduler_config() -> None:
         (CHART / "files" / "mutating-webhook.yaml", MANIFESTS / "webhook" / "mutating-webhook.yaml"),
         (CHART / "files" / "admission-policies.yaml", MANIFESTS / "webhook" / "admission-policies.yaml"),
         (CHART / "files" / "agent-node-scope.yaml", BASE / "agent-node-scope.yaml"),
+        (CHART / "files" / "routing-policy.yaml", BASE / "routing-policy.yaml"),
         (CHART / "files" / "alerts.yaml", MANIFESTS / "monitoring" / "vramguard-alerts.yaml"),
     ],
     ids=lambda p: str(p.relative_to(ROOT)),

@@ -277,15 +277,26 @@ async def test_padded_review_is_read_and_judged_not_refused_with_413(client_for:
     assert "--gpu-memory-utilization 1.5 is outside (0, 1]" in body["response"]["status"]["message"]
 
 
-async def test_body_over_eight_mebibytes_is_413(client_for: Any) -> None:
-    obj = vllm_pod()
-    obj["metadata"]["annotations"] = {"filler": "x" * BODY_LIMIT}
+async def test_every_review_the_api_server_can_send_is_read_and_nothing_larger(client_for: Any) -> None:
+    # The largest pod etcd stores (--max-request-bytes, 1.5 MiB), all '<': Go's encoding/json writes each
+    # as \u003c, and an UPDATE carries it twice. Such a review is judged, not turned away with a 413
+    # (which the failure policy makes an unreviewed admission where the namespace does not enforce).
+    obj = vllm_pod("1.5")
+    obj["metadata"]["annotations"] = {"filler": "<" * (1_572_864 - 2_000)}
+    body = json.dumps(admission_review(obj, operation="UPDATE", old=vllm_pod("0.5") | {
+        "metadata": obj["metadata"]})).replace("<", "\\u003c").encode()
+    assert len(body) > 2 * (8 << 20)  # twice the old limit
     client = await client_for(make_state())
+    response = await client.post("/validate", data=body, headers={"Content-Type": "application/json"})
+    assert response.status == 200
+    answer = (await response.json())["response"]
+    assert answer["allowed"] is False and "--gpu-memory-utilization 1.5 is outside" in answer["status"]["message"]
+    obj["metadata"]["annotations"] = {"filler": "x" * BODY_LIMIT}
     response = await client.post("/validate", data=json.dumps(admission_review(obj)).encode(),
                                  headers={"Content-Type": "application/json"})
     assert response.status == 413
     assert f"exceeds the limit of {BODY_LIMIT} bytes" in (await response.json())["error"]
-    assert BODY_LIMIT == 8 * 1024 * 1024
+    assert BODY_LIMIT == 19 << 20
 
 
 async def test_junk_inside_the_object_is_never_a_server_error(client_for: Any) -> None:

@@ -16,10 +16,12 @@ from vramguard.codecs import ENFORCE_LABEL
 from vramguard.policy import Policy, default_policy
 from vramguard.webhook_config import (
     MUTATING_HEADER,
+    ROUTING_HEADER,
     WebhookTarget,
     asks_for_gpu_expression,
     mutating_webhook_configuration,
     render,
+    routing_admission_policy,
     webhook_configuration,
 )
 
@@ -182,9 +184,12 @@ def test_chart_ships_the_admission_policies_with_the_admin_groups_of_its_values(
                 if d and d["kind"].startswith("ValidatingAdmissionPolicy") and "agent" not in d["metadata"]["name"]}
 
     shipped = {f"{d['metadata']['name']}/{d['kind']}": d
-               for d in yaml.safe_load_all((MANIFESTS / "webhook" / "admission-policies.yaml").read_text())}
+               for file in (MANIFESTS / "webhook" / "admission-policies.yaml", ROUTING)
+               for d in yaml.safe_load_all(file.read_text()) if d}
     rendered = policies()
     assert set(rendered) == set(shipped)
+    # The routing policy only where pods are routed (the second-scheduler layout, the default).
+    assert not any(key.startswith("vramguard-gpu-pods-routed") for key in policies("mode=default-scheduler"))
     for key, obj in rendered.items():
         assert obj["spec"].get("validations") == shipped[key]["spec"].get("validations"), key
     custom = policies("webhook.admissionPolicies.namespaceAdminGroups={platform,system:masters}")
@@ -311,3 +316,22 @@ def test_the_serving_operators_kinds_are_sent_whole_unless_the_policy_describes_
     policy = Policy.from_yaml(yaml.safe_dump(own))
     [entry] = [w for w in webhook_configuration(policy)["webhooks"] if w["name"] == "serving-operators.vramguard.io"]
     assert ("kubeai.org", "models") not in {(r["apiGroups"][0], r["resources"][0]) for r in entry["rules"]}
+
+
+ROUTING = MANIFESTS / "base" / "routing-policy.yaml"
+
+
+def test_shipped_routing_policy_is_the_generator_output() -> None:
+    fix = "vramguard webhook-config --routing-policy > manifests/base/routing-policy.yaml (and copy it to the chart)"
+    assert ROUTING.read_text() == render(routing_admission_policy(default_policy()), ROUTING_HEADER), fix
+    assert main(["webhook-config", "--routing-policy"]) == 0
+
+
+def test_the_routing_policy_is_only_where_pods_are_routed() -> None:
+    policy, binding = routing_admission_policy(default_policy())
+    assert policy["spec"]["failurePolicy"] == "Fail" and binding["spec"]["validationActions"] == ["Deny"]
+    [validation] = policy["spec"]["validations"]
+    assert validation["expression"] == (
+        "has(object.spec.schedulerName) && object.spec.schedulerName != 'default-scheduler'")
+    # Where default-scheduler calls the extender, or routing is off, nothing is routed: no policy.
+    assert routing_admission_policy(default_policy().model_copy(update={"schedulers": ("default-scheduler",)})) == []

@@ -49,6 +49,7 @@ class FakeApiServer:
     lists_open: asyncio.Event = field(default_factory=asyncio.Event)
     events: dict[str, asyncio.Queue[dict[str, Any]]] = field(default_factory=dict)
     seen: list[tuple[str, str, str]] = field(default_factory=list)
+    configmaps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -56,7 +57,28 @@ class FakeApiServer:
             self.events[resource] = asyncio.Queue()
             app.router.add_get(f"/api/v1/{resource}", self._collection(resource))
         app.router.add_get("/api/v1/namespaces/{name}", self._namespace)
+        # The ConfigMaps in which the replicas share the quota's pending admissions.
+        app.router.add_get("/api/v1/namespaces/{namespace}/configmaps/{name}", self._get_configmap)
+        app.router.add_post("/api/v1/namespaces/{namespace}/configmaps", self._put_configmap)
+        app.router.add_put("/api/v1/namespaces/{namespace}/configmaps/{name}", self._put_configmap)
         return app
+
+    async def _get_configmap(self, request: web.Request) -> web.Response:
+        found = self.configmaps.get(request.match_info["name"])
+        if found is None:
+            return web.json_response({"reason": "NotFound", "message": "not found"}, status=404)
+        return web.json_response(found)
+
+    async def _put_configmap(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name = body["metadata"]["name"]
+        current = self.configmaps.get(name)
+        if (current or {}).get("metadata", {}).get("resourceVersion") != body["metadata"].get("resourceVersion"):
+            return web.json_response({"reason": "Conflict", "message": "modified"}, status=409)
+        body["metadata"]["resourceVersion"] = str(len(self.configmaps) + int(
+            (current or {}).get("metadata", {}).get("resourceVersion", "0")) + 1)
+        self.configmaps[name] = body
+        return web.json_response(body, status=201 if current is None else 200)
 
     def _collection(self, resource: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:

@@ -67,6 +67,8 @@ LIVE_PODS_SELECTOR = ",".join(f"status.phase!={phase}" for phase in _TERMINAL)
 """The field selector of a live-pod feed (the webhook, the CLI): a pod that finishes leaves it as DELETED."""
 BOUND_PODS_SELECTOR = f"spec.nodeName!=,{LIVE_PODS_SELECTOR}"
 """The field selector of the bound-pod feed (the extender)."""
+MAX_DISOWNED = 4096
+"""Disowned holds remembered (a shared one lives :data:`PENDING_TTL` at most)."""
 PENDING_TTL = 30.0
 """Seconds an admitted pod counts for its namespace's quota before the watch shows it: long enough
 for the watch to deliver a created pod under load, short enough that a pod the API server refused
@@ -227,6 +229,19 @@ class _Pending:
     expires: float
     confirmed: bool = False
     """The API server showed its pod: it is no forgery, only not in the pod watch yet."""
+    bytes: int | None = None
+    """What it holds, as another replica counted it (its claims are not known here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedHold:
+    """A pending admission as the webhook's replicas share it (through the API server): what it holds of
+    its namespace's quota, until when (seconds since the epoch: replicas share no monotonic clock)."""
+
+    uid: str
+    name: str
+    bytes: int
+    expires: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +342,8 @@ class ClusterState:
         self._by_namespace: dict[str, dict[str, None]] = {}
         """Namespace -> the UIDs of its records (a dict as an ordered set: a third of a set's memory)."""
         self._pending: dict[str, _Pending] = {}
+        self._disowned: dict[str, None] = {}
+        """Holds found to have no pod (:meth:`settle_hold`), oldest first: not adopted again."""
         self._monotonic = monotonic
         # Sizing every pod of a namespace on every review would cost more than the rules; the sums
         # are kept per namespace until one of its pods or any node changes.
@@ -815,6 +832,35 @@ class ClusterState:
         now = self._monotonic()
         self._pending[uid] = _Pending(namespace, name, node, claims, now, now + PENDING_TTL)
 
+    def shared_hold(self, uid: str, wall_clock: float) -> SharedHold | None:
+        """This replica's pending admission ``uid`` as the other replicas are to count it."""
+        pending = self._pending.get(uid)
+        if pending is None:
+            return None
+        held, _ = claims_bytes(pending.claims, self._offers_for(pending.node))
+        return SharedHold(uid, pending.name, held, wall_clock + (pending.expires - self._monotonic()))
+
+    def adopt_holds(self, namespace: str, holds: Iterable[SharedHold], wall_clock: float) -> None:
+        """Count the pending admissions other replicas share for ``namespace`` (those the pod watch has
+        not shown, not expired, not known here and not disowned: a hold found to have no pod is not
+        taken back from the shared record)."""
+        now = self._monotonic()
+        for hold in holds:
+            left = hold.expires - wall_clock
+            if left <= 0 or hold.uid in self.records or hold.uid in self._pending or hold.uid in self._disowned:
+                continue
+            self._pending[hold.uid] = _Pending(
+                namespace, hold.name, "", (), now, now + min(left, PENDING_TTL), bytes=max(hold.bytes, 0)
+            )
+
+    def drop_hold(self, uid: str) -> None:
+        """Forget this replica's pending admission ``uid`` (its decision is being made again)."""
+        self._pending.pop(uid, None)
+
+    def is_settled(self, uid: str) -> bool:
+        """Whether a shared hold needs no sharing any more: the watch shows its pod, or it was disowned."""
+        return uid in self.records or uid in self._disowned
+
     def unconfirmed_holds(self, namespace: str, exclude: str | None = None) -> list[HeldAdmission]:
         """The namespace's pending admissions (other than pod ``exclude``) whose pod the API server
         has not shown yet."""
@@ -836,6 +882,9 @@ class ClusterState:
             self._pending[uid] = replace(pending, confirmed=True)
             return False
         del self._pending[uid]
+        self._disowned[uid] = None
+        while len(self._disowned) > MAX_DISOWNED:
+            del self._disowned[next(iter(self._disowned))]
         return True
 
     def pending_admissions(self) -> int:
@@ -859,7 +908,11 @@ class ClusterState:
                 continue
             if pending.namespace != namespace or uid == exclude:
                 continue
-            held, missing = claims_bytes(pending.claims, self._offers_for(pending.node))
+            missing: tuple[str, ...] = ()
+            if pending.bytes is not None:
+                held = pending.bytes
+            else:
+                held, missing = claims_bytes(pending.claims, self._offers_for(pending.node))
             total += held
             pods += 1
             if missing:

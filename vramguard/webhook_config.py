@@ -65,7 +65,7 @@ import yaml
 
 from vramguard.codecs import ENFORCE_LABEL, webhook_name
 from vramguard.demand.visible import VISIBLE_DEVICES
-from vramguard.mutation import ROUTING_DISABLED, ROUTING_LABEL
+from vramguard.mutation import DEFAULT_SCHEDULER, ROUTING_DISABLED, ROUTING_LABEL, routing_scheduler
 from vramguard.operators import OPERATOR_RESOURCES
 from vramguard.policy import Policy
 from vramguard.workloads import WorkloadKind
@@ -356,6 +356,82 @@ def mutating_webhook_configuration(policy: Policy, target: WebhookTarget | None 
     }
 
 
+ROUTING_POLICY_NAME = "vramguard-gpu-pods-routed"
+
+
+def routing_admission_policy(policy: Policy, target: WebhookTarget | None = None) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy (and its binding) that refuses a GPU pod the mutating webhook did
+    not route: one still on ``default-scheduler`` where routing applies. ``[]`` where nothing is routed.
+
+    The mutating webhook is ``Ignore``: when it cannot answer (down, a body it cannot read), a pod is
+    created as written, and ``default-scheduler``, which does not call the extender, would place it
+    past every VRAM budget, in every mode. This policy runs inside the API server, after the
+    mutating webhooks, with no outage of its own: such a pod is refused, its controller retries, and
+    the pod is routed once the webhook answers. It sees GPU resources only; a pod whose GPU comes
+    from a DRA claim is routed by the webhook alone (the policy cannot tell a GPU claim from another),
+    and the scheduler's DRA plugin still counts what claims consume.
+    """
+    routed_to = routing_scheduler(policy)
+    if routed_to is None:
+        return []
+    target = target or WebhookTarget()
+    labels = {"app.kubernetes.io/name": "vramguard", "app.kubernetes.io/component": "webhook"}
+    is_gpu = _is_gpu(policy.gpu_resources, policy.gpu_resource_prefixes)
+    # A count of 0 asks for nothing (charts template `nvidia.com/gpu: 0` for CPU variants): not routed.
+    terms = [
+        f"(has(object.spec.{field}) && object.spec.{field}.exists(c, has(c.resources) &&\n"
+        f"  ((has(c.resources.limits) && c.resources.limits.exists(r, ({is_gpu}) &&\n"
+        f"     quantity(c.resources.limits[r]).isGreaterThan(quantity('0')))) ||\n"
+        f"   (has(c.resources.requests) && c.resources.requests.exists(r, ({is_gpu}) &&\n"
+        f"     quantity(c.resources.requests[r]).isGreaterThan(quantity('0')))))))"
+        for field in ("containers", "initContainers")
+    ]
+    gpu = "object != null && has(object.spec) &&\n(" + " ||\n ".join(terms) + ")"
+    message = (
+        f"'GPU pod ' + (has(object.metadata.name) ? object.metadata.name : '') + ' was not routed to the "
+        f"{routed_to} scheduler (the vramguard webhook did not answer): refused rather than placed by "
+        f"{DEFAULT_SCHEDULER}, which counts no VRAM; it is routed once the webhook answers (retry)'"
+    )
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": ROUTING_POLICY_NAME, "labels": dict(labels)},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                }]},
+                "matchConditions": [
+                    {"name": "asks-for-a-gpu", "expression": gpu},
+                    {"name": "not-placed-directly",
+                     "expression": "!has(object.spec.nodeName) || object.spec.nodeName == ''"},
+                ],
+                "validations": [{
+                    "expression": (
+                        f"has(object.spec.schedulerName) && object.spec.schedulerName != '{DEFAULT_SCHEDULER}'"
+                    ),
+                    "messageExpression": message,
+                    "reason": "Forbidden",
+                }],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": ROUTING_POLICY_NAME, "labels": dict(labels)},
+            "spec": {
+                "policyName": ROUTING_POLICY_NAME,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchExpressions": [
+                    {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(target.excluded_namespaces)},
+                    {"key": ROUTING_LABEL, "operator": "NotIn", "values": [ROUTING_DISABLED]},
+                ]}},
+            },
+        },
+    ]
+
+
 CLAIMS_CONDITION = (
     "object != null && !(has(object.metadata.annotations) &&\n"
     "  ('resource.kubernetes.io/extended-resource-claim' in object.metadata.annotations ||\n"
@@ -430,6 +506,21 @@ MUTATING_HEADER = """\
 """
 
 
+ROUTING_HEADER = """\
+# A ValidatingAdmissionPolicy that refuses a GPU pod the mutating webhook did not route to the
+# vramguard scheduler (second-scheduler layout). The mutating webhook is failurePolicy Ignore: when
+# it cannot answer, a pod is created as written and default-scheduler, which counts no VRAM, would
+# place it. This policy runs inside the API server (no outage of its own): such a pod is refused
+# in every mode, its controller retries, and it is routed once the webhook answers. Pods created
+# with spec.nodeName, pods naming another scheduler, namespaces labelled vramguard.io/routing=disabled
+# and the excluded namespaces are left alone; pods whose GPU comes from a DRA claim are routed by the
+# webhook only.
+#
+# GENERATED by `vramguard webhook-config --routing-policy` from the default policy; do not edit by
+# hand. Not part of the default-scheduler layout (nothing is routed there).
+"""
+
+
 class _Dumper(yaml.SafeDumper):
     """Block style for multi-line strings (the CEL expressions), so the file stays readable."""
 
@@ -446,7 +537,9 @@ def _string(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _string)
 
 
-def render(configuration: dict[str, Any], header: str = HEADER) -> str:
-    """The configuration as YAML, after ``header``."""
-    body = yaml.dump(configuration, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
-    return header + body
+def render(configuration: dict[str, Any] | list[dict[str, Any]], header: str = HEADER) -> str:
+    """The configuration as YAML, after ``header`` (a list: one document per object)."""
+    objects = configuration if isinstance(configuration, list) else [configuration]
+    return header + "---\n".join(
+        yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False) for obj in objects
+    )

@@ -9,8 +9,10 @@ breaks a rule is answered 200 with ``allowed: false`` and a message for the user
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -24,6 +26,7 @@ from vramguard.admission import (
     Decision,
     Operation,
     Subject,
+    fit_warning,
 )
 from vramguard.cluster import HOLD_GRACE, ClusterState, HeldAdmission
 from vramguard.demand.objects import pod_template
@@ -34,6 +37,7 @@ from vramguard.operators import operator_versions
 from vramguard.policy import Policy, PolicyFile
 from vramguard.workloads import WorkloadKind, find_kind
 from webhook.models import AdmissionRequest, AdmissionReview, review_response
+from webhook.quota_holds import QuotaHolds, decide_with_shared_holds
 
 __all__ = ["BODY_LIMIT", "STATE_KEY", "PolicySource", "WebhookState", "create_webhook_app"]
 
@@ -45,10 +49,23 @@ PodLookup = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 ClaimLookup = Callable[[str, str, str], Awaitable[Mapping[str, Any] | None]]
 """``(collection, namespace, name)`` -> a ResourceClaim (``resourceclaims``) or ResourceClaimTemplate
 (``resourceclaimtemplates``) read from the API server, ``None`` when it does not exist."""
-# The API server sends the whole object (twice on UPDATE: object and oldObject). An object may be
-# up to etcd's 1.5 MiB, more in JSON with escapes; 8 MiB reads every review of such objects, so a
-# padded pod is judged by the rules instead of falling to the failure policy with a 413.
-BODY_LIMIT = 8 * 1024 * 1024
+MAX_STORED_OBJECT = 1_572_864
+"""The largest object the API server stores: etcd's default ``--max-request-bytes`` (1.5 MiB)."""
+JSON_ESCAPE = 6
+"""Bytes the API server's JSON may write for one byte of an object: Go's encoding/json writes ``<``,
+``>`` and ``&`` as ``\u003c`` (six bytes), so a 1.45 MB pod of them is an 8.7 MB review."""
+REVIEW_ENVELOPE = 1 << 20
+"""The rest of an AdmissionReview (user info, options), generously."""
+BODY_LIMIT = 2 * JSON_ESCAPE * MAX_STORED_OBJECT + REVIEW_ENVELOPE
+"""Every review the API server can send is read (19 MiB): the object and, on UPDATE, the old object,
+each at the stored limit and escaped at worst. A review past the limit would be a 413, which the
+failure policy turns into an unreviewed admission where the namespace does not enforce."""
+LARGE_REVIEW = 2 << 20
+"""A review larger than this holds a slot of :data:`LARGE_REVIEWS_AT_ONCE` while it is read and judged."""
+LARGE_REVIEWS_AT_ONCE = 2
+"""Large reviews judged at once: each costs several times its size in memory while it is decoded, so a
+burst of padded pods waits its turn (within the API server's timeout) instead of exhausting the
+webhook's memory limit."""
 # The API server gives the webhook at most timeoutSeconds (5 s in the shipped configuration);
 # a namespace the watch has not delivered yet is fetched within a fraction of that.
 NAMESPACE_LOOKUP_TIMEOUT = 1.5
@@ -99,6 +116,7 @@ class WebhookState:
         namespace_lookup: NamespaceLookup | None = None,
         claim_lookup: ClaimLookup | None = None,
         pod_lookup: PodLookup | None = None,
+        quota_holds: QuotaHolds | None = None,
     ) -> None:
         """Start with an empty cluster model; informers (or tests) fill it.
 
@@ -116,6 +134,8 @@ class WebhookState:
         """Reads a claim or template the watch has not shown yet (``kubectl apply`` of a template
         and its pod together): without it such a pod would pass unchecked."""
         self._pod_lookup = pod_lookup
+        self.quota_holds = quota_holds
+        """Where the replicas share the quota's pending admissions; ``None``: this replica alone."""
 
     def refresh_policy(self) -> bool:
         """Re-read the policy file; a new policy reaches the rules and the cluster model's budgets."""
@@ -272,6 +292,7 @@ class _Metrics:
 
 
 _METRICS_KEY = web.AppKey("vramguard_webhook_metrics", _Metrics)
+_LARGE_REVIEWS_KEY = web.AppKey("vramguard_webhook_large_reviews", asyncio.Semaphore)
 
 
 def create_webhook_app(
@@ -284,14 +305,37 @@ def create_webhook_app(
     )
     app[STATE_KEY] = state
     app[_METRICS_KEY] = _Metrics(registry, state)
+    app[_LARGE_REVIEWS_KEY] = asyncio.Semaphore(LARGE_REVIEWS_AT_ONCE)
     app.router.add_post("/validate", validate)
     app.router.add_post("/mutate", mutate)
     return app
 
 
+@contextlib.asynccontextmanager
+async def _review_slot(request: web.Request) -> AsyncIterator[None]:
+    """Hold one of the large reviews' slots while a review over :data:`LARGE_REVIEW` is handled."""
+    declared = request.content_length
+    if declared is not None and declared <= LARGE_REVIEW:
+        yield
+        return
+    async with request.app[_LARGE_REVIEWS_KEY]:
+        yield
+
+
 async def mutate(request: web.Request) -> web.Response:
     """Answer one AdmissionReview of the mutating webhook: a Pod being created gets the patch of
     :meth:`AdmissionRules.mutation` (routing, enforced limits); anything else is allowed unchanged."""
+    async with _review_slot(request):
+        return await _mutate(request)
+
+
+async def validate(request: web.Request) -> web.Response:
+    """Answer one AdmissionReview (see the module docstring for the error channels)."""
+    async with _review_slot(request):
+        return await _validate(request)
+
+
+async def _mutate(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     metrics = request.app[_METRICS_KEY]
     review = await read_model(request, AdmissionReview)
@@ -314,8 +358,7 @@ async def mutate(request: web.Request) -> web.Response:
     return json_response(review_response(admission.uid, True, warnings=mutation.notes, patch=mutation.patch))
 
 
-async def validate(request: web.Request) -> web.Response:
-    """Answer one AdmissionReview (see the module docstring for the error channels)."""
+async def _validate(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     metrics = request.app[_METRICS_KEY]
     review = await read_model(request, AdmissionReview)
@@ -327,22 +370,34 @@ async def validate(request: web.Request) -> web.Response:
         return json_response(review_response(admission.uid, True))
     subject = _subject(admission, state.policy.rules.policy.workload_kinds)
     uid = _object_uid(subject.obj)
-    decision = state.policy.rules.review(subject, await state.view(subject, uid))
-    if _over_quota(decision) and await state.check_holds(subject.namespace, uid):
-        # Pending admissions the API server disowned were counted: decide again without them.
-        decision = state.policy.rules.review(subject, await state.view(subject, uid))
     name = _object_name(subject.obj)
-    if (
-        decision.allowed
-        and decision.wants_gpu
-        and subject.kind == "Pod"
-        and admission.operation == "CREATE"
-        and uid
-        and name
-        and not admission.dryRun
-        and state.policy.rules.quota_bytes(subject.namespace) is not None
-    ):
-        state.cluster.hold_admission(uid, subject.namespace, name, decision.claims, _node_name(subject.obj))
+    holds = (
+        subject.kind == "Pod" and admission.operation == "CREATE" and bool(uid) and bool(name)
+        and not admission.dryRun and state.policy.rules.quota_bytes(subject.namespace) is not None
+    )
+    decision: Decision | None = None
+
+    async def decide() -> tuple[bool, str | None]:
+        nonlocal decision
+        decision = state.policy.rules.review(subject, await state.view(subject, uid))
+        if _over_quota(decision) and await state.check_holds(subject.namespace, uid):
+            # Pending admissions the API server disowned were counted: decide again without them.
+            decision = state.policy.rules.review(subject, await state.view(subject, uid))
+        if holds and decision.allowed and decision.wants_gpu and uid:
+            state.cluster.hold_admission(uid, subject.namespace, name, decision.claims, _node_name(subject.obj))
+            return True, uid
+        return False, None
+
+    if holds and state.quota_holds is not None:
+        problem = await decide_with_shared_holds(state.quota_holds, state.cluster, subject.namespace, decide)
+    else:
+        problem = None
+        await decide()
+    assert decision is not None
+    if problem is not None:
+        decision = _unshared(decision, problem)
+        if not decision.allowed and uid:
+            state.cluster.drop_hold(uid)
     metrics.reviews.labels(kind, admission.operation, _result(decision)).inc()
     return json_response(
         review_response(
@@ -403,6 +458,15 @@ def _object_name(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata")
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
     return name if isinstance(name, str) else ""
+
+
+def _unshared(decision: Decision, problem: str) -> Decision:
+    """The decision when the admission could not be shared with the other replicas: it may count too
+    little of the quota, so it is refused where the namespace enforces, and said elsewhere."""
+    text = f"namespace VRAM quota: {problem}, so the admissions of the other webhook replicas are not counted"
+    if decision.mode == "enforce" and decision.allowed:
+        return replace(decision, allowed=False, message=f"{text}; retry")
+    return replace(decision, warnings=(*decision.warnings, fit_warning(f"would deny: {text}")))
 
 
 def _over_quota(decision: Decision) -> bool:

@@ -23,6 +23,7 @@ from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import RunningServer, ServerSettings, run_https
 from vramguard.io.tls import ReloadingTLSContext
 from webhook.app import PolicySource, WebhookState, create_webhook_app
+from webhook.quota_holds import DEFAULT_QUOTA_NAMESPACE, QuotaHolds
 
 __all__ = ["POD_FIELD_SELECTOR", "WebhookSettings", "run_webhook"]
 
@@ -45,6 +46,8 @@ class WebhookSettings:
     server: ServerSettings
     policy_refresh_interval: float = POLICY_REFRESH_INTERVAL
     max_event_bytes: int = MAX_EVENT_BYTES
+    quota_namespace: str = DEFAULT_QUOTA_NAMESPACE
+    """Where the replicas share the quota's pending admissions (:mod:`webhook.quota_holds`)."""
 
 
 async def run_webhook(
@@ -79,7 +82,8 @@ async def run_webhook(
             return await get_or_none(object_path("/api/v1/pods", namespace, name))
 
         state = WebhookState(
-            settings.policy, namespace_lookup=lookup, claim_lookup=claim_lookup, pod_lookup=pod_lookup
+            settings.policy, namespace_lookup=lookup, claim_lookup=claim_lookup, pod_lookup=pod_lookup,
+            quota_holds=QuotaHolds(client, settings.quota_namespace),
         )
         # One cluster model, fed every live pod: the quota counts them all, the ledger (for pods
         # created with spec.nodeName) the bound ones among them.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -62,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.0,
         metavar="SECONDS",
         help="on SIGTERM, report not ready for this long before closing the listener (e.g. 5 in a cluster)",
+    )
+    parser.add_argument(
+        "--quota-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "vramguard-system",
+        metavar="NAMESPACE",
+        help="namespace of the ConfigMaps vramguard-quota-<namespace> in which the replicas share the quotas' "
+             "pending admissions (default $POD_NAMESPACE, else vramguard-system)",
     )
     add_max_watch_event_bytes(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -127,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         policy=policy,
         server=ServerSettings(drain_delay=args.drain_delay),
         max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES,
+        quota_namespace=args.quota_namespace,
     )
     logging.getLogger("vramguard.webhook").info("%s", describe_start(settings, args.policy))
     try:

@@ -1,5 +1,6 @@
 """``vramguard webhook-config``: print the ValidatingWebhookConfiguration for a policy (with
-``--mutating``, the MutatingWebhookConfiguration that routes GPU pods to the vramguard scheduler).
+``--mutating``, the MutatingWebhookConfiguration that routes GPU pods to the vramguard scheduler;
+with ``--routing-policy``, the ValidatingAdmissionPolicy that refuses GPU pods left unrouted).
 
 The entries' failure policies are split on the namespaces' enforcement mode, and a namespace
 without the ``vramguard.io/enforce`` label follows the policy's default: regenerate the
@@ -15,9 +16,11 @@ from pathlib import Path
 from vramguard.policy import PolicyError, default_policy, load_policy
 from vramguard.webhook_config import (
     MUTATING_HEADER,
+    ROUTING_HEADER,
     WebhookTarget,
     mutating_webhook_configuration,
     render,
+    routing_admission_policy,
     webhook_configuration,
 )
 
@@ -52,6 +55,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="print the MutatingWebhookConfiguration instead (routing to the vramguard scheduler, memory limits)",
     )
+    parser.add_argument(
+        "--routing-policy",
+        action="store_true",
+        help="print the ValidatingAdmissionPolicy that refuses GPU pods left unrouted (empty when nothing is routed)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     target = WebhookTarget(namespace=args.namespace, service=args.service, excluded_namespaces=excluded)
     if args.mutating:
         sys.stdout.write(render(mutating_webhook_configuration(policy, target), MUTATING_HEADER))
+    elif args.routing_policy:
+        sys.stdout.write(render(routing_admission_policy(policy, target), ROUTING_HEADER))
     else:
         sys.stdout.write(render(webhook_configuration(policy, target)))
     return EXIT_OK

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cachetools import LRUCache
+
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand import DemandOptions, PodDemand, derive_container_demand, derive_pod_demand
 from vramguard.demand.derive import engine_title
@@ -47,7 +49,13 @@ from vramguard.dra.claims import (
 from vramguard.dra.classes import ANY_DEVICE, DeviceClassInfo, Selector, class_for_extended_resource
 from vramguard.dra.devices import DraDevice
 from vramguard.dra.fields import items, mapping, memory_text, text
-from vramguard.dra.pods import ClaimUse, container_claim_uses, extended_resource_claim, pod_claim_sources
+from vramguard.dra.pods import (
+    ClaimUse,
+    PodClaimSource,
+    container_claim_uses,
+    extended_resource_claim,
+    pod_claim_sources,
+)
 from vramguard.dra.sizing import Need, Shortfall, check_request, distinct_shapes, reserved_on
 from vramguard.dra.state import DraState
 
@@ -174,8 +182,7 @@ def review_pod_claims(
 ) -> ClaimReview:
     """Check a pod's (or pod template's) claims and extended resources on the DRA path; ``replicas``:
     the pods a workload's template makes (they all share a claim it names)."""
-    annotations = _annotations(pod)
-    containers = _containers(pod)
+    reading = _reading(pod)
     shortfalls: list[Shortfall] = []
     errors: list[str] = []
     notes: list[str] = []
@@ -183,7 +190,10 @@ def review_pod_claims(
     reports: list[RequestReport] = []
     uses = container_claim_uses(pod)
     sources = {s.name: s for s in pod_claim_sources(pod)}
+    work = 0
     for claim_name, source in sources.items():
+        if work > MAX_CLAIM_USES:
+            break
         spec = None
         if source.template_name:
             spec = context.template(namespace, source.template_name)
@@ -197,7 +207,7 @@ def review_pod_claims(
         if spec is None:
             if claim_uses:
                 probe = ClaimRequest(claim_name, (DeviceRequest(claim_name, ""),))
-                needs = _needs(claim_uses, probe, containers, annotations, errors, notes)
+                needs = _needs(claim_uses, probe, reading, errors, notes)
                 if needs:
                     absent.append(
                         f"claim {claim_name}: {missing} does not exist (or cannot be read), so the memory it gives "
@@ -215,8 +225,12 @@ def review_pod_claims(
         )
         for request in spec.requests:
             users = [u for u in claim_uses if u.request in (None, request.name)]
+            work += len(users)
+            if work > MAX_CLAIM_USES:
+                errors.append(CLAIM_USES_REFUSAL)
+                break
             read: list[ContainerDemand] = []
-            needs = _needs(users, request, containers, annotations, errors, notes, read)
+            needs = _needs(users, request, reading, errors, notes, read)
             if source.claim_name:
                 needs = _shared(needs, replicas, others, source.claim_name, request)
             check = check_request(
@@ -277,20 +291,29 @@ def pod_request_needs(
     """What the containers of ``pod`` using ``request`` of the ResourceClaim object ``claim`` reserve
     on each of its devices (``allocation``: the claim's, which names the pod's claim when it was made
     from a template and the pod's status does not say so yet)."""
-    sources = {
+    reading = _reading(pod)
+    sources = frozenset(
         s.name
-        for s in pod_claim_sources(pod)
+        for s in reading.sources(pod)
         if s.allocated_claim == claim
         or (s.template_name and allocation is not None and allocation.pod_claim_name == s.name
             and _uid(pod) in {uid for _, uid in allocation.reserved_for})
-    }
-    return _source_needs(pod, sources, request)
+    )
+    return _source_needs(pod, sources, request, reading)
 
 
-def _source_needs(pod: Mapping[str, Any], sources: set[str], request: ClaimRequest) -> list[Need]:
-    """The needs of the pod's containers that use ``request`` of the pod's claims named ``sources``."""
-    uses = [u for u in container_claim_uses(pod) if u.claim in sources and u.request in (None, request.name)]
-    return _needs(uses, request, _containers(pod), _annotations(pod), [], [])
+def _source_needs(
+    pod: Mapping[str, Any], sources: frozenset[str], request: ClaimRequest, reading: _PodReading | None = None
+) -> list[Need]:
+    """The needs of the pod's containers that use ``request`` of the pod's claims named ``sources``
+    (remembered with the pod's reading: the same list, not a copy, for the same sources and request)."""
+    reading = reading if reading is not None else _reading(pod)
+    key = (sources, request.name, max(a.count for a in request.alternatives), request.mps is not None)
+    needs = reading.needs.get(key)
+    if needs is None:
+        uses = [u for u in reading.uses(pod) if u.claim in sources and u.request in (None, request.name)]
+        needs = reading.needs[key] = _needs(uses, request, reading, [], [])
+    return needs
 
 
 def _name(pod: Mapping[str, Any]) -> str:
@@ -332,11 +355,75 @@ def _containers(pod: Mapping[str, Any]) -> dict[str, _Container]:
     return found
 
 
+MAX_CLAIM_USES = 256
+"""Containers' uses of claim requests one review or filter checks (each a sizing on every device the
+request may get). Real pods have a few (8 containers each using 8 claims of 4 requests would be 256);
+the API server allows a pod tens of thousands (32 claims of 32 requests each, used by every container),
+which would hold the webhook, and the extender at each scheduling attempt, for seconds. Past the bound
+the claims are not checked: the pod is refused where the namespace enforces, and placed nowhere."""
+
+
+def claim_uses_over_bound(pod: Mapping[str, Any], requests: Callable[[str], int]) -> bool:
+    """Whether the pod's containers use its claims' requests more than :data:`MAX_CLAIM_USES` times;
+    ``requests``: the number of requests of the pod's claim of that name (0 when unknown)."""
+    # As a review counts them: a use naming a request checks that one, a use of the whole claim every request.
+    uses = _reading(pod).uses(pod)
+    return sum(1 if use.request else requests(use.claim) or 1 for use in uses) > MAX_CLAIM_USES
+
+
+CLAIM_USES_REFUSAL = (
+    f"the pod's containers use its claims' requests more than the {MAX_CLAIM_USES} times vramguard "
+    "checks: the memory of its claims cannot be checked; use fewer claims or requests per container"
+)
+
+
+@dataclass(slots=True)
+class _PodReading:
+    """A pod's containers and annotations, read once, and each container's demand as a claim's
+    devices give it, derived once per container and device count (and MPS daemon): a pod naming many
+    claims of many requests, each used by many containers, would otherwise derive the same container
+    thousands of times (a 70 KB pod took 12 s of a review)."""
+
+    containers: Mapping[str, _Container]
+    annotations: Mapping[str, str]
+    demands: dict[tuple[str, int, str | None], ContainerDemand | None] = field(default_factory=dict)
+    needs: dict[tuple[frozenset[str], str, int, bool], list[Need]] = field(default_factory=dict)
+    _sources: tuple[PodClaimSource, ...] | None = None
+    _uses: tuple[ClaimUse, ...] | None = None
+
+    def sources(self, pod: Mapping[str, Any]) -> tuple[PodClaimSource, ...]:
+        """The pod's claims (:func:`pod_claim_sources`), read once."""
+        if self._sources is None:
+            self._sources = tuple(pod_claim_sources(pod))
+        return self._sources
+
+    def uses(self, pod: Mapping[str, Any]) -> tuple[ClaimUse, ...]:
+        """Its containers' uses of them (:func:`container_claim_uses`), read once."""
+        if self._uses is None:
+            self._uses = tuple(container_claim_uses(pod))
+        return self._uses
+
+
+_READINGS: LRUCache[tuple[str, str], _PodReading] = LRUCache(maxsize=1024)
+"""Readings of live pods, by UID and resourceVersion (which name one content of the pod): the other pods
+of a shared claim, and those the tenancy and audit views read claim by claim."""
+
+
+def _reading(pod: Mapping[str, Any]) -> _PodReading:
+    metadata = mapping(pod.get("metadata"))
+    uid, version = text(metadata.get("uid")), text(metadata.get("resourceVersion"))
+    if not uid or not version:
+        return _PodReading(_containers(pod), _annotations(pod))
+    reading = _READINGS.get((uid, version))
+    if reading is None:
+        reading = _READINGS[(uid, version)] = _PodReading(_containers(pod), _annotations(pod))
+    return reading
+
+
 def _needs(
     users: Sequence[ClaimUse],
     request: ClaimRequest,
-    containers: Mapping[str, _Container],
-    annotations: Mapping[str, str],
+    reading: _PodReading,
     errors: list[str],
     notes: list[str],
     read: list[ContainerDemand] | None = None,
@@ -345,28 +432,20 @@ def _needs(
     such container's demand, those of unknown VRAM included)."""
     count = max(a.count for a in request.alternatives)
     resource = f"devices of claim request {request.name}"
-    options = DemandOptions(frozenset({resource}), ())
     needs: list[Need] = []
     for use in users:
-        entry = containers.get(use.container)
+        entry = reading.containers.get(use.container)
         if entry is None:
             continue
-        # The engine's reading of the container, as if it asked for the request's devices as a resource:
-        # the same engines, declarations, MPS limits and parallel-size checks as for device-plugin GPUs.
-        probe = {**entry.spec, "resources": {"limits": {resource: count}}}
-        if request.mps is not None:
-            # The claim's MPS daemon limits every client, as the client variables would (the
-            # container's own settings win).
-            own = {e.get("name") for e in items(entry.spec.get("env")) if isinstance(e, Mapping)}
-            given = [e for e in request.mps.env(count) if e["name"] not in own]
-            probe["env"] = [*items(entry.spec.get("env")), *given]
-        demand = derive_container_demand(probe, annotations, entry.init, options)
+        key = (use.container, count, request.name if request.mps is not None else None)
+        if key in reading.demands:
+            demand = reading.demands[key]
+            if demand is not None and demand.resource != resource:
+                demand = replace(demand, resource=resource)
+        else:
+            demand = reading.demands[key] = _derive(entry, request, count, resource, reading.annotations)
         if demand is None:
             continue
-        if request.mps is not None:
-            source = f"the MPS daemon of claim request {request.name} (GpuConfig): "
-            demand = replace(demand, evidence=tuple(
-                source + e.removeprefix("env ") if e.startswith("env CUDA_MPS_") else e for e in demand.evidence))
         if read is not None:
             read.append(demand)
         errors.extend(demand.errors)
@@ -375,6 +454,26 @@ def _needs(
         if need is not None:
             needs.append(need)
     return needs
+
+
+def _derive(
+    entry: _Container, request: ClaimRequest, count: int, resource: str, annotations: Mapping[str, str]
+) -> ContainerDemand | None:
+    """The engine's reading of the container, as if it asked for the request's devices as a resource:
+    the same engines, declarations, MPS limits and parallel-size checks as for device-plugin GPUs."""
+    probe = {**entry.spec, "resources": {"limits": {resource: count}}}
+    if request.mps is not None:
+        # The claim's MPS daemon limits every client, as the client variables would (the
+        # container's own settings win).
+        own = {e.get("name") for e in items(entry.spec.get("env")) if isinstance(e, Mapping)}
+        given = [e for e in request.mps.env(count) if e["name"] not in own]
+        probe["env"] = [*items(entry.spec.get("env")), *given]
+    demand = derive_container_demand(probe, annotations, entry.init, DemandOptions(frozenset({resource}), ()))
+    if demand is not None and request.mps is not None:
+        source = f"the MPS daemon of claim request {request.name} (GpuConfig): "
+        demand = replace(demand, evidence=tuple(
+            source + e.removeprefix("env ") if e.startswith("env CUDA_MPS_") else e for e in demand.evidence))
+    return demand
 
 
 def _need(demand: ContainerDemand, init: bool, sidecar: bool, position: int) -> Need | None:
@@ -453,15 +552,15 @@ def review_claim_users(spec: ClaimSpec, kind: str, context: DraContext) -> tuple
     its pods together (they share it), a ResourceClaimTemplate against each pod whose claim the
     resourceclaim controller has not made yet (those made before keep their old requests)."""
     if kind == "ResourceClaim":
-        groups = [(pod, {s.name for s in pod_claim_sources(pod) if s.claim_name == spec.name})
+        groups = [(pod, frozenset(s.name for s in pod_claim_sources(pod) if s.claim_name == spec.name))
                   for pod in context.pods_naming(spec.namespace, claim=spec.name)]
         users = [groups] if groups else []
     else:
         users = [
             [(pod, names)]
             for pod in context.pods_naming(spec.namespace, template=spec.name)
-            if (names := {s.name for s in pod_claim_sources(pod)
-                          if s.template_name == spec.name and s.generated_name is None})
+            if (names := frozenset(s.name for s in pod_claim_sources(pod)
+                                   if s.template_name == spec.name and s.generated_name is None))
         ]
     found: dict[str, Shortfall] = {}
     for group in users:

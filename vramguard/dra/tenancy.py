@@ -41,7 +41,7 @@ from vramguard.dra.claims import ClaimAllocation, ClaimRequest, DeviceRequest, r
 from vramguard.dra.devices import DraDevice
 from vramguard.dra.fields import mapping, memory_text, text
 from vramguard.dra.pods import container_claim_uses, pod_claim_sources
-from vramguard.dra.review import allocated_needs, pod_request_needs
+from vramguard.dra.review import CLAIM_USES_REFUSAL, allocated_needs, claim_uses_over_bound, pod_request_needs
 from vramguard.dra.sizing import Need, Shortfall, reserved_on
 from vramguard.dra.state import DraState
 
@@ -151,6 +151,23 @@ class ClaimPlacement:
     unplaced: list[str] = field(default_factory=list)
     """Claims that are not allocated on the node, reserved for the pod (at bind: the scheduler's PreBind
     did not write them; the pod is retried)."""
+    omitted: int = 0
+    """Refusals past :data:`MAX_REFUSALS`, counted, their messages never written."""
+    omitted_unresolvable: bool = False
+
+    def room(self, *, resolvable: bool) -> bool:
+        """Whether another refusal is written; past :data:`MAX_REFUSALS` it is only counted (its message
+        is not even built: a pod of many claims on a node of many devices is refused thousands of
+        times over)."""
+        if len(self.refusals) < MAX_REFUSALS:
+            return True
+        self.omitted += 1
+        self.omitted_unresolvable |= not resolvable
+        return False
+
+
+MAX_REFUSALS = 8
+"""Refusals written per node; the filter's reason for a node says the first few and how many more."""
 
 
 def used_claims(pod: Mapping[str, Any]) -> list[tuple[str, str | None]]:
@@ -178,10 +195,15 @@ def place_claims(
     if tenants is None:
         tenants = device_tenants(state, uid, pod_rank(pod))
     placement = ClaimPlacement()
+    claim_names = dict(used_claims(pod))
+    if claim_uses_over_bound(pod, lambda claim: _requests(state, namespace, claim_names.get(claim))):
+        placement.refusals.append(Refusal(f"{node}: {CLAIM_USES_REFUSAL}", False))
+        return placement
     on_node = state.devices(node)
     takes: dict[str, int] = {}
     mine: dict[str, set[str]] = {}
-    checked: list[tuple[DraDevice, str, str]] = []
+    checked: list[tuple[DraDevice, str, list[Need]]] = []
+    could_get: dict[tuple[DeviceRequest, ...], list[tuple[DraDevice, DeviceRequest]]] = {}
     for pod_claim, name in used_claims(pod):
         if name is None:
             if allocated:
@@ -202,33 +224,52 @@ def place_claims(
             own = pod_request_needs(pod, name, allocation, request)
             if not own:
                 continue
-            for device, alternative in _devices(state, allocation, request, on_node, tenants):
+            # What the engines reserve depends on a device's memory only: once per size, not per device.
+            sized: dict[int, int] = {}
+            if allocation is None:  # the devices it could get depend on its alternatives only
+                devices = could_get.get(request.alternatives)
+                if devices is None:
+                    devices = could_get[request.alternatives] = _devices(state, None, request, on_node, tenants)
+            else:
+                devices = _devices(state, allocation, request, on_node, tenants)
+            for device, alternative in devices:
                 current = next((t for t in tenants.get(device.uuid, ()) if t.claim == key), None)
                 consumed = current.consumed if current else alternative.consumes_on(device) or 0
                 others = current.reserved if current else 0
-                needs = reserved_on(own, device)
+                needs = sized.get(device.memory_bytes)
+                if needs is None:
+                    needs = sized[device.memory_bytes] = reserved_on(own, device)
                 after = Tenant(key, consumed, others + needs)
                 takes[device.uuid] = takes.get(device.uuid, 0) + after.held
                 mine.setdefault(device.uuid, set()).add(key)
-                checked.append((device, key, _who(own, device)))
-                if sizing and consumed < after.reserved:
+                checked.append((device, key, own))
+                if sizing and consumed < after.reserved and placement.room(resolvable=False):
                     shortfall = Shortfall(
                         pod_claim, alternative, device, consumed, tuple(own), device.consumes(after.reserved)
                         or after.reserved
                     )
                     placement.refusals.append(Refusal(f"{node}: on {device.label}, {shortfall.message()}", False))
-    for device, key, who in checked:
+    for device, key, own in checked:
         others = sum(t.held for t in tenants.get(device.uuid, ()) if t.claim not in mine[device.uuid])
-        if others + takes[device.uuid] > device.memory_bytes:
+        if others + takes[device.uuid] > device.memory_bytes and placement.room(resolvable=True):
             placement.refusals.append(Refusal(
                 f"{node}: {device.label} has {memory_text(max(device.memory_bytes - others, 0))} of "
                 f"{memory_text(device.memory_bytes)} left beside the engines of the claims there, and claim "
-                f"{key} of this pod takes {memory_text(takes[device.uuid])} ({who})",
+                f"{key} of this pod takes {memory_text(takes[device.uuid])} ({_who(own, device)})",
                 True,
             ))
     placement.refusals = list({r.message: r for r in placement.refusals}.values())
+    if placement.omitted:
+        kind = " (some only a new claim could fix)" if placement.omitted_unresolvable else ""
+        placement.refusals.append(Refusal(
+            f"{node}: and {placement.omitted} more{kind}", not placement.omitted_unresolvable))
     placement.taken = takes
     return placement
+
+
+def _requests(state: DraState, namespace: str, claim: str | None) -> int:
+    spec = state.claim(namespace, claim) if claim is not None else None
+    return len(spec.requests) if spec is not None else 0
 
 
 def _devices(

@@ -61,7 +61,7 @@ ABBREVIATIONS = Abbreviations({
     "--tp-size": (((0, 4, 0), "--t"),),
     "--tensor-parallel-size": (((0, 4, 0), "--t"),),
     "--pp-size": (((0, 4, 6), "--p"), ((0, 5, 5), "--pp-")),
-    "--pipeline-parallel-size": (((0, 4, 6), "--p"), ((0, 5, 5), "--pi"), ((0, 5, 20), "--p")),
+    "--pipeline-parallel-size": (((0, 4, 6), "--p"), ((0, 5, 5), "--pi"), ((0, 5, 19), "--pi"), ((0, 5, 20), "--p")),
     "--dp-size": (((0, 4, 0), "--d"),),
     "--data-parallel-size": (((0, 4, 0), "--d"),),
     "--chunked-prefill-size": (((0, 4, 0), "--ch"),),
