@@ -41,6 +41,7 @@ def benchmarks(quick: bool, extender_parts: str) -> dict[str, list[str]]:
     commands = {
         "demand": [python, "-m", "bench.demand", *(["--seconds", "0.5"] if quick else [])],
         "webhook": [python, "-m", "bench.webhook", *(["--requests", "2000"] if quick else [])],
+        "dra": [python, "-m", "bench.dra", *(["--samples", "100"] if quick else [])],
     }
     if extender_parts:
         commands["extender"] = [python, "-m", "bench.extender", "--only", extender_parts,

@@ -154,3 +154,15 @@ def test_a_serving_operators_object_is_audited_as_the_pods_it_makes() -> None:
     [finding] = audit_snapshot(snap, default_policy()).violating
     assert (finding.kind, finding.name) == ("Model", "m")
     assert "Model model: container server: --gpu-memory-utilization=1.5 is outside (0, 1]" in finding.violations[0]
+
+
+def test_a_pod_naming_gpus_in_nvidia_visible_devices_is_a_finding() -> None:
+    # It asks for no GPU, yet where the container toolkit honours the variable it reaches every GPU.
+    exporter = {"name": "exporter", "image": "exporter:1", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+    reaching = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "exporter", "namespace": "default", "uid": "uid-exporter"},
+                "spec": {"nodeName": "ts", "containers": [exporter]}}
+    report = audit_snapshot(snapshot(reaching), default_policy())
+    [finding] = report.violating
+    assert (finding.kind, finding.name) == ("Pod", "exporter")
+    assert finding.violations[0].startswith("container exporter sets NVIDIA_VISIBLE_DEVICES=all")

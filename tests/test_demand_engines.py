@@ -437,6 +437,14 @@ CASES = [
         errors=['--pp: SGLang exits at start ("ambiguous option")'],
     ),
     Case(
+        "sglang-cuda-graph-max-bs-is-gone-from-0.5.20",
+        pod(container(image="lmsysorg/sglang:v0.5.23", command=[
+            "python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "8"])),
+        "sglang",
+        Fraction(1, 2),
+        errors=["--cuda-graph-max-bs: SGLang v0.5.20 and later have only"],
+    ),
+    Case(
         "sglang-turns-no-underscore-into-a-dash",
         pod(container(image="lmsysorg/sglang:v0.5.23", command=[
             "python3", "-m", "sglang.launch_server", "--mem_fraction_static", "0.8"])),

@@ -48,6 +48,9 @@ NODES = ("--nnodes",)
 """Multi-node serving: ``--tp`` is the total over ``--nnodes`` pods (``--node-rank`` 0 to n-1)."""
 CHUNKED_PREFILL = ("--chunked-prefill-size",)
 GRAPH_BATCH = ("--cuda-graph-max-bs",)
+GRAPH_BATCH_GONE: tuple[int, int, int] = (0, 5, 20)
+"""From v0.5.20 only ``--cuda-graph-max-bs-decode`` and ``-prefill`` remain: the old name is a prefix of
+both, an ambiguous option SGLang exits on (its v0.5.20 and v0.5.23 parsers built)."""
 NO_GRAPHS = ("--disable-cuda-graph",)
 SMALL_KV_SIZE = "SGLANG_CI_SMALL_KV_SIZE"
 """Replaces the profiled KV token count, whatever the fraction (``model_runner.py`` v0.5.5: ``if
@@ -107,6 +110,11 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     options = Options(args, prefixes=ABBREVIATIONS.at(version))
     options.report_misspellings((*MEM_FRACTION, *TENSOR, *PIPELINE, *DATA, *NODES), "SGLang",
                                 '"unrecognized arguments"', found)
+    if version is not None and version >= GRAPH_BATCH_GONE and options.has(GRAPH_BATCH):
+        found.error(
+            f"{GRAPH_BATCH[0]}: SGLang v0.5.20 and later have only --cuda-graph-max-bs-decode and "
+            "--cuda-graph-max-bs-prefill, and exit at start (\"ambiguous option\")"
+        )
     sizes = (TENSOR, PIPELINE) + (() if options.has(DP_ATTENTION) else (DATA,))
     parallel = parallel_layout(options, sizes, found, NODES)
     fraction_flag = options.last(MEM_FRACTION)
