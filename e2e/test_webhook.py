@@ -461,6 +461,19 @@ def test_padded_pod_is_judged_not_waved_through(namespace: Callable[[str], Names
     assert f"would deny: {BAD_UTILIZATION}" in warnings_of(response)
 
 
+def test_a_pod_near_the_stored_limit_escaped_sixfold_is_judged(namespace: Callable[[str], Namespace]) -> None:
+    # The API server writes '<', '>' and '&' as six-byte \u003c escapes in the review's JSON: a 1.45 MB
+    # pod of them is an 8.7 MB review (past the webhook's old 8 MiB limit, a 413 that the failure
+    # policy turned into an unreviewed admission where the namespace does not enforce).
+    body = pod("escaped", {**vllm_container("1.5"), "env": [{"name": "PADDING", "value": "<" * 1_450_000}]})
+    with pytest.raises(kube.api_exception()) as refused:
+        namespace("enforce").create_pod(body)
+    assert denial(refused.value) == f'admission webhook "pods.vramguard.io" denied the request: {BAD_UTILIZATION}'
+    response = namespace("audit").create_pod(body)
+    assert response.status == 201
+    assert f"audit: would deny: {BAD_UTILIZATION}" in warnings_of(response)
+
+
 def test_unreachable_webhook_refuses_only_where_enforced(cluster: Any, namespace: Callable[[str], Namespace],
                                                         unique: str) -> None:
     """The shipped split of failure policies, on the real API server, with a webhook that never answers."""
