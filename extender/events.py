@@ -25,13 +25,25 @@ class PodIdentity(Protocol):
 async def post_pod_event(client: KubeClient, pod: PodIdentity, reason: str, message: str, kind: str) -> None:
     """Create one Event about ``pod`` (``kind``: ``Normal`` or ``Warning``); an API failure is
     logged, not raised: an Event is a courtesy, never a condition of the decision it reports."""
+    involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
+    await _post(client, pod.namespace, involved, reason, message, kind)
+
+
+async def post_node_event(client: KubeClient, node: str, reason: str, message: str, kind: str) -> None:
+    """Create one Event about Node ``node``, in ``default`` where ``kubectl describe node`` finds it."""
+    await _post(client, "default", {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}, reason, message,
+                kind)
+
+
+async def _post(
+    client: KubeClient, namespace: str, involved: dict[str, str], reason: str, message: str, kind: str
+) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     event = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                           "uid": pod.uid},
+        "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+        "involvedObject": involved,
         "reason": reason,
         "message": message,
         "type": kind,
@@ -41,6 +53,6 @@ async def post_pod_event(client: KubeClient, pod: PodIdentity, reason: str, mess
         "count": 1,
     }
     try:
-        await client.create(object_path("/api/v1/events", pod.namespace, "").rstrip("/"), event)
+        await client.create(object_path("/api/v1/events", namespace, "").rstrip("/"), event)
     except ApiError as exc:
-        logger.warning("event for %s/%s: %s", pod.namespace, pod.name, exc.message or exc)
+        logger.warning("event for %s %s: %s", involved["kind"], involved["name"], exc.message or exc)

@@ -11,19 +11,22 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from extender.events import post_pod_event
+from extender.events import post_node_event, post_pod_event
 from vramguard.cluster import ClusterState
+from vramguard.inventory import UNREADABLE
 from vramguard.io.kube import KubeClient
 
 logger = logging.getLogger(__name__)
 
 EVENT_REASON = "VRAMOvercommitted"
+UNREADABLE_REASON = "GPUsUnreadable"
 REPORT_SECONDS = 5.0
 """How often the growths the watch delivered are reported."""
 
 
 class GrowthReporter:
-    """Drains :meth:`ClusterState.take_growths`: one Event per growth (serving replica only) and a counter."""
+    """Drains :meth:`ClusterState.take_growths`: one Event per growth (serving replica only) and a counter;
+    and one Warning Event on each node that starts advertising GPUs vramguard cannot read."""
 
     def __init__(
         self, state: ClusterState, client: KubeClient, registry: CollectorRegistry, serving: Callable[[], bool]
@@ -31,6 +34,8 @@ class GrowthReporter:
         self.state = state
         self.client = client
         self.serving = serving
+        self.unreadable: set[str] = set()
+        """Nodes already told about (forgotten once readable, so a relapse is told again)."""
         self.counter = Counter(
             "vramguard_extender_bound_pod_growths",
             "Bound pods whose claims grew while they ran (a new image), taking a GPU past its VRAM budget.",
@@ -45,6 +50,12 @@ class GrowthReporter:
             logger.warning("%s", growth.message)
             if self.serving():
                 await post_pod_event(self.client, growth.pod, EVENT_REASON, growth.message, "Warning")
+        now = set(self.state.unreadable_nodes())
+        if self.serving():
+            for node in sorted(now - self.unreadable):
+                logger.warning("node %s: %s", node, UNREADABLE)
+                await post_node_event(self.client, node, UNREADABLE_REASON, UNREADABLE, "Warning")
+            self.unreadable = now
         return len(growths)
 
     async def run(self) -> None:

@@ -103,7 +103,7 @@ def _node_rows(state: ClusterState, node: str) -> list[_Row]:
         totals[2] += free
         totals[3] = max(totals[3], free)
         totals[4] += 1
-        totals[5] += usage.worst_bytes > usage.budget
+        totals[5] += usage.over_budget
         totals[6] += usage.known_bytes
         totals[7] += max(0, usage.worst_bytes - usage.known_bytes)
     return [_Row(f'node="{_label(node)}",product="{_label(product)}"', tuple(totals))
@@ -258,6 +258,12 @@ class HeldBackCollector(Collector):
                                  "Nodes that fail filter while their pods are re-read after an oversized watch event.")
         held.add_metric([], len(self.state.suspects))
         yield held
+        unreadable = GaugeMetricFamily(
+            "vramguard_unreadable_gpu_nodes",
+            "Nodes advertising GPUs whose memory vramguard cannot read (no GPU Feature Discovery, platform or "
+            "instance-type labels, no agent report): refused where a namespace enforces, unguarded elsewhere.")
+        unreadable.add_metric([], len(self.state.unreadable_nodes()))
+        yield unreadable
 
 
 class InFlightCollector(Collector):

@@ -486,7 +486,9 @@ class Verbs:
         if assignment is None:
             return f"node {node} is not known to vramguard"
         chosen = PodClaims(claims.uid, assignment.claims, claims.init, claims.refusal)
-        fit = self.state.ledger.reserve(node, key, chosen.claims)
+        # A node whose GPUs nobody can size passed outside enforce: recorded, not checked (see filter).
+        unguarded = any(finding.unreadable for finding in verdict.findings)
+        fit = self.state.ledger.reserve(node, key, chosen.claims, force=unguarded)
         if not fit.ok:
             return f"{node}: {describe_fit(fit, chosen.claims)}"
         self.state.begin_bind(node, key, chosen)

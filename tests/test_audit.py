@@ -166,3 +166,12 @@ def test_a_pod_naming_gpus_in_nvidia_visible_devices_is_a_finding() -> None:
     [finding] = report.violating
     assert (finding.kind, finding.name) == ("Pod", "exporter")
     assert finding.violations[0].startswith("container exporter sets NVIDIA_VISIBLE_DEVICES=all")
+
+
+def test_gpu_nodes_vramguard_cannot_read_are_a_finding() -> None:
+    snap = snapshot(vllm_pod("a", 0.3, "ts"))
+    snap.nodes.append({"metadata": {"name": "bare"}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}})
+    report = audit_snapshot(snap, default_policy())
+    assert report.unreadable == ["bare"] and not report.clean
+    assert "GPU nodes vramguard cannot read: 1 (bare)" in report.to_text()
+    assert report.to_json()["unreadable_gpu_nodes"] == ["bare"]

@@ -1083,3 +1083,30 @@ async def test_a_bound_pod_whose_claims_grow_past_the_budget_is_reported_not_sil
     assert path == "/api/v1/namespaces/default/events"
     assert (event["reason"], event["type"], event["involvedObject"]["name"]) == ("VRAMOvercommitted", "Warning", "b")
     assert reporter.counter._value.get() == 1
+
+
+async def test_a_node_whose_gpus_nobody_can_read_is_reported_once_and_counted() -> None:
+    # A GPU node with neither GPU Feature Discovery nor platform labels: its devices are of unknown memory.
+    unlabelled = {"metadata": {"name": "bare"}, "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "2"}}}
+    state, _, _ = make([gpu_node("h100"), unlabelled])
+    assert state.unreadable_nodes() == ["bare"]
+
+    class Events:
+        def __init__(self) -> None:
+            self.posted: list[Any] = []
+
+        async def create(self, path: str, body: Any) -> dict[str, Any]:
+            self.posted.append((path, body))
+            return {}
+
+    events = Events()
+    registry = CollectorRegistry()
+    reporter = GrowthReporter(state, events, registry, serving=lambda: True)  # type: ignore[arg-type]
+    await reporter.report()
+    await reporter.report()
+    [(path, event)] = events.posted
+    assert path == "/api/v1/namespaces/default/events"
+    assert (event["reason"], event["involvedObject"]["kind"], event["involvedObject"]["name"]) == (
+        "GPUsUnreadable", "Node", "bare")
+    metrics.ExtenderMetrics(registry, state)
+    assert registry.get_sample_value("vramguard_unreadable_gpu_nodes") == 1

@@ -237,12 +237,21 @@ def test_unknown_node_fails_resolvably() -> None:
     assert (result.verdict, result.message) == (Verdict.FAIL, "node ghost is not known to vramguard yet")
 
 
-def test_gpu_without_memory_size_is_unresolvable() -> None:
+def test_a_gpu_without_memory_size_is_refused_where_enforced_and_unguarded_elsewhere() -> None:
+    # Where the namespace enforces, no pod is placed on a GPU whose budget nobody can compute; elsewhere
+    # vramguard must not keep a pod off a node the stock scheduler would use: placed, with a finding.
     node = gfd_node("n")
     del node["metadata"]["labels"]["nvidia.com/gpu.memory"]
-    result = filter_node(ledger_of(node), "n", pod_claims(demand(container(GIB)), BEST_EFFORT), BEST_EFFORT)
+    enforced = ClassChoice(BEST_EFFORT.name, BEST_EFFORT.qos, BEST_EFFORT.source, enforcement="enforce")
+    claims = pod_claims(demand(container(GIB)), BEST_EFFORT)
+    result = filter_node(ledger_of(node), "n", claims, enforced)
     assert result.verdict is Verdict.UNRESOLVABLE
-    assert result.message.startswith("GPU 0 (NVIDIA H100 80GB HBM3): memory size unknown")
+    assert result.message.startswith("GPU 0 (NVIDIA H100 80GB HBM3): memory size unknown, so the pod's VRAM cannot")
+    audited = ClassChoice(BEST_EFFORT.name, BEST_EFFORT.qos, BEST_EFFORT.source, enforcement="audit")
+    result = filter_node(ledger_of(node), "n", claims, audited)
+    assert result.verdict is Verdict.PASS
+    [finding] = result.findings
+    assert finding.unreadable and finding.rule is Rule.NODE_UNKNOWN
 
 
 def test_unknown_vram_takes_the_whole_gpu() -> None:

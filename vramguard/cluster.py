@@ -684,7 +684,7 @@ class ClusterState:
         (those already past it keep being reported by the ledger's metrics)."""
         over = [
             row for row in self.ledger.usage(node, pods=False)
-            if row.worst_bytes > row.budget and row.worst_bytes > before.get(row.device.id, 0)
+            if row.over_budget and row.worst_bytes > before.get(row.device.id, 0)
         ]
         if over:
             self.grown.append(Growth(pod, node, tuple((row.device.label, row.worst_bytes, row.budget) for row in over)))
@@ -852,6 +852,12 @@ class ClusterState:
             self._pending[hold.uid] = _Pending(
                 namespace, hold.name, "", (), now, now + min(left, PENDING_TTL), bytes=max(hold.bytes, 0)
             )
+
+    def unreadable_nodes(self) -> list[str]:
+        """Nodes advertising GPUs whose memory nobody can read (:data:`vramguard.inventory.UNREADABLE`):
+        no budget is checked there (refused where a namespace enforces, unguarded elsewhere)."""
+        return sorted(name for name, inventory in self._inventories.items()
+                      if any(gpu.memory_bytes == 0 for gpu in inventory.devices))
 
     def drop_hold(self, uid: str) -> None:
         """Forget this replica's pending admission ``uid`` (its decision is being made again)."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
+from vramguard.platforms import platform_gpus
 from vramguard.quantity import MiB, QuantityError, parse_quantity
 
 Sharing = Literal["none", "time-slicing", "mps", "mig"]
@@ -267,6 +268,13 @@ def read_inventory(
     return NodeInventory(name, tuple(devices), placements, tuple(notes), measured, distrusted, report is not None)
 
 
+UNREADABLE = (
+    "vramguard cannot read this node's GPUs: no GPU Feature Discovery, GKE, Karpenter or known instance-type "
+    "labels, and no agent report; run the vramguard agent or GPU Feature Discovery on it"
+)
+"""The note of a node that advertises a GPU resource whose devices nothing describes."""
+
+
 def _full_gpus(
     labels: Mapping[str, str],
     advertised: Mapping[str, int] | None,
@@ -275,7 +283,7 @@ def _full_gpus(
 ) -> list[Gpu]:
     count = _int_label(labels, f"{_FULL_GPU_LABELS}.count", notes)
     if count is None:
-        return []
+        return _platform_gpus(labels, advertised, gpu_resources, notes)
     if labels.get(MIG_STRATEGY_LABEL) == "mixed" and labels.get(f"{_FULL_GPU_LABELS}.replicas") == "0":
         # GFD labels MIG-enabled GPUs with replicas 0 ("sharing disabled"); they serve no full GPU.
         return []
@@ -310,6 +318,50 @@ def _full_gpus(
             resource=resource,
             mig_profile=mig_profile,
         )
+        for i in range(count)
+    ]
+
+
+def _platform_gpus(
+    labels: Mapping[str, str],
+    advertised: Mapping[str, int] | None,
+    gpu_resources: tuple[str, ...],
+    notes: list[str],
+) -> list[Gpu]:
+    """The GPUs of a node without GPU Feature Discovery's labels: as its platform labels them
+    (:mod:`vramguard.platforms`), or, where nothing does and the node advertises a GPU resource, devices
+    of unknown memory (:data:`UNREADABLE`), each advertised unit one device."""
+    offered = [r for r in gpu_resources if advertised is not None and advertised.get(r, 0) > 0]
+    resource = offered[0] if offered else (gpu_resources[0] if gpu_resources else _FULL_GPU_LABELS)
+    units = advertised[resource] if offered and advertised is not None else None
+    if advertised is not None and units is None:
+        return []  # the node's status advertises no GPU resource: nothing to place there
+    platform = platform_gpus(labels)
+    if platform is None:
+        if units is None:
+            return []
+        notes.append(UNREADABLE)
+        return [Gpu(str(i), i, "unknown GPU", 0, "none", 1, resource) for i in range(_bounded(units, resource, notes))]
+    replicas, sharing = platform.replicas, platform.sharing
+    if platform.gpus is not None and units is not None and replicas == 1 and units > platform.gpus:
+        # More units than GPUs: the device plugin time-slices them (its configuration, not labelled).
+        replicas, sharing = -(-units // platform.gpus), "time-slicing"
+    if units is None:
+        count = platform.gpus or 0
+    else:
+        count = -(-units // replicas)
+        if platform.gpus is not None and platform.mig_profile is None:
+            count = min(count, platform.gpus)
+    count = _bounded(count, resource, notes)
+    memory = platform.memory_mib * MiB if platform.memory_mib else 0
+    if platform.mig_profile is not None:
+        memory = mig_profile_bytes(platform.mig_profile) or 0
+    if not memory:
+        notes.append(f"{platform.source}: the devices' memory is unknown")
+    notes.append(f"GPUs read from the {platform.source} (no GPU Feature Discovery labels)")
+    profile = platform.mig_profile
+    return [
+        Gpu(f"{profile}#{i}" if profile else str(i), i, platform.product, memory, sharing, replicas, resource, profile)
         for i in range(count)
     ]
 

@@ -128,6 +128,12 @@ class DeviceUsage:
     pods: tuple[str, ...]
     """Pods known or intended on this device (``namespace/name``)."""
 
+    @property
+    def over_budget(self) -> bool:
+        """Whether it may hold more than its budget; never for a device whose memory nobody knows
+        (pods placed there, where the namespace does not enforce, are unguarded, not overcommitted)."""
+        return self.device.memory_bytes > 0 and self.worst_bytes > self.budget
+
 
 class _Device:
     __slots__ = ("budget", "expected_bytes", "expected_slots", "gpu", "known_bytes", "known_slots", "whole")
@@ -821,7 +827,7 @@ def _device_violations(node: str, group: _Group, device: _Device) -> list[Invari
         numbers = {"claims": device.known_slots, "replicas": device.gpu.replicas}
         found.append(InvariantViolation(Invariant.KNOWN_CLAIMS, node, device.gpu.label, numbers))
     worst = group.worst_case(device)
-    if worst > device.budget:
+    if worst > device.budget and device.gpu.memory_bytes > 0:  # a device of unknown memory has no budget to pass
         found.append(InvariantViolation(
             Invariant.OVER_BUDGET, node, device.gpu.label, {"worst": worst, "budget": device.budget}
         ))

@@ -72,15 +72,23 @@ class ClassFinding:
     forbidden: tuple[Sharing, ...]
     guarantee: bool
     """The node is less isolated than the class allows: a refusal in every mode."""
+    unreadable: bool = False
+    """Not a class rule: vramguard cannot read the node's GPUs, so no budget is checked there (a
+    refusal where the namespace enforces; elsewhere the pod is placed as the stock scheduler would)."""
 
     @property
     def rule(self) -> Rule:
-        """:attr:`Rule.CLASS_GUARANTEE` or :attr:`Rule.CLASS_RULE`."""
+        """:attr:`Rule.CLASS_GUARANTEE`, :attr:`Rule.CLASS_RULE`, or :attr:`Rule.NODE_UNKNOWN`."""
+        if self.unreadable:
+            return Rule.NODE_UNKNOWN
         return Rule.CLASS_GUARANTEE if self.guarantee else Rule.CLASS_RULE
 
     @property
     def message(self) -> str:
         """``class best-effort does not allow unshared GPUs (node offers whole GPUs)``."""
+        if self.unreadable:
+            return (f"the node's {self.resource} GPUs are of unknown memory (vramguard cannot read them): "
+                    "placed without a VRAM check, as the namespace does not enforce")
         kinds = ", ".join(_SHARING_ADJECTIVE[s] for s in self.forbidden)
         offered = ", ".join(_SHARING_OFFER[s] for s in self.forbidden)
         return f"class {self.class_name} does not allow {kinds} GPUs (node offers {offered})"
@@ -490,12 +498,18 @@ def _static_verdict(
             return NodeVerdict(Verdict.UNRESOLVABLE, finding.message, finding.rule), ()
     for resource in resources:
         sizeless = offers[resource].sizeless
-        if sizeless is not None:
+        if sizeless is None:
+            continue
+        if choice.enforcement == "enforce":
             return NodeVerdict(
                 Verdict.UNRESOLVABLE,
-                f"{sizeless.label}: memory size unknown (no nvidia.com/gpu.memory label or agent report)",
+                f"{sizeless.label}: memory size unknown, so the pod's VRAM cannot be checked there (no GPU Feature "
+                "Discovery, GKE, Karpenter or instance-type label, no agent report); run the vramguard agent there",
                 Rule.NODE_UNKNOWN,
             ), ()
+        # Outside enforce, vramguard must not keep a pod off a node the stock scheduler would use.
+        unguarded = ClassFinding(choice.name, resource, (), False, unreadable=True)
+        return NodeVerdict(Verdict.PASS, findings=(*findings, unguarded)), ()
     return None, tuple(findings)
 
 

@@ -72,8 +72,8 @@ class GpuRow:
 
     @property
     def over_budget(self) -> bool:
-        """Whether the device may hold more than its budget."""
-        return self.reserved_bytes > self.budget_bytes
+        """Whether the device may hold more than its budget (never one whose memory nobody knows)."""
+        return self.memory_bytes > 0 and self.reserved_bytes > self.budget_bytes
 
     def to_json(self) -> dict[str, Any]:
         """The row as a JSON object (bytes as integers)."""

@@ -148,7 +148,7 @@ class WebhookState:
         """Devices of the cluster model whose worst case exceeds their budget."""
         ledger = self.cluster.ledger
         return sum(
-            1 for node in ledger.node_names() for row in ledger.usage(node, pods=False) if row.worst_bytes > row.budget
+            1 for node in ledger.node_names() for row in ledger.usage(node, pods=False) if row.over_budget
         )
 
     async def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:

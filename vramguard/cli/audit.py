@@ -4,6 +4,8 @@ Reads Nodes, Namespaces, live Pods and the workloads that make pods (Deployments
 DaemonSets, ReplicaSets, Jobs, CronJobs, the policy's ``workload_kinds`` and the serving operators'
 kinds: :func:`vramguard.workloads.kinds_to_list`) and changes nothing. It reports:
 
+- **GPU nodes vramguard cannot read**: nodes advertising GPUs that no GPU Feature Discovery, platform or
+  instance-type label describes and no agent reports: no budget is checked there.
 - **GPUs committed beyond their budget**: the ledger the extender builds from the bound pods
   (``vramguard.cluster.ClusterState``), device by device. Only pods placed without vramguard can put a
   GPU there; the extender refuses every pod that would.
@@ -49,6 +51,7 @@ from vramguard.admission import SUPPORTED_KINDS, AdmissionRules, ClusterView, Op
 from vramguard.cli import kubectl_vram
 from vramguard.cluster import ClusterState
 from vramguard.dra.review import AllocatedShortfall, audit_allocations
+from vramguard.inventory import UNREADABLE
 from vramguard.ledger import Invariant
 from vramguard.placement import class_findings, filter_nodes
 from vramguard.policy import Policy, PolicyError
@@ -166,6 +169,8 @@ class AuditReport:
     """Allocated DRA claims whose pods reserve more on their device than the claim consumes."""
     pending: list[PendingPod] = field(default_factory=list)
     """GPU pods not yet bound, and why (informational, not counted by :attr:`clean`)."""
+    unreadable: list[str] = field(default_factory=list)
+    """Nodes advertising GPUs whose memory vramguard cannot read: no budget is checked there."""
     model: ModelAccuracy = field(default_factory=ModelAccuracy)
     """The demand model's predictions against the agents' measurements (informational, not counted
     by :attr:`clean`)."""
@@ -185,7 +190,7 @@ class AuditReport:
         """Whether nothing would be refused and no GPU is overcommitted."""
         return (
             not self.overcommitted and not self.ledger_problems and not self.violating and not self.placements
-            and not self.claims
+            and not self.claims and not self.unreadable
         )
 
     def to_json(self) -> JSON:
@@ -194,6 +199,7 @@ class AuditReport:
             "policy": self.policy,
             "clean": self.clean,
             "gpus_checked": len(self.gpus),
+            "unreadable_gpu_nodes": list(self.unreadable),
             "overcommitted_gpus": [row.to_json() for row in self.overcommitted],
             "ledger_problems": list(self.ledger_problems),
             "placements": [finding.to_json() for finding in self.placements],
@@ -211,6 +217,12 @@ class AuditReport:
     def to_text(self) -> str:
         """A report for people."""
         parts = [f"Policy: {self.policy}\n"]
+        if self.unreadable:
+            parts.append(
+                f"\nGPU nodes vramguard cannot read: {len(self.unreadable)} ({', '.join(self.unreadable[:10])}"
+                f"{', ...' if len(self.unreadable) > 10 else ''}): {UNREADABLE}; their pods are refused where a "
+                "namespace enforces and placed unguarded elsewhere\n"
+            )
         over = self.overcommitted
         parts.append(f"\nGPUs over their VRAM budget: {len(over)} of {len(self.gpus)}\n")
         if over:
@@ -263,6 +275,7 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
     ]
 
     report.placements = placement_findings(state, snapshot.bound_pods)
+    report.unreadable = state.unreadable_nodes()
 
     # The webhook's rules on the webhook's view, read from the same model (namespaces, offers, the
     # quota's sums over every live pod).
