@@ -169,6 +169,10 @@ class GPUNodeSpec:
     pods: int = 110
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
+    platform: str = "gfd"
+    """Who labels the node's GPUs: ``gfd`` (GPU Feature Discovery), ``gke`` (GKE's own labels, no GFD),
+    ``instance-type`` (only the instance type, as EKS or AKS nodes with the device plugin alone),
+    ``none`` (nothing: the device plugin's resource only)."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -287,8 +291,32 @@ def gfd_labels(spec: GPUNodeSpec) -> dict[str, str]:
     return labels
 
 
+GKE_ACCELERATORS = {"H100-80GB": "nvidia-h100-80gb", "A100-80GB": "nvidia-a100-80gb", "A100-40GB": "nvidia-tesla-a100",
+                    "L4": "nvidia-l4", "T4": "nvidia-tesla-t4", "H200": "nvidia-h200-141gb"}
+"""``cloud.google.com/gke-accelerator`` of each model (GKE's "GPU platforms" and node label docs)."""
+INSTANCE_TYPES = {("H100-80GB", 8): "p5.48xlarge", ("L40S", 1): "g6e.xlarge", ("L4", 1): "g6.xlarge",
+                  ("A10", 1): "Standard_NV36ads_A10_v5"}
+"""An instance type of each (model, GPUs per node) the tests use (AWS's and Azure's specifications)."""
+
+
+def platform_labels(spec: GPUNodeSpec) -> dict[str, str]:
+    """What the node's platform says of its GPUs, where GFD does not run."""
+    if spec.platform == "gke":
+        labels = {"cloud.google.com/gke-accelerator": GKE_ACCELERATORS[spec.model.key],
+                  "cloud.google.com/gke-gpu": "true"}
+        if spec.sharing is not Sharing.NONE:
+            strategy = "time-sharing" if spec.sharing is Sharing.TIME_SLICING else "mps"
+            labels.update({"cloud.google.com/gke-gpu-sharing-strategy": strategy,
+                           "cloud.google.com/gke-max-shared-clients-per-gpu": str(spec.replicas)})
+        return labels
+    if spec.platform == "instance-type":
+        return {"node.kubernetes.io/instance-type": INSTANCE_TYPES[(spec.model.key, spec.gpus)]}
+    return {}
+
+
 def node_labels(spec: GPUNodeSpec) -> dict[str, str]:
-    """All labels of the Node: well-known kubelet labels, GFD labels, then ``extra_labels``."""
+    """All labels of the Node: well-known kubelet labels, GFD's or the platform's labels, then
+    ``extra_labels``."""
     labels = {
         "kubernetes.io/hostname": spec.name,
         "kubernetes.io/os": "linux",
@@ -296,7 +324,7 @@ def node_labels(spec: GPUNodeSpec) -> dict[str, str]:
         "beta.kubernetes.io/os": "linux",
         "beta.kubernetes.io/arch": "amd64",
     }
-    labels.update(gfd_labels(spec))
+    labels.update(gfd_labels(spec) if spec.platform == "gfd" else platform_labels(spec))
     labels.update(spec.extra_labels)
     return labels
 

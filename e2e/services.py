@@ -339,11 +339,13 @@ def admission_policies(root: Path = MANIFESTS, *, routing: bool = False) -> list
     """The shipped ValidatingAdmissionPolicies of the webhook (manifests/webhook) and their bindings;
     with ``routing``, the one that refuses GPU pods left unrouted too (the second-scheduler layout's)."""
     kinds = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-    found = manifest_objects(kinds, root / "webhook")
-    if routing:
-        base = manifest_objects(kinds, root / "base")
-        found += [obj for obj in base if obj["metadata"]["name"] == ROUTING_POLICY_NAME]
-    return found
+    if (root / "webhook").is_dir():  # the manifests' layout
+        found = manifest_objects(kinds, root / "webhook") + manifest_objects(kinds, root / "base")
+    else:  # a rendered chart: every object in one place
+        found = manifest_objects(kinds, root)
+    # The agents' node scope is not the webhook's (and no agent of the harness runs under its identity).
+    found = [obj for obj in found if "agent" not in obj["metadata"]["name"]]
+    return [obj for obj in found if routing or obj["metadata"]["name"] != ROUTING_POLICY_NAME]
 
 
 def mutating_webhook_configuration(root: Path = MANIFESTS) -> dict[str, Any]:

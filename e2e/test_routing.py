@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import urllib.error
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ class Scene:
         self.core = kube.kubernetes_module().client.CoreV1Api(cluster.api_client())
         self.apps = kube.kubernetes_module().client.AppsV1Api(cluster.api_client())
         self.namespaces: list[str] = []
+        self.extra_nodes: list[str] = []
         spec = gpu_nodes.time_sliced(f"h100-{unique}", "H100-80GB", replicas=4)
         self.node = spec.name
         gpu_nodes.create_gpu_node(self.core, spec)
@@ -136,7 +138,8 @@ class Scene:
             for pod in self.pods(namespace):
                 self.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
             self.core.delete_namespace(namespace)
-        self.core.delete_node(self.node)
+        for node in [self.node, *self.extra_nodes]:
+            self.core.delete_node(node)
 
 
 def _unschedulable(pod: Any) -> str:
@@ -194,10 +197,11 @@ def test_a_pod_naming_another_scheduler_is_left_to_it(scene: Scene) -> None:
     assert pod.spec.scheduler_name == "volcano" and not pod.spec.node_name
 
 
-def test_without_the_mutating_webhook_an_enforcing_namespace_refuses_the_unrouted_pod(scene: Scene) -> None:
+def test_without_the_mutating_webhook_an_unrouted_gpu_pod_is_refused_in_every_mode(scene: Scene) -> None:
     """Routing never makes things worse: with the mutating webhook gone (down: its failurePolicy is
-    Ignore), an enforcing namespace refuses the pod instead of letting it past the guard, and an
-    auditing one admits it with the warning."""
+    Ignore), an enforcing namespace refuses the pod (the validating webhook's Fail entry), and so does an
+    auditing one (the chart's ValidatingAdmissionPolicy vramguard-gpu-pods-routed, inside the API
+    server): never placed by default-scheduler, which counts no VRAM. The controller retries."""
     enforcing = scene.namespace("enforce", {"vramguard.io/enforce": "enforce"})
     auditing = scene.namespace("audit")
     saved = scene.cluster.request("GET", f"{MUTATING}/vramguard")
@@ -205,9 +209,11 @@ def test_without_the_mutating_webhook_an_enforcing_namespace_refuses_the_unroute
     try:
         with pytest.raises(kube.api_exception()) as refused:
             scene.core.create_namespaced_pod(enforcing, gpu_pod("refused", "0.3"))
-        assert "the mutating webhook did not route it" in str(getattr(refused.value, "body", ""))
-        response = scene.core.create_namespaced_pod(auditing, gpu_pod("admitted", "0.3"), _preload_content=False)
-        assert any(w.startswith("not guarded:") for w in warnings_of(response))
+        assert "was not routed to the vramguard scheduler" in str(getattr(refused.value, "body", ""))
+        with pytest.raises(kube.api_exception()) as refused:
+            scene.core.create_namespaced_pod(auditing, gpu_pod("refused", "0.3"))
+        assert "was not routed to the vramguard scheduler (the vramguard webhook did not answer)" in str(
+            getattr(refused.value, "body", ""))
     finally:
         for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
             saved["metadata"].pop(key, None)
@@ -219,3 +225,75 @@ def test_without_the_mutating_webhook_an_enforcing_namespace_refuses_the_unroute
     # Back: the next pod is routed.
     scene.core.create_namespaced_pod(enforcing, gpu_pod("routed", "0.3"))
     assert scene.core.read_namespaced_pod("routed", enforcing).spec.scheduler_name == "vramguard"
+
+
+# --------------------------------------------------------------------------- nodes without GPU Feature Discovery
+
+
+def platform_node(scene: Scene, spec: gpu_nodes.GPUNodeSpec) -> dict[str, str]:
+    """Create ``spec`` (labelled for this test alone) and return the node selector that reaches it."""
+    selector = {"e2e.vramguard.io/platform": scene.unique}
+    gpu_nodes.create_gpu_node(scene.core, replace(spec, extra_labels={**spec.extra_labels, **selector}))
+    scene.extra_nodes.append(spec.name)
+    return selector
+
+
+def on(pod: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
+    pod["spec"]["nodeSelector"] = selector
+    return pod
+
+
+def test_a_gke_time_sharing_node_is_read_from_gkes_labels(scene: Scene) -> None:
+    # GKE labels a time-sharing H100 node with its accelerator and clients per GPU, and no GPU Feature
+    # Discovery label; it advertises one nvidia.com/gpu per client. Four vLLM pods at 0.30 of the H100:
+    # 4 x 0.30 = 1.20 of the GPU, so three run and the fourth waits (the seed scenario).
+    spec = gpu_nodes.time_sliced(f"gke-{scene.unique}", "H100-80GB", replicas=4, platform="gke")
+    selector = platform_node(scene, spec)
+    namespace = scene.namespace("gke")
+    for i in range(4):
+        scene.core.create_namespaced_pod(namespace, on(gpu_pod(f"chat-{i}", "0.30"), selector))
+    pods = scene.settled(namespace, 4)
+    assert sorted(bool(p.spec.node_name) for p in pods) == [False, True, True, True]
+    [waiting] = [p for p in pods if not p.spec.node_name]
+    assert "GPU (NVIDIA H100 80GB HBM3): VRAM budget free below" in _unschedulable(waiting), _unschedulable(waiting)
+
+
+def test_an_eks_node_with_the_device_plugin_alone_is_read_from_its_instance_type(scene: Scene) -> None:
+    # A g6e.xlarge (one L40S, 46068 MiB) time-sliced x4 by the device plugin, no GFD: the instance type
+    # and the capacity say it. Two vLLM pods at 0.45 (0.45 x 46068 MiB and a CUDA context each) fit the
+    # shared GPU's budget (97 %), a third does not, though replicas are left.
+    spec = gpu_nodes.time_sliced(f"eks-{scene.unique}", "L40S", replicas=4, platform="instance-type")
+    selector = platform_node(scene, spec)
+    namespace = scene.namespace("eks")
+    for i in range(3):
+        scene.core.create_namespaced_pod(namespace, on(gpu_pod(f"chat-{i}", "0.45"), selector))
+    pods = scene.settled(namespace, 3)
+    assert sorted(bool(p.spec.node_name) for p in pods) == [False, True, True]
+    [waiting] = [p for p in pods if not p.spec.node_name]
+    assert "GPU (NVIDIA L40S): VRAM budget free below" in _unschedulable(waiting), _unschedulable(waiting)
+
+
+def test_a_node_nobody_describes_strands_no_pod_outside_enforce(scene: Scene) -> None:
+    # Nothing says what this node's GPUs are: where the namespace audits (the default), a GPU pod goes
+    # there as the stock scheduler would send it, and the node is reported; where it enforces, the pod
+    # waits with the reason and the fix.
+    spec = gpu_nodes.time_sliced(f"bare-{scene.unique}", "H100-80GB", replicas=4, platform="none")
+    selector = platform_node(scene, spec)
+    auditing = scene.namespace("bare-audit")
+    scene.core.create_namespaced_pod(auditing, on(gpu_pod("placed", "0.9"), selector))
+    [pod] = scene.settled(auditing, 1)
+    assert pod.spec.node_name == spec.name
+    enforcing = scene.namespace("bare-enforce", {"vramguard.io/enforce": "enforce"})
+    scene.core.create_namespaced_pod(enforcing, on(gpu_pod("waits", "0.3"), selector))
+    [pod] = scene.settled(enforcing, 1)
+    assert "memory size unknown, so the pod's VRAM cannot be checked there" in _unschedulable(pod)
+
+    def reported() -> bool:
+        events = scene.core.list_namespaced_event("default").items
+        return any(e.reason == "GPUsUnreadable" and e.involved_object.name == spec.name for e in events)
+
+    deadline = time.monotonic() + WAIT
+    while not reported():
+        assert time.monotonic() < deadline, "no GPUsUnreadable Event on the node"
+        time.sleep(0.5)
+

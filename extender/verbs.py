@@ -489,7 +489,7 @@ class Verbs:
         # A node whose GPUs nobody can size passed outside enforce: recorded, not checked (see filter).
         unguarded = any(finding.unreadable for finding in verdict.findings)
         fit = self.state.ledger.reserve(node, key, chosen.claims, force=unguarded)
-        if not fit.ok:
+        if not fit.ok and not unguarded:
             return f"{node}: {describe_fit(fit, chosen.claims)}"
         self.state.begin_bind(node, key, chosen)
         if claim_placement is not None and claim_placement.taken:

@@ -1110,3 +1110,20 @@ async def test_a_node_whose_gpus_nobody_can_read_is_reported_once_and_counted() 
         "GPUsUnreadable", "Node", "bare")
     metrics.ExtenderMetrics(registry, state)
     assert registry.get_sample_value("vramguard_unreadable_gpu_nodes") == 1
+
+
+@pytest.mark.parametrize(("mode", "placed"), [("audit", True), ("warn", True), ("enforce", False)])
+async def test_a_node_whose_gpus_nobody_can_read_takes_pods_only_outside_enforce(mode: str, placed: bool) -> None:
+    # No budget can be checked there: where the namespace enforces, the pod waits (with the fix named);
+    # elsewhere it goes where the stock scheduler would send it, recorded as unguarded.
+    unlabelled = {"metadata": {"name": "bare"}, "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "1"}}}
+    state, verbs, fake = make([unlabelled])
+    state.namespaces.replace([{"metadata": {"name": "default", "labels": {"vramguard.io/enforce": mode}}}])
+    result = await schedule(verbs, fake, vllm_pod("p", "0.9"), ["bare"])
+    if placed:
+        assert result == "bare"
+        binding = next(body for method, _, body in fake.calls if method == "POST")
+        assert "unknown memory" in binding["metadata"]["annotations"]["vramguard.io/class-findings"]
+        assert state.ledger.check_invariants() == []
+    else:
+        assert result.startswith("pending: ") and "memory size unknown" in result
