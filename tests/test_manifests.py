@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -587,3 +588,11 @@ def test_chart_image_and_package_versions_move_in_lockstep() -> None:
     [image] = yaml.safe_load((BASE / "kustomization.yaml").read_text())["images"]
     assert image["newTag"] == version[1]
     assert yaml.safe_load((CHART / "values.yaml").read_text())["image"]["tag"] == ""  # appVersion
+
+
+def test_the_agent_runs_on_every_node_with_nvidia_gpus_however_labelled() -> None:
+    # The affinity in the kustomize base and the chart's values is the generator's (gpu_platforms.yaml grows).
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import agent_affinity  # noqa: PLC0415
+
+    assert agent_affinity.stale_files() == [], "run python scripts/agent_affinity.py"
