@@ -230,3 +230,26 @@ def test_free_memory_the_conservative_rule_holds_is_marked_a_worst_case(
     [header] = [line for line in text.splitlines() if line.startswith("NODE")]
     assert header.split() == ["NODE", "GPU", "BUDGET", "KNOWN", "WORST-CASE", "FREE", "PODS"]
     assert text.count("GiB*") == 2 and "note: * FREE is a worst case" in text
+
+
+def test_node_selection_and_taints_narrow_the_nodes_as_kube_scheduler_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A pod pinned to one node pool is not "placed" on a node of another pool, nor on a tainted node it
+    # does not tolerate (kube-scheduler's NodeAffinity and TaintToleration filters run before the extender).
+    pool_b = {**H100_NODE, "metadata": {**H100_NODE["metadata"], "name": "h100-b",
+                                         "labels": {**H100_NODE["metadata"]["labels"], "pool": "b"}}}
+    tainted = {**H100_NODE, "metadata": {**H100_NODE["metadata"], "name": "h100-t"},
+               "spec": {"taints": [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]}}
+    pinned = vllm_deployment("chat", "0.30", 1)
+    pinned["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "a"}
+    path = write(tmp_path, pool_b, tainted, pinned)
+    assert main(["plan", path, "-o", "json"]) == 1
+    [pending] = json.loads(capsys.readouterr().out)["pending"]
+    assert pending["reasons"]["h100-b"]["message"] == "node h100-b does not match the pod's nodeSelector pool=a"
+    assert pending["reasons"]["h100-t"]["message"] == (
+        "node h100-t has the taint dedicated=training:NoSchedule, which the pod does not tolerate")
+    pinned["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "b"}
+    assert main(["plan", write(tmp_path, pool_b, tainted, pinned), "-o", "json"]) == 0
+    [placed] = json.loads(capsys.readouterr().out)["placed"]
+    assert placed["node"] == "h100-b"

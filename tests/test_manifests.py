@@ -9,12 +9,12 @@ structure is checked on every machine. The e2e suite applies the same objects to
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -592,7 +592,8 @@ def test_chart_image_and_package_versions_move_in_lockstep() -> None:
 
 def test_the_agent_runs_on_every_node_with_nvidia_gpus_however_labelled() -> None:
     # The affinity in the kustomize base and the chart's values is the generator's (gpu_platforms.yaml grows).
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import agent_affinity  # noqa: PLC0415
-
+    spec = importlib.util.spec_from_file_location("agent_affinity", ROOT / "scripts" / "agent_affinity.py")
+    assert spec is not None and spec.loader is not None
+    agent_affinity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_affinity)
     assert agent_affinity.stale_files() == [], "run python scripts/agent_affinity.py"

@@ -33,7 +33,8 @@ from vramguard.dra.review import DraContext, review_pod_claims
 from vramguard.dra.state import KIND_STORES, DraState
 from vramguard.inventory import read_inventory
 from vramguard.ledger import Ledger, PodRef
-from vramguard.placement import PodClaims, Verdict, choose_gpus, filter_node, pod_claims, score_node
+from vramguard.node_selection import placement_refusal
+from vramguard.placement import NodeVerdict, PodClaims, Verdict, choose_gpus, filter_node, pod_claims, score_node
 from vramguard.policy import ClassChoice, Policy, PolicyError, default_policy, load_policy
 from vramguard.quantity import format_bytes
 from vramguard.workloads import Inputs, object_parts, parts_demand, read_inputs, unread_warning
@@ -102,6 +103,7 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
     """Place the pods of ``objects`` on its Nodes, in order."""
     plan = Plan()
     ledger = Ledger(policy.budget_rule())
+    selection: dict[str, tuple[Any, Any]] = {}
     for obj in objects:
         if obj.get("kind") == "Node":
             inventory = read_inventory(
@@ -109,6 +111,9 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
             )
             ledger.upsert_node(inventory)
             plan.notes.extend(f"node {inventory.node}: {note}" for note in inventory.notes)
+            spec = obj.get("spec")
+            selection[inventory.node] = (_meta(obj).get("labels"), spec.get("taints") if isinstance(spec, Mapping)
+                                         else None)
     namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
     options = policy.demand_options()
     inputs = read_inputs(objects)
@@ -135,7 +140,7 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
         if requests:
             _place_dra(plan, book, pod, requests, context, choice, shared)
         elif pod.demand.wants_gpu:
-            _place(plan, ledger, pod, pod_claims(pod.demand, choice, pod.ref.uid), choice)
+            _place(plan, ledger, pod, pod_claims(pod.demand, choice, pod.ref.uid), choice, selection)
     for node in sorted(ledger.node_names()):
         for row in ledger.usage(node):
             plan.gpus.append({
@@ -273,21 +278,38 @@ def _last_of_each_name(objects: list[Mapping[str, Any]], plan: Plan) -> list[Map
     ]
 
 
-def _place(plan: Plan, ledger: Ledger, pod: _Pod, claims: PodClaims, choice: ClassChoice) -> None:
-    """Count a bound pod where it is, or place a pending one on the best node that fits."""
+def _place(
+    plan: Plan,
+    ledger: Ledger,
+    pod: _Pod,
+    claims: PodClaims,
+    choice: ClassChoice,
+    selection: Mapping[str, tuple[Any, Any]],
+) -> None:
+    """Count a bound pod where it is, or place a pending one on the best node that fits: among the
+    nodes its node selector, required node affinity and tolerations allow, as kube-scheduler's own
+    filters narrow them before the extender's."""
     entry: dict[str, Any] = {"pod": str(pod.ref), "class": choice.name}
     if pod.node:
         ledger.reserve(pod.node, pod.ref, claims.claims, force=True)
         plan.placed.append({**entry, "node": pod.node, "containers": {}, "bound": True})
         return
     nodes = sorted(ledger.node_names())
-    verdicts = {node: filter_node(ledger, node, claims, choice) for node in nodes}
+    spec = _mapping(pod.template.get("spec"))
+    verdicts = {}
+    for node in nodes:
+        labels, taints = selection.get(node, (None, None))
+        refusal = placement_refusal(spec, node, labels, taints)
+        verdicts[node] = (
+            NodeVerdict(Verdict.UNRESOLVABLE, refusal, None) if refusal is not None
+            else filter_node(ledger, node, claims, choice)
+        )
     fitting = [node for node, verdict in verdicts.items() if verdict.ok]
     if not fitting:
         reasons = {
             node: {
                 "unresolvable": verdict.verdict is Verdict.UNRESOLVABLE,
-                "rule": str(verdict.rule) if verdict.rule is not None else None,
+                "rule": str(verdict.rule) if verdict.rule is not None else "node-selection",
                 "message": verdict.message,
             }
             for node, verdict in verdicts.items()
@@ -399,8 +421,11 @@ def _replicas(kind: str, obj: Mapping[str, Any]) -> int:
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
+    return _mapping(obj.get("metadata"))
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
