@@ -9,9 +9,12 @@ needs, and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ import pytest
 from e2e import gpu_nodes
 from e2e.kube import api_exception
 from e2e.scenario import pin_to_test, private_node, require_extender
+from vramguard.cli import main
 from vramguard.cli.audit import audit_snapshot
 from vramguard.cli.kubectl_vram import read_cluster
 from vramguard.codecs import CLASS_FINDINGS_ANNOTATION as FINDINGS_ANNOTATION
@@ -95,7 +99,19 @@ def audit_placements(cluster: Any, namespace: str) -> dict[str, tuple[str, str]]
     return {f.name: (f.rule, f.outcome) for f in report.placements if f.namespace == namespace}
 
 
-def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: str, unique: str) -> None:
+def cli(cluster: Any, tmp_path: Path, command: str, *objects: dict[str, Any]) -> tuple[int, Any]:
+    """``vramguard <command> --cluster -o json`` on ``objects``: its exit code and its JSON answer."""
+    path = tmp_path / f"{command}.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([command, "--cluster", "--kubeconfig", str(cluster.kubeconfig), "-o", "json", str(path)])
+    return code, json.loads(out.getvalue())
+
+
+def test_rollout_from_install_to_enforce(
+    cluster: Any, core_v1: Any, namespace: str, unique: str, tmp_path: Path
+) -> None:
     """Install: nothing that fits is refused; audit; then warn; then enforce refuses what the class forbids."""
     require_extender(cluster)
     eight = add_node(core_v1, unique, gpu_nodes.exclusive("a100-8x", "A100-80GB", gpus=8))
@@ -124,6 +140,14 @@ def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: 
     message = wait_for("greedy refused", lambda: scheduling_message(core_v1, namespace, "greedy"))
     assert "VRAM budget" in message, message
     assert audit_placements(cluster, namespace) == {}
+    # `plan --cluster` answers as the cluster does: on the nodes, with the pods bound there.
+    second = {**gpu_pod("chat-2", unique, "nvidia.com/gpu", 1, args=vllm("0.3")), "metadata": {
+        "name": "chat-2", "namespace": namespace}}
+    code, planned = cli(cluster, tmp_path, "plan", second)
+    assert code == 0, planned
+    assert [(p["pod"], p["node"]) for p in planned["placed"] if not p["bound"]] == [(f"{namespace}/chat-2", shared)]
+    core_v1.create_namespaced_pod(namespace, second)
+    assert wait_for("chat-2 bound", lambda: bound_to(core_v1, namespace, "chat-2")) == shared
 
     # 2. The platform team picks a class for the namespace: audit shows what it would refuse.
     label_namespace(core_v1, namespace, {"vramguard.io/qos-class": "shared"})
@@ -157,8 +181,20 @@ def test_rollout_from_install_to_enforce(cluster: Any, core_v1: Any, namespace: 
         message = wait_for(f"{name} refused", lambda name=name: scheduling_message(core_v1, namespace, name))
         assert "class shared does not allow unshared GPUs" in message, message
         assert bound_to(core_v1, namespace, name) is None
-    # A MIG pod is refused already at admission: the webhook enforces the same class rule.
+    # A MIG pod is refused already at admission: the webhook enforces the same class rule, and
+    # `explain` and `plan` with --cluster say so, reading the namespace's labels from the cluster.
     delete_now(core_v1, namespace, "vllm-mig")
+    mig_pod = {**pods["vllm-mig"], "metadata": {"name": "vllm-mig", "namespace": namespace}}
+    code, [explained] = cli(cluster, tmp_path, "explain", mig_pod)
+    assert code == 1
+    assert (explained["class"], explained["enforcement"], explained["admission"]["allowed"]) == (
+        "shared", "enforce", False)
+    assert "class shared does not allow MIG" in explained["admission"]["message"]
+    code, planned = cli(cluster, tmp_path, "plan", mig_pod)
+    assert code == 1
+    assert [p for p in planned["placed"] if not p["bound"]] == []
+    [refused] = [p for p in planned["pending"] if p["pod"] == f"{namespace}/vllm-mig"]
+    assert refused["reasons"]["-"]["rule"] == "admission"
     with pytest.raises(api_exception()) as denied:
         core_v1.create_namespaced_pod(namespace, pods["vllm-mig"])
     assert "class shared does not allow MIG" in str(getattr(denied.value, "body", denied.value))

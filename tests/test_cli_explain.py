@@ -67,6 +67,9 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     ]
     (rule,) = container["rules"]
     assert rule.startswith("image tag v0.21.0: CUDA graphs estimated inside the share")
+    admission = reports[0].pop("admission")
+    assert (admission["allowed"], admission["mode"], admission["class"]) == (True, "audit", "best-effort")
+    assert reports[2]["admission"] is None  # a Service: nothing for the webhook
     assert reports[0] == {
         "kind": "Deployment",
         "name": "chat",
@@ -196,11 +199,20 @@ def test_explain_names_the_refusing_rule(tmp_path: Path, capsys: pytest.CaptureF
         "rule": "class-rule", "enforced": True,
         "message": "container vllm: class shared does not allow MIG GPUs (nvidia.com/mig-1g.10gb)",
     }]
-    # The budget holds in every mode; the stand-in DRA device of --gpu-memory cannot hold it either (the
-    # namespace's audit mode only records that).
+    # The budget holds in every mode. Nothing in the input says the cluster runs DRA, so its
+    # nvidia.com/gpu is the device plugin's: no DRA refusal beside it.
+    assert [(r["rule"], r["enforced"]) for r in reports["too-big"]["refusals"]] == [("vram-budget", True)]
+    # With a DRA object in the input, the NVIDIA chart's class serves nvidia.com/gpu (extendedResourceName)
+    # and the stand-in device of --gpu-memory cannot hold it either (audit mode only records that).
+    template = ("---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: one-gpu}\n"
+                "spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}\n")
+    manifest.write_text(REFUSED + template)
+    code, out, _ = run(capsys, "explain", "-o", "json", "--gpu-memory", "80Gi", str(manifest))
+    reports = {r["name"]: r for r in json.loads(out)}
     assert [(r["rule"], r["enforced"]) for r in reports["too-big"]["refusals"]] == [
         ("vram-budget", True), ("extended-resource-memory", False)
     ]
+    manifest.write_text(REFUSED)
     code, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(manifest))
     assert "refusal [class-rule, refused]: container vllm: class shared does not allow MIG GPUs" in out
     # The whole GPU and the CUDA context: more than even a GPU the pod owns alone (no margin) holds.
@@ -245,3 +257,65 @@ def test_explain_shows_the_memory_limits_admission_writes(tmp_path: Path, capsys
     assert "class shared writes GPU memory limits at admission: pass --gpu-memory to see them" in out
     _, out, _ = run(capsys, "explain", "--gpu-memory", "80Gi", str(tmp_path / "m.yaml"))
     assert "written at admission" not in out  # the shipped policy writes none
+
+
+QUOTA_NAMESPACE = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a, labels: {vramguard.io/enforce: MODE}}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: h100
+  labels: {nvidia.com/gpu.count: "1", nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.memory: "81559",
+           nvidia.com/gpu.replicas: "4", nvidia.com/gpu.sharing-strategy: time-slicing}
+status: {allocatable: {nvidia.com/gpu: "4"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: running, namespace: team-a, uid: 0b5c}
+spec:
+  nodeName: h100
+  containers:
+  - {name: vllm, image: "vllm/vllm-openai:v0.21.0", args: [--model, m, --gpu-memory-utilization, "0.3"],
+     resources: {limits: {nvidia.com/gpu: 1}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: chat, namespace: team-a}
+spec:
+  replicas: 2
+  template:
+    spec:
+      containers:
+      - {name: vllm, image: "vllm/vllm-openai:v0.21.0", args: [--model, m, --gpu-memory-utilization, "0.3"],
+         resources: {limits: {nvidia.com/gpu: 1}}}
+"""
+
+
+@pytest.mark.parametrize(("mode", "code"), [("enforce", 1), ("audit", 0)])
+def test_explain_answers_as_the_admission_webhook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, code: int
+) -> None:
+    # A 60Gi quota: the running pod holds 0.3 of 79.6 GiB + 512 MiB (24.4 GiB); the Deployment's two
+    # replicas would add 48.8 GiB. The webhook refuses the Deployment in enforce; explain says so.
+    policy_text = (Path(__file__).parent.parent / "vramguard" / "default_policy.yaml").read_text()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text.replace("quotas: {}", "quotas: {team-a: 60Gi}"))
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(QUOTA_NAMESPACE.replace("MODE", mode))
+    result, out, _ = run(capsys, "explain", "-o", "json", "--policy", str(policy), str(manifest))
+    assert result == code
+    reports = {r["name"]: r for r in json.loads(out)}
+    admission = reports["chat"]["admission"]
+    assert admission["allowed"] is (mode != "enforce")
+    [problem] = admission["problems"]
+    assert problem["rule"] == "quota"
+    assert "namespace team-a would hold" in problem["message"] and "1 other pod(s)" in problem["message"]
+    # The running pod is not counted against itself.
+    assert reports["running"]["admission"]["problems"] == []
+    _, out, _ = run(capsys, "explain", "--policy", str(policy), str(manifest))
+    head = "admission: refused (enforce mode)" if mode == "enforce" else (
+        "admission: admitted in audit mode; refused where the namespace enforces")
+    assert f"  {head}\n    [quota] namespace team-a would hold" in out

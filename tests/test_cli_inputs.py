@@ -28,7 +28,8 @@ def test_concatenated_files_without_a_separator_are_an_error_naming_the_line() -
     text = NODES.read_text() + SEED.read_text()  # `cat nodes.yaml seed.yaml`: no '---' between them
     documents = load_each_document(text)
     [broken] = [d for d in documents if d.error is not None]
-    line = len(NODES.read_text().splitlines()) + 2  # the seed's first key, after its comment line
+    comment = sum(1 for line in SEED.read_text().splitlines() if line.startswith("#"))
+    line = len(NODES.read_text().splitlines()) + comment + 1  # the seed's first key, after its comment
     assert broken.error == (
         f"not valid YAML or JSON at line {line}: duplicate key 'apiVersion' (two objects without '---' between them?)"
     )

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from vramguard.cli import main
+from vramguard.cli.plan import ADMISSION_REFUSAL
 from vramguard.quantity import MiB, format_bytes
 
 VLLM = "vllm/vllm-openai:v0.21.0"
@@ -198,9 +199,11 @@ def test_class_rules_follow_the_namespace_mode(tmp_path: Path, capsys: pytest.Ca
     assert main(["plan", path]) == code
     out = capsys.readouterr().out
     if mode == "enforce":
-        assert "pending  ml/train (shared)" in out
-        assert "a100-8x (never, class-rule): class shared does not allow unshared GPUs" in out
-        assert "a100-mig (never, class-rule): class shared does not allow MIG GPUs" in out
+        # The API server refuses them at admission: the webhook's rule, before any node is tried.
+        assert "pending  ml/train (shared)\n           - (never, admission): refused at admission" in out
+        assert ("[sharing, enforce mode] container main: nodes offer nvidia.com/gpu only as exclusive GPUs, which "
+                "class shared does not allow (it allows time-slicing, mps)") in out
+        assert "placed " not in out
     else:
         assert "placed   ml/vllm-mig (shared) -> a100-mig" in out
         assert f"[class-rule, not enforced in {mode} mode] class shared does not allow MIG GPUs" in out
@@ -253,3 +256,62 @@ def test_node_selection_and_taints_narrow_the_nodes_as_kube_scheduler_does(
     assert main(["plan", write(tmp_path, pool_b, tainted, pinned), "-o", "json"]) == 0
     [placed] = json.loads(capsys.readouterr().out)["placed"]
     assert placed["node"] == "h100-b"
+
+
+def quota_policy(tmp_path: Path, quota: str) -> str:
+    from vramguard.policy import DEFAULT_POLICY_RESOURCE  # noqa: PLC0415
+
+    text = (Path(__file__).parent.parent / "vramguard" / DEFAULT_POLICY_RESOURCE).read_text()
+    path = tmp_path / "policy.yaml"
+    path.write_text(text.replace("quotas: {}", f"quotas: {{team-a: {quota}}}"))
+    return str(path)
+
+
+ENFORCED = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "team-a", "labels": {"vramguard.io/enforce": "enforce"}}}
+
+
+def test_admission_counts_each_admitted_object_in_the_quota(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 0.2 of the H100 (81559 MiB) and a CUDA context is 16.4 GiB a pod: two pods fit 40Gi, so the
+    # first Deployment (2 replicas) is admitted; the second (1 replica) would make 49.2 GiB, as the
+    # webhook would count the first's pods when the second arrives.
+    policy = quota_policy(tmp_path, "40Gi")
+    first, second = vllm_deployment("first", "0.20", 2), vllm_deployment("second", "0.20", 1)
+    path = write(tmp_path, H100_NODE, ENFORCED, first, second)
+    assert main(["plan", "--policy", policy, "-o", "json", path]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert [p["pod"] for p in result["placed"]] == ["team-a/first-0", "team-a/first-1"]
+    [pending] = result["pending"]
+    assert pending["pod"] == "team-a/second-0"
+    assert pending["reasons"] == {"-": {"unresolvable": True, "rule": "admission", "message": ADMISSION_REFUSAL}}
+    [finding] = pending["findings"]
+    assert finding["rule"] == "quota" and finding["mode"] == "enforce"
+    assert "namespace team-a would hold" in finding["message"] and "2 other pod(s)" in finding["message"]
+
+
+def test_admission_outside_enforce_places_and_says_what_it_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = quota_policy(tmp_path, "10Gi")
+    warned = {**ENFORCED, "metadata": {"name": "team-a", "labels": {"vramguard.io/enforce": "warn"}}}
+    path = write(tmp_path, H100_NODE, warned, vllm_deployment("chat", "0.20", 1))
+    assert main(["plan", "--policy", policy, path]) == 0
+    out = capsys.readouterr().out
+    assert "placed   team-a/chat-0 (best-effort) -> h100-1" in out
+    assert "[quota, not enforced in warn mode] namespace team-a would hold" in out
+
+
+def test_a_pod_naming_no_scheduler_is_judged_as_routed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The mutating webhook names vramguard's scheduler before the validating one judges: no finding.
+    # Where the namespace opts out of routing, the pod keeps the default scheduler, which the
+    # webhook refuses in enforce (nothing would check its GPU memory).
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chat", "namespace": "team-a"},
+           "spec": {"containers": vllm_deployment("x", "0.20", 1)["spec"]["template"]["spec"]["containers"]}}
+    assert main(["plan", write(tmp_path, H100_NODE, ENFORCED, pod)]) == 0
+    assert "placed   team-a/chat (best-effort) -> h100-1  [vllm: GPU 0]\n" in capsys.readouterr().out
+    opted_out = {**ENFORCED, "metadata": {"name": "team-a", "labels": {
+        "vramguard.io/enforce": "enforce", "vramguard.io/routing": "disabled"}}}
+    assert main(["plan", write(tmp_path, H100_NODE, opted_out, pod)]) == 1
+    out = capsys.readouterr().out
+    assert "pending  team-a/chat (best-effort)\n           - (never, admission)" in out
+    assert "[scheduler, enforce mode] spec.schedulerName default-scheduler does not call vramguard" in out

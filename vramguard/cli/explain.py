@@ -10,10 +10,19 @@ from typing import Any
 
 from vramguard.admission import workload_pods
 from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
+from vramguard.cli.judge import (
+    Judge,
+    Live,
+    add_cluster_arguments,
+    admission_json,
+    admission_lines,
+    is_subject,
+    read_live,
+    snapshot_of,
+)
 from vramguard.demand import ContainerDemand, PodDemand
 from vramguard.dra.fields import memory_text
 from vramguard.dra.review import ClaimReview, DraContext, review_pod_claims
-from vramguard.dra.state import KIND_STORES, DraState
 from vramguard.ledger import ResourceOffer
 from vramguard.mutation import plan_limits
 from vramguard.placement import pod_refusals
@@ -31,9 +40,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="show the VRAM each GPU container of a manifest will reserve per GPU, with the evidence",
         description="Read Pods and workloads (YAML, JSON, multi-document, kind: List) and show what "
         "each GPU container will reserve on each GPU it gets, and what would refuse it on every node "
-        "(the VRAM budget, a class rule, unknown VRAM). Exit 0: no errors; 1: some object has errors "
-        "or a refusal its namespace enforces; 2: unreadable input or document; 3: no errors, but an "
-        "object of a kind vramguard does not read asks for a GPU (skipped).",
+        "(the VRAM budget, a class rule, unknown VRAM), and what the admission webhook answers under "
+        "the namespace's class and mode. Exit 0: no errors; 1: some object has errors or is refused "
+        "(by admission, or a refusal its namespace enforces); 2: unreadable input, document, policy or "
+        "cluster; 3: no errors, but an object of a kind vramguard does not read asks for a GPU (skipped).",
     )
     add_input_arguments(parser)
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -42,7 +52,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="QUANTITY",
         help="memory of the GPU the pods will get (e.g. 80Gi), to turn fractions into bytes",
     )
-    parser.add_argument("--policy", metavar="FILE", help="policy file (default: the shipped policy)")
+    parser.add_argument(
+        "--policy", metavar="FILE",
+        help="policy file (default: with --cluster its ConfigMap vramguard-system/vramguard-policy, else the shipped "
+        "policy)",
+    )
+    add_cluster_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -55,6 +70,17 @@ def run(args: argparse.Namespace) -> int:
     except (InputError, QuantityError, PolicyError) as exc:
         print(f"vramguard explain: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
+    live: Live | None = None
+    if getattr(args, "cluster", False):
+        try:
+            live = read_live(args)
+        except PolicyError as exc:
+            print(f"vramguard explain: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        except Exception as exc:  # the client raises many types: config, network, API
+            print(f"vramguard explain: cannot read the cluster: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        policy = live.policy
     documents = [document for source in sources for document in source.documents]
     for source in sources:
         for document in source.documents:
@@ -62,22 +88,27 @@ def run(args: argparse.Namespace) -> int:
                 print(f"vramguard explain: {source.name}: document {document.index}: {document.error}",
                       file=sys.stderr)
     objects = [obj for document in documents for obj in document.objects]
-    namespaces = {_name(o): _labels(o) for o in objects if o.get("kind") == "Namespace"}
+    judge = Judge(
+        policy, snapshot_of(objects, live.snapshot if live is not None else None), stand_in_memory=gpu_memory
+    )
     inputs = read_inputs(objects)
-    dra = DraState()
-    dra.feed(objects, stand_in_memory=gpu_memory)
-    reports = [
-        explain_object(obj, gpu_memory, policy, namespaces, inputs, dra.context())
-        for obj in objects
-        if obj.get("kind") != "Namespace" and obj.get("kind") not in KIND_STORES
-    ]
+    reports = []
+    for obj in filter(is_subject, objects):
+        report = explain_object(
+            obj, gpu_memory, policy, judge.state.namespace_labels, inputs, judge.state.dra_context()
+        )
+        decision = judge.review(obj)
+        report["admission"] = admission_json(decision) if decision.wants_gpu else None
+        reports.append(report)
     if args.output == "json":
         print(json.dumps(reports, indent=2))
     else:
         print(render_text(reports, gpu_memory))
     if any(document.error is not None for document in documents):
         return EXIT_UNREADABLE
-    refused = any(r["enforced"] for report in reports for r in report["refusals"])
+    refused = any(r["enforced"] for report in reports for r in report["refusals"]) or any(
+        report["admission"] is not None and not report["admission"]["allowed"] for report in reports
+    )
     if refused or any(report["errors"] for report in reports):
         return EXIT_ERRORS
     return EXIT_SKIPPED if any(report["skipped"] for report in reports) else EXIT_OK
@@ -333,6 +364,8 @@ def render_text(reports: list[dict[str, Any]], gpu_memory: int | None) -> str:
         for refusal in report.get("refusals", ()):
             how = "refused" if refusal["enforced"] else "not enforced in this mode"
             lines.append(f"  refusal [{refusal['rule']}, {how}]: {refusal['message']}")
+        if report.get("admission"):
+            lines.extend(admission_lines(report["admission"]))
         lines.extend(f"  error: {e}" for e in report["errors"])
         lines.extend(f"  warning: {w}" for w in report["warnings"])
         lines.append("")

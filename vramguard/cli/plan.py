@@ -20,10 +20,13 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramguard.admission import Decision
 from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
+from vramguard.cli.judge import DRA_COLLECTIONS, Judge, Live, add_cluster_arguments, read_live, snapshot_of
+from vramguard.cli.kubectl_vram import ClusterSnapshot
 from vramguard.demand import DemandOptions, PodDemand
 from vramguard.dra.allocate import DraBook
 from vramguard.dra.claims import ClaimRequest, DeviceRequest
@@ -42,6 +45,7 @@ from vramguard.workloads import Inputs, object_parts, parts_demand, read_inputs,
 EXIT_ALL_PLACED, EXIT_SOME_PENDING, EXIT_UNREADABLE, EXIT_SKIPPED = 0, 1, 2, 3
 MAX_PLANNED_PODS = 4096
 """Pods planned per template at most: a plan is read by a person, and replicas may be a typo."""
+ADMISSION_REFUSAL = "refused at admission (see below): the API server would not create it"
 _REPLICATED = {"Deployment", "StatefulSet", "ReplicaSet", "ReplicationController"}
 
 
@@ -51,12 +55,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "plan",
         help="show where GPU pods would be placed on given Nodes, and which stay pending and why",
         description="Read Nodes, Namespaces, Pods and workloads (YAML, JSON, multi-document, kind: List) "
-        "and place the GPU pods in file order as the vramguard extender would. Exit 0: every pod "
-        "placed; 1: some pods stay pending; 2: unreadable input, document or policy; 3: every pod "
-        "placed, but an object of a kind vramguard does not read asks for a GPU (skipped).",
+        "and place the GPU pods in file order as the vramguard extender would, each object first judged "
+        "by the admission webhook's rules (a refused one stays pending); with --cluster, on the live "
+        "cluster's nodes, namespaces and pods. Exit 0: every pod placed; 1: some pods stay pending or "
+        "are refused; 2: unreadable input, document, policy or cluster; 3: every pod placed, but an "
+        "object of a kind vramguard does not read asks for a GPU (skipped).",
     )
     add_input_arguments(parser)
-    parser.add_argument("--policy", metavar="FILE", help="policy file (default: the shipped policy)")
+    parser.add_argument(
+        "--policy", metavar="FILE",
+        help="policy file (default: with --cluster its ConfigMap vramguard-system/vramguard-policy, else the shipped "
+        "policy)",
+    )
+    add_cluster_arguments(parser)
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.set_defaults(handler=run)
 
@@ -81,12 +92,28 @@ def run(args: argparse.Namespace) -> int:
     except (InputError, PolicyError) as exc:
         print(f"vramguard plan: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
+    live: Live | None = None
+    if args.cluster:
+        try:
+            live = read_live(args)
+        except PolicyError as exc:
+            print(f"vramguard plan: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        except Exception as exc:  # the client raises many types: config, network, API
+            print(f"vramguard plan: cannot read the cluster: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        policy = live.policy
     documents = [document for source in sources for document in source.documents]
     for source in sources:
         for document in source.documents:
             if document.error is not None:
                 print(f"vramguard plan: {source.name}: document {document.index}: {document.error}", file=sys.stderr)
-    plan = make_plan([obj for document in documents for obj in document.objects], policy)
+    objects = [obj for document in documents for obj in document.objects]
+    if live is not None:
+        # The cluster's nodes and bound pods hold their GPUs first; the input's objects replace the
+        # cluster's of the same name.
+        objects = [*live_objects(live.snapshot), *objects]
+    plan = make_plan(objects, policy, live.snapshot if live is not None else None)
     if args.output == "json":
         print(json.dumps({"placed": plan.placed, "pending": plan.pending, "gpus": plan.gpus,
                           "notes": plan.notes, "skipped": plan.skipped}, indent=2))
@@ -99,8 +126,10 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_SKIPPED if plan.skipped else EXIT_ALL_PLACED
 
 
-def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
-    """Place the pods of ``objects`` on its Nodes, in order."""
+def make_plan(objects: list[Mapping[str, Any]], policy: Policy, live: ClusterSnapshot | None = None) -> Plan:
+    """Place the pods of ``objects`` on its Nodes, in order, each object first judged by the
+    admission webhook's rules (``live``: the cluster read with ``--cluster``, its Namespaces and live
+    pods counted too)."""
     plan = Plan()
     ledger = Ledger(policy.budget_rule())
     selection: dict[str, tuple[Any, Any]] = {}
@@ -114,7 +143,8 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
             spec = obj.get("spec")
             selection[inventory.node] = (_meta(obj).get("labels"), spec.get("taints") if isinstance(spec, Mapping)
                                          else None)
-    namespaces = {_meta(o).get("name"): _labels(_meta(o)) for o in objects if o.get("kind") == "Namespace"}
+    judge = Judge(policy, snapshot_of(objects, live))
+    namespaces = judge.state.namespace_labels
     options = policy.demand_options()
     inputs = read_inputs(objects)
     dra = DraState()
@@ -131,11 +161,20 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
         nodes = [by_key[r.key].node for r in allocation.results if r.key in by_key]
         if nodes:
             shared[f"{allocation.namespace}/{allocation.name}"] = nodes[0]
-    pods = [pod for obj in _last_of_each_name(objects, plan) for pod in _pods_of(obj, policy, options, inputs, plan)]
+    pods = [
+        pod for obj in _last_of_each_name(objects, plan) for pod in _admitted(judge, obj, policy, options, inputs, plan)
+    ]
     # Pods already on a node hold their GPUs before anything is placed, as in a running cluster.
     pods.sort(key=lambda pod: not pod.node)
     for pod in pods:
         choice = policy.choose_class(_labels(_meta(pod.template)), namespaces.get(pod.ref.namespace))
+        if pod.admission is not None and not pod.admission.allowed:
+            plan.pending.append({
+                "pod": str(pod.ref), "class": choice.name,
+                "reasons": {"-": {"unresolvable": True, "rule": "admission", "message": ADMISSION_REFUSAL}},
+                "findings": _admission_findings(pod),
+            })
+            continue
         requests = _dra_requests(pod, context, offered, shared, plan)
         if requests:
             _place_dra(plan, book, pod, requests, context, choice, shared)
@@ -161,6 +200,16 @@ def make_plan(objects: list[Mapping[str, Any]], policy: Policy) -> Plan:
 
 
 _NO_GPUS = read_inventory({})
+
+
+def live_objects(snapshot: ClusterSnapshot) -> list[Mapping[str, Any]]:
+    """What a plan reads from the cluster: its Nodes and Namespaces, the pods bound to a node and the
+    DRA objects (each with its kind, which listed items lack)."""
+    dra = [
+        {**obj, "kind": kind, "apiVersion": "resource.k8s.io/v1"}
+        for kind, store in DRA_COLLECTIONS for obj in snapshot.dra.get(store, [])
+    ]
+    return [*snapshot.nodes, *snapshot.namespaces, *snapshot.bound_pods, *dra]
 
 
 def _dra_requests(
@@ -217,7 +266,7 @@ def _place_dra(
         for s in items
     ]
     if findings and choice.enforcement == "enforce":
-        refusal = {"unresolvable": True, "rule": "admission", "message": "refused at admission (see below)"}
+        refusal = {"unresolvable": True, "rule": "admission", "message": ADMISSION_REFUSAL}
         plan.pending.append({**entry, "reasons": {"-": refusal}, "findings": findings})
         return
     own = [(name, request) for name, request in requests if request.alternatives]
@@ -292,7 +341,7 @@ def _place(
     entry: dict[str, Any] = {"pod": str(pod.ref), "class": choice.name}
     if pod.node:
         ledger.reserve(pod.node, pod.ref, claims.claims, force=True)
-        plan.placed.append({**entry, "node": pod.node, "containers": {}, "bound": True})
+        plan.placed.append({**entry, "node": pod.node, "containers": {}, "bound": True, "findings": []})
         return
     nodes = sorted(ledger.node_names())
     spec = _mapping(pod.template.get("spec"))
@@ -323,7 +372,9 @@ def _place(
     ledger.reserve(best, pod.ref, assignment.claims)
     plan.placed.append({
         **entry, "node": best, "containers": dict(assignment.containers), "bound": False,
-        "findings": [{**f.to_json(), "mode": choice.enforcement} for f in verdicts[best].findings],
+        "findings": [
+            *({**f.to_json(), "mode": choice.enforcement} for f in verdicts[best].findings), *_admission_findings(pod)
+        ],
     })
 
 
@@ -368,6 +419,36 @@ class _Pod:
     template: Mapping[str, Any]
     node: str
     demand: PodDemand
+    admission: Decision | None = None
+    """The webhook's decision on the pod's object; ``None`` for a pod already bound (not judged)."""
+
+
+def _admitted(
+    judge: Judge, obj: Mapping[str, Any], policy: Policy, options: DemandOptions, inputs: Inputs, plan: Plan
+) -> list[_Pod]:
+    """The pods of ``obj``, each carrying the webhook's decision on ``obj``; pods of an admitted object
+    count in their namespace's quota before the next object is judged, as the webhook counts them."""
+    pods = _pods_of(obj, policy, options, inputs, plan)
+    if not pods or all(pod.node for pod in pods):
+        return pods
+    decision = judge.review(obj)
+    if not decision.wants_gpu:
+        return pods
+    if decision.allowed:
+        judge.count(
+            {"kind": "Pod", "metadata": {**_meta(pod.template), "uid": pod.ref.uid, "namespace": pod.ref.namespace,
+                                         "name": pod.ref.name},
+             "spec": pod.template.get("spec")}
+            for pod in pods if not pod.node
+        )
+    return [replace(pod, admission=decision) for pod in pods]
+
+
+def _admission_findings(pod: _Pod) -> list[dict[str, Any]]:
+    """What admission found on the pod's object (refusing in ``enforce``, warned or audited elsewhere)."""
+    if pod.admission is None:
+        return []
+    return [{"rule": str(f.code), "message": f.message, "mode": pod.admission.mode} for f in pod.admission.problems]
 
 
 # Objects that describe pods but run none themselves.

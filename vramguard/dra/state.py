@@ -17,6 +17,7 @@ the extender binds it until the claims' watch shows it (see :meth:`DraState.hold
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vramguard.demand.derive import reads_annotation
@@ -258,7 +259,9 @@ class DraState:
         """Replace every store with the resource.k8s.io objects among ``objects`` (files given to the
         offline commands). Without a DeviceClass the NVIDIA chart's classes are assumed; without a
         ResourceSlice and with ``stand_in_memory``, one stand-in GPU of that memory in ``memory``
-        mode (what ``--gpu-memory`` says the pods will get)."""
+        mode (what ``--gpu-memory`` says the pods will get). With no ResourceSlice, ResourceClaim or
+        ResourceClaimTemplate either, nothing says the cluster runs DRA: the assumed GPU class does
+        not serve ``nvidia.com/gpu`` (a device plugin does, as on a cluster without DRA)."""
         by_store: dict[str, list[JSON]] = {name: [] for name in KIND_STORES.values()}
         for obj in objects:
             store = KIND_STORES.get(str(mapping(obj).get("kind")))
@@ -270,7 +273,10 @@ class DraState:
         self.claims.replace(by_store["claims"])
         self.templates.replace(by_store["templates"])
         if not self.classes.records:
-            self.classes.records = {f"/{c.name}": c for c in NVIDIA_CLASSES}
+            dra_in_use = any(by_store[store] for store in ("slices", "claims", "templates"))
+            self.classes.records = {
+                f"/{c.name}": c if dra_in_use else replace(c, extended_resource=None) for c in NVIDIA_CLASSES
+            }
         if not self.slices.records and stand_in_memory:
             self._inventory = DraInventory((_stand_in(stand_in_memory),), ())
         self.devices_generation += 1
