@@ -22,7 +22,9 @@ def deployment(name: str, utilization: float, replicas: int = 1, **labels: str) 
 
 
 def test_clean_cluster() -> None:
-    report = audit_snapshot(snapshot(vllm_pod("a", 0.3, "ts")), default_policy())
+    pod = vllm_pod("a", 0.3, "ts")
+    pod["spec"]["schedulerName"] = "vramguard"
+    report = audit_snapshot(snapshot(pod), default_policy())
     assert report.clean and not report.overcommitted
     assert json.loads(json.dumps(report.to_json()))["clean"] is True
     assert "Clean." in report.to_text()
@@ -175,3 +177,26 @@ def test_gpu_nodes_vramguard_cannot_read_are_a_finding() -> None:
     assert report.unreadable == ["bare"] and not report.clean
     assert "GPU nodes vramguard cannot read: 1 (bare)" in report.to_text()
     assert report.to_json()["unreadable_gpu_nodes"] == ["bare"]
+
+
+def test_gpu_pods_placed_by_a_scheduler_that_does_not_call_vramguard_are_listed() -> None:
+    guarded = vllm_pod("guarded", 0.3, "ts")
+    guarded["spec"]["schedulerName"] = "vramguard"
+    before = vllm_pod("before", 0.3, "ts")  # no schedulerName: default-scheduler
+    volcano = vllm_pod("volcano", 0.3, "ts")
+    volcano["spec"]["schedulerName"] = "volcano"
+    report = audit_snapshot(snapshot(guarded, before, volcano), default_policy())
+    assert [(p.name, p.scheduler, p.node) for p in report.unguarded] == [
+        ("before", "default-scheduler", "ts"), ("volcano", "volcano", "ts")
+    ]
+    # Informational: the ledger counts their VRAM (an overcommitted GPU is the finding); the last
+    # line says pods are listed, not "Clean."
+    assert report.clean
+    text = report.to_text()
+    assert "GPU pods placed by a scheduler that does not call vramguard (informational): 2" in text
+    assert "Clean." not in text and "No findings: nothing would be refused and no GPU is overcommitted" in text
+    assert report.to_json()["unguarded_pods"][1] == {
+        "namespace": "default", "name": "volcano", "node": "ts", "scheduler": "volcano"}
+    # Where the policy's schedulers include default-scheduler (the default-scheduler layout), it calls vramguard.
+    policy = Policy.model_validate({**default_policy().model_dump(), "schedulers": ["default-scheduler", "vramguard"]})
+    assert [p.name for p in audit_snapshot(snapshot(guarded, before), policy).unguarded] == []

@@ -27,6 +27,11 @@ kinds: :func:`vramguard.workloads.kinds_to_list`) and changes nothing. It report
   the extender's rules (grouped: ``3 nodes: GPU (...): VRAM budget free below ...``) and the
   scheduler's own last reason (its ``PodScheduled`` condition). Informational: a pod the VRAM keeps
   Pending is vramguard doing its job; this says why, and what would let it in.
+- **GPU pods placed by a scheduler that does not call vramguard**: each bound GPU pod whose
+  ``spec.schedulerName`` is not one of the policy's ``schedulers`` (placed before vramguard was
+  installed, or not routed: the routing webhook was down, the namespace opts out). Informational:
+  the ledger counts their VRAM on their GPUs (an overcommitted GPU is a finding above), but nothing
+  checked it when they were placed.
 - **Pods using more VRAM than the model predicted**: each pod and device the node agents measure
   beyond the demand model's prediction there (:mod:`vramguard.accuracy`), with the numbers, and the
   predicted and measured sums per engine and version. Informational: the ledger already holds such a
@@ -53,6 +58,7 @@ from vramguard.cluster import ClusterState
 from vramguard.dra.review import AllocatedShortfall, audit_allocations
 from vramguard.inventory import UNREADABLE
 from vramguard.ledger import Invariant
+from vramguard.mutation import DEFAULT_SCHEDULER
 from vramguard.placement import class_findings, filter_nodes
 from vramguard.policy import Policy, PolicyError
 from vramguard.quantity import format_bytes
@@ -152,6 +158,20 @@ class PendingPod:
                 "scheduler_message": self.scheduler_message}
 
 
+@dataclass(frozen=True, slots=True)
+class UnguardedPod:
+    """A bound GPU pod whose scheduler does not call vramguard."""
+
+    namespace: str
+    name: str
+    node: str
+    scheduler: str
+
+    def to_json(self) -> JSON:
+        """The pod as a JSON object."""
+        return {"namespace": self.namespace, "name": self.name, "node": self.node, "scheduler": self.scheduler}
+
+
 @dataclass(slots=True)
 class AuditReport:
     """Everything the audit found."""
@@ -169,6 +189,8 @@ class AuditReport:
     """Allocated DRA claims whose pods reserve more on their device than the claim consumes."""
     pending: list[PendingPod] = field(default_factory=list)
     """GPU pods not yet bound, and why (informational, not counted by :attr:`clean`)."""
+    unguarded: list[UnguardedPod] = field(default_factory=list)
+    """Bound GPU pods placed by a scheduler that does not call vramguard (informational)."""
     unreadable: list[str] = field(default_factory=list)
     """Nodes advertising GPUs whose memory vramguard cannot read: no budget is checked there."""
     model: ModelAccuracy = field(default_factory=ModelAccuracy)
@@ -211,6 +233,7 @@ class AuditReport:
                 for c in self.claims
             ],
             "pending": [p.to_json() for p in self.pending],
+            "unguarded_pods": [p.to_json() for p in self.unguarded],
             "model_accuracy": self.model.to_json(),
         }
 
@@ -254,6 +277,7 @@ class AuditReport:
                 ((c.namespace, c.claim, c.node, ",".join(c.pods) or "-", c.message()) for c in self.claims),
             ))
         parts.append(_pending_text(self.pending))
+        parts.append(_unguarded_text(self.unguarded))
         parts.append(_model_text(self.model))
         noted = [f for f in self.objects if f.notes]
         if noted:
@@ -262,7 +286,14 @@ class AuditReport:
                 ("KIND", "NAMESPACE", "NAME", "NOTE"),
                 ((f.kind, f.namespace, f.name, note) for f in noted for note in f.notes),
             ))
-        parts.append("\nClean.\n" if self.clean else "\nFindings above; nothing was changed.\n")
+        listed = len(self.pending) + len(self.unguarded) + len(self.model.over_prediction())
+        if not self.clean:
+            parts.append("\nFindings above; nothing was changed.\n")
+        elif listed:
+            parts.append(f"\nNo findings: nothing would be refused and no GPU is overcommitted; {listed} pod(s) "
+                         "listed above for information.\n")
+        else:
+            parts.append("\nClean.\n")
         return "".join(parts)
 
 
@@ -301,6 +332,7 @@ def audit_snapshot(snapshot: Any, policy: Policy, policy_source: str = "built-in
     report.objects.sort(key=lambda f: (not f.violations, f.namespace, f.kind, f.name))
     report.claims = audit_allocations(state.dra, snapshot.pods)
     report.pending = pending_pods(state, snapshot.pods)
+    report.unguarded = unguarded_pods(state, snapshot.bound_pods)
     report.model = model_accuracy(state)
     return report
 
@@ -352,6 +384,35 @@ def _pending_text(pending: Sequence[PendingPod]) -> str:
             parts.append(f"    {len(nodes)} node(s) ({named}): {message}\n")
         if pod.scheduler_message:
             parts.append(f"    the scheduler says: {pod.scheduler_message}\n")
+    return "".join(parts)
+
+
+def unguarded_pods(state: ClusterState, pods: Iterable[Mapping[str, Any]]) -> list[UnguardedPod]:
+    """Bound pods holding GPUs in the ledger whose scheduler is not one of the policy's ``schedulers``."""
+    found = []
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        metadata = pod.get("metadata") or {}
+        scheduler = str(spec.get("schedulerName") or DEFAULT_SCHEDULER)
+        if scheduler in state.policy.schedulers or state.ledger.holding(str(metadata.get("uid", ""))) is None:
+            continue
+        found.append(UnguardedPod(
+            str(metadata.get("namespace", "")), str(metadata.get("name", "")), str(spec.get("nodeName")), scheduler
+        ))
+    found.sort(key=lambda p: (p.namespace, p.name))
+    return found
+
+
+def _unguarded_text(pods: Sequence[UnguardedPod]) -> str:
+    parts = [f"\nGPU pods placed by a scheduler that does not call vramguard (informational): {len(pods)}\n"]
+    if pods:
+        parts.append(render_table(
+            ("NAMESPACE", "POD", "NODE", "SCHEDULER"), ((p.namespace, p.name, p.node, p.scheduler) for p in pods)
+        ))
+        parts.append(
+            "  nothing checked their VRAM when they were placed (placed before vramguard, or not routed: see "
+            "docs/troubleshooting.md#scheduler); the ledger counts it on their GPUs\n"
+        )
     return "".join(parts)
 
 
