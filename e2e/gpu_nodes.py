@@ -295,7 +295,7 @@ GKE_ACCELERATORS = {"H100-80GB": "nvidia-h100-80gb", "A100-80GB": "nvidia-a100-8
                     "L4": "nvidia-l4", "T4": "nvidia-tesla-t4", "H200": "nvidia-h200-141gb"}
 """``cloud.google.com/gke-accelerator`` of each model (GKE's "GPU platforms" and node label docs)."""
 INSTANCE_TYPES = {("H100-80GB", 8): "p5.48xlarge", ("L40S", 1): "g6e.xlarge", ("L4", 1): "g6.xlarge",
-                  ("A10", 1): "Standard_NV36ads_A10_v5"}
+                  ("H100-80GB", 1): "p5.4xlarge", ("A100-80GB", 8): "Standard_ND96amsr_A100_v4"}
 """An instance type of each (model, GPUs per node) the tests use (AWS's and Azure's specifications)."""
 
 

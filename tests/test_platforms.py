@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from e2e import gpu_nodes
 from vramguard.inventory import UNREADABLE, read_inventory
 from vramguard.platforms import gpu_node_selector_terms, platform_gpus
 from vramguard.quantity import MiB
@@ -68,6 +69,41 @@ CASES = {
               "karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia"}, "8"),
         [(str(i), "NVIDIA H100 80GB HBM3", 81559, "none", 1) for i in range(8)],
     ),
+    # Auto-provisioned GKE nodes spell the strategy TIME_SHARING.
+    "gke-time-sharing-auto-provisioned": (
+        node({**GKE_H100, "cloud.google.com/gke-gpu-sharing-strategy": "TIME_SHARING",
+              "cloud.google.com/gke-max-shared-clients-per-gpu": "2"}, "2"),
+        [("0", "NVIDIA H100 80GB HBM3", 81559, "time-slicing", 2)],
+    ),
+    # MIG and time-sharing: "1g.5gb ... 7 partitions ... max-shared-clients-per-gpu to 3 ... up to 21"
+    # (GKE's GPU sharing docs): the capacity counts partitions x clients.
+    "gke-mig-time-shared": (
+        node({**GKE_H100, "cloud.google.com/gke-gpu-partition-size": "1g.10gb",
+              "cloud.google.com/gke-gpu-sharing-strategy": "time-sharing",
+              "cloud.google.com/gke-max-shared-clients-per-gpu": "3"}, "21"),
+        [(f"1g.10gb#{i}", "NVIDIA H100 80GB HBM3", 9728, "mig", 3) for i in range(7)],
+    ),
+    # Karpenter names p4d's and p4de's GPUs both a100; EC2's memory tells them apart.
+    "karpenter-a100-80gb": (
+        node({"karpenter.k8s.aws/instance-gpu-name": "a100", "karpenter.k8s.aws/instance-gpu-count": "8",
+              "karpenter.k8s.aws/instance-gpu-memory": "81920"}, "8"),
+        [(str(i), "NVIDIA A100-SXM4-80GB", 81920, "none", 1) for i in range(8)],
+    ),
+    "karpenter-a100-40gb": (
+        node({"karpenter.k8s.aws/instance-gpu-name": "a100", "karpenter.k8s.aws/instance-gpu-count": "8",
+              "karpenter.k8s.aws/instance-gpu-memory": "40960"}, "8"),
+        [(str(i), "NVIDIA A100-SXM4-40GB", 40960, "none", 1) for i in range(8)],
+    ),
+    # AKS keeps Azure's case, Karpenter for Azure lowers it.
+    "aks-instance-type-in-lower-case": (
+        node({"node.kubernetes.io/instance-type": "standard_nd96isr_h100_v5"}, "8"),
+        [(str(i), "NVIDIA H100 80GB HBM3", 81559, "none", 1) for i in range(8)],
+    ),
+    # NVadsA10 v5 is an NVIDIA vGPU: the guest sees an A10-24Q of 24512 MiB, not an A10 of 23028.
+    "azure-a10-vgpu": (
+        node({"node.kubernetes.io/instance-type": "Standard_NV36ads_A10_v5"}, "1"),
+        [("0", "NVIDIA A10-24Q", 24512, "none", 1)],
+    ),
     # Nothing describes it: the advertised units are devices of unknown memory (never dropped unseen).
     "unreadable": (node({"kubernetes.io/hostname": "n"}, "2"),
                    [(str(i), "unknown GPU", 0, "none", 1) for i in range(2)]),
@@ -85,6 +121,20 @@ def test_an_unreadable_node_says_so_and_gfd_labels_win() -> None:
     gfd = {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.memory": "143771",
            "node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert {d.product for d in read_inventory(node(gfd, "8")).devices} == {"NVIDIA H200"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "key"),
+    [({"cloud.google.com/gke-accelerator": value}, key) for key, value in gpu_nodes.GKE_ACCELERATORS.items()]
+    + [({"node.kubernetes.io/instance-type": value}, key) for (key, _), value in gpu_nodes.INSTANCE_TYPES.items()],
+    ids=str,
+)
+def test_the_e2e_nodes_are_labelled_as_the_table_reads_them(labels: dict[str, str], key: str) -> None:
+    # The e2e clusters' GKE and EKS nodes carry these labels; their GPUs (NVML's product and total,
+    # as GFD would label them) must be what the table says.
+    model = gpu_nodes.gpu_model(key)
+    found = platform_gpus(labels)
+    assert found is not None and (found.product, found.memory_mib) == (model.nvml_name, model.memory_mib)
 
 
 def test_lying_labels_cost_nothing() -> None:

@@ -11,10 +11,12 @@ and the agent's NVML report come before all of them):
   ``cloud.google.com/gke-gpu-partition-size`` names the MIG instances the GPUs are cut into, served
   as ``nvidia.com/gpu``.
 - **Karpenter** (``karpenter.k8s.aws/instance-gpu-name``, ``-count``, ``-memory``): the instance's GPUs
-  as EC2 describes them. EC2 gives the memory of the product's data sheet (81,920 MiB for an H100),
-  more than NVML's total (81,559 MiB): a product whose NVML total is known counts that.
+  as EC2 describes them. EC2's memory is not NVML's (81,920 MiB for an H100 whose NVML total is
+  81,559; 16,384 for a T4 of 15,360): a product of the table counts NVML's total, the one nearest
+  EC2's figure where a name covers several (``a100``: 40 and 80 GB); another counts the smaller of
+  EC2's figure and nothing else.
 - **The instance type** (``node.kubernetes.io/instance-type``) of the GPU instance families of AWS, GCP
-  and Azure.
+  and Azure (looked up without case: AKS keeps Azure's, Karpenter for Azure lowers it).
 
 Sharing the platform does not label (time-slicing configured in the device plugin, on a node only
 the instance type describes) shows in the node's capacity: more ``nvidia.com/gpu`` than GPUs. Each
@@ -54,6 +56,7 @@ KARPENTER_COUNT = "karpenter.k8s.aws/instance-gpu-count"
 KARPENTER_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
 KARPENTER_MANUFACTURER = "karpenter.k8s.aws/instance-gpu-manufacturer"
 GKE_SHARING_STRATEGIES: Mapping[str, Literal["time-slicing", "mps"]] = {"time-sharing": "time-slicing", "mps": "mps"}
+"""GKE's sharing strategies (its docs write ``time-sharing``, auto-provisioned nodes ``TIME_SHARING``)."""
 MAX_CLIENTS = 48
 """GKE allows at most 48 clients per GPU (time-sharing and MPS alike); a label saying more is read as 48."""
 DATA = "gpu_platforms.yaml"
@@ -85,20 +88,26 @@ class _Gpu:
 class _Tables:
     gke: Mapping[str, _Gpu]
     instances: Mapping[str, tuple[_Gpu, int]]
-    karpenter: Mapping[str, _Gpu]
+    """By the instance type in lower case."""
+    karpenter: Mapping[str, tuple[_Gpu, ...]]
+
+
+@functools.lru_cache(maxsize=1)
+def _data() -> Any:
+    return yaml.safe_load(importlib.resources.files("vramguard").joinpath(DATA).read_text("utf-8"))
 
 
 @functools.lru_cache(maxsize=1)
 def _tables() -> _Tables:
-    data: Any = yaml.safe_load(importlib.resources.files("vramguard").joinpath(DATA).read_text("utf-8"))
+    data = _data()
     gpus = {name: _Gpu(entry["product"], int(entry["memory_mib"])) for name, entry in data["gpus"].items()}
     gke = {name: gpus[gpu] for name, gpu in data["gke_accelerators"].items()}
     instances = {
-        name: (gpus[entry["gpu"]], int(entry["gpus"]))
+        name.lower(): (gpus[entry["gpu"]], int(entry["gpus"]))
         for cloud in data["instance_types"].values()
         for name, entry in cloud.items()
     }
-    karpenter = {name: gpus[gpu] for name, gpu in data["karpenter_gpu_names"].items()}
+    karpenter = {name: tuple(gpus[gpu] for gpu in names) for name, names in data["karpenter_gpu_names"].items()}
     return _Tables(gke, instances, karpenter)
 
 
@@ -109,40 +118,53 @@ def platform_gpus(labels: Mapping[str, str]) -> PlatformGpus | None:
     if accelerator is not None and accelerator in tables.gke:
         return _gke(accelerator, tables.gke[accelerator], labels)
     instance = labels.get(INSTANCE_TYPE) or labels.get(LEGACY_INSTANCE_TYPE)
-    if instance is not None and instance in tables.instances:
-        gpu, count = tables.instances[instance]
+    if instance is not None and instance.lower() in tables.instances:
+        gpu, count = tables.instances[instance.lower()]
         return PlatformGpus(f"instance type {instance}", gpu.product, gpu.memory_mib, count)
     return _karpenter(labels, tables)
 
 
 def _gke(accelerator: str, gpu: _Gpu, labels: Mapping[str, str]) -> PlatformGpus:
     source = f"GKE accelerator {accelerator}"
+    strategy = GKE_SHARING_STRATEGIES.get(labels.get(GKE_SHARING, "").strip().lower().replace("_", "-"))
+    clients = _positive(labels.get(GKE_CLIENTS))
+    shared = strategy is not None and clients is not None and clients > 1
+    clients = min(clients, MAX_CLIENTS) if shared and clients is not None else 1
     partition = labels.get(GKE_PARTITION)
     if partition:
-        return PlatformGpus(f"{source}, MIG partitions {partition}", gpu.product, None, sharing="mig",
+        # Each partition is served as nvidia.com/gpu, and shared by the clients where a strategy says.
+        return PlatformGpus(f"{source}, MIG partitions {partition}" + (f", {labels[GKE_SHARING]} x{clients}"
+                            if shared else ""), gpu.product, None, replicas=clients, sharing="mig",
                             mig_profile=partition)
-    strategy = GKE_SHARING_STRATEGIES.get(labels.get(GKE_SHARING, ""))
-    clients = _positive(labels.get(GKE_CLIENTS))
-    if strategy is not None and clients is not None and clients > 1:
-        clients = min(clients, MAX_CLIENTS)
+    if shared:
+        assert strategy is not None
         return PlatformGpus(f"{source}, {labels[GKE_SHARING]} x{clients}", gpu.product, gpu.memory_mib,
                             replicas=clients, sharing=strategy)
     return PlatformGpus(source, gpu.product, gpu.memory_mib)
 
 
 def _karpenter(labels: Mapping[str, str], tables: _Tables) -> PlatformGpus | None:
-    """Karpenter's labels; the memory is NVML's where the product is known, never more than EC2 says."""
+    """Karpenter's labels: a product of the table counts NVML's total (the one nearest EC2's figure
+    where the name covers several; the smallest without a figure); another, EC2's figure."""
     name = labels.get(KARPENTER_NAME)
     count = _positive(labels.get(KARPENTER_COUNT))
     memory = _positive(labels.get(KARPENTER_MEMORY))
     if name is None or count is None or labels.get(KARPENTER_MANUFACTURER, "nvidia") != "nvidia":
         return None
-    known = tables.karpenter.get(name)
-    if known is None and memory is None:
+    source = f"Karpenter instance-gpu-name {name}"
+    candidates = tables.karpenter.get(name, ())
+    if candidates:
+        known = min(candidates, key=lambda gpu: (abs(gpu.memory_mib - memory) if memory else 0, gpu.memory_mib))
+        return PlatformGpus(source, known.product, known.memory_mib, count)
+    if memory is None:
         return None
-    product = known.product if known is not None else f"NVIDIA {name.upper()}"
-    memory_mib = min(filter(None, (known.memory_mib if known else None, memory)))
-    return PlatformGpus(f"Karpenter instance-gpu-name {name}", product, memory_mib, count)
+    return PlatformGpus(source, f"NVIDIA {name.upper()}", memory, count)
+
+
+def _instance_type_names() -> list[str]:
+    """The table's instance types as the clouds write them, and in lower case (Karpenter for Azure)."""
+    names = {name for cloud in _data()["instance_types"].values() for name in cloud}
+    return sorted(names | {name.lower() for name in names})
 
 
 def _positive(value: str | None) -> int | None:
@@ -162,5 +184,5 @@ def gpu_node_selector_terms() -> list[dict[str, Any]]:
         {"matchExpressions": [{"key": KARPENTER_MANUFACTURER, "operator": "In", "values": ["nvidia"]}]},
         {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In",
                                "values": ["true"]}]},
-        {"matchExpressions": [{"key": INSTANCE_TYPE, "operator": "In", "values": sorted(_tables().instances)}]},
+        {"matchExpressions": [{"key": INSTANCE_TYPE, "operator": "In", "values": _instance_type_names()}]},
     ]
