@@ -597,3 +597,12 @@ def test_the_agent_runs_on_every_node_with_nvidia_gpus_however_labelled() -> Non
     agent_affinity = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(agent_affinity)
     assert agent_affinity.stale_files() == [], "run python scripts/agent_affinity.py"
+
+
+def test_the_charts_notes_name_the_unreadable_nodes_signals() -> None:
+    # Installing on a cluster whose GPU nodes vramguard cannot read must be loud from the first screen.
+    from extender.growth import UNREADABLE_REASON  # noqa: PLC0415
+
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert f"reason={UNREADABLE_REASON}" in notes and "vramguard_unreadable_gpu_nodes" in notes
+    assert "vramguard audit" in notes
