@@ -64,7 +64,7 @@ def examples(page: Path) -> Iterator[Example]:
 
 def _command(line: str) -> tuple[str, ...] | None:
     line = line.removeprefix("$ ").strip()
-    if not line.startswith("vramguard "):
+    if not line.startswith("vramguard ") or line.split()[1] not in COMMANDS:
         return None
     words = shlex.split(line, comments=True)
     return tuple(words[1:]) if len(words) > 1 and words[1] in COMMANDS else None

@@ -606,3 +606,83 @@ def test_the_charts_notes_name_the_unreadable_nodes_signals() -> None:
     notes = (CHART / "templates" / "NOTES.txt").read_text()
     assert f"reason={UNREADABLE_REASON}" in notes and "vramguard_unreadable_gpu_nodes" in notes
     assert "vramguard audit" in notes
+
+
+# ----------------------------------------------------------------------------- install paths
+
+INSTALL_PATHS = {
+    "second-scheduler": ("manifests/base", []),
+    "second-scheduler+cert-manager": ("manifests/base", ["manifests/overlays/cert-manager"]),
+    "second-scheduler+own-pki": ("manifests/base", ["manifests/overlays/own-pki"]),
+    "default-scheduler": ("manifests/overlays/default-scheduler", []),
+    "default-scheduler+cert-manager": ("manifests/overlays/default-scheduler", ["manifests/overlays/cert-manager"]),
+    "default-scheduler+own-pki": ("manifests/overlays/default-scheduler", ["manifests/overlays/own-pki"]),
+}
+
+
+def documented_kustomization() -> JSON:
+    """The kustomization docs/install.md tells users to write (its YAML block ``# kustomization.yaml``)."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith("# kustomization.yaml")]
+    loaded: JSON = yaml.safe_load(block)
+    return loaded
+
+
+@pytest.mark.parametrize(("resource", "components"), INSTALL_PATHS.values(), ids=INSTALL_PATHS.keys())
+def test_every_documented_kustomize_path_renders_with_the_images_set(
+    tmp_path: Path, resource: str, components: list[str]
+) -> None:
+    # The user's kustomization beside manifests/, as the docs write it, with each base and component
+    # they name: every container runs the image it sets (the overlay's extender too), the second
+    # scheduler the cluster's version, and each path has its objects and no other.
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("the components need kustomize")
+    kustomization = documented_kustomization()
+    assert kustomization["resources"] == ["manifests/base"]
+    assert kustomization["components"] == ["manifests/overlays/cert-manager"]
+    shutil.copytree(MANIFESTS, tmp_path / "manifests")
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({**kustomization, "resources": [resource], "components": components})
+    )
+    objects = yaml.safe_load_all(
+        subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    )
+    by_kind: dict[str, dict[str, JSON]] = {}
+    for obj in filter(None, objects):
+        by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
+    images = {entry["name"]: entry for entry in kustomization["images"]}
+    ours = f"{images['vramguard']['newName']}:{images['vramguard']['newTag']}"
+    scheduler = f"registry.k8s.io/kube-scheduler:{images['registry.k8s.io/kube-scheduler']['newTag']}"
+    accounts = set(by_kind.get("ServiceAccount", {}))
+    for kind in ("Deployment", "DaemonSet"):
+        for name, workload in by_kind.get(kind, {}).items():
+            pod = workload["spec"]["template"]["spec"]
+            for container in [*pod.get("initContainers", []), *pod["containers"]]:
+                assert container["image"] in (ours, scheduler), (kind, name, container["name"], container["image"])
+            assert pod.get("serviceAccountName", "default") in accounts | {"default"}, (kind, name)
+    deployments = set(by_kind["Deployment"])
+    second = resource == "manifests/base"
+    assert ("vramguard-scheduler" in deployments) is second
+    assert ("vramguard-extender" in deployments) is not second
+    assert ("vramguard-certificates" in deployments) is (not components)
+    assert ("Certificate" in by_kind) is (components == ["manifests/overlays/cert-manager"])
+    webhooks = by_kind["ValidatingWebhookConfiguration"]["vramguard"]
+    injected = webhooks["metadata"].get("annotations", {}).get("cert-manager.io/inject-ca-from")
+    assert (injected is not None) is (components == ["manifests/overlays/cert-manager"])
+
+
+def test_the_chart_keeps_your_own_pki_without_the_keeper() -> None:
+    objects = render_chart("certificates.keeper=false", "webhook.caBundle=Q0E=")
+    assert not [o for o in objects if o["metadata"]["name"] == "vramguard-certificates"]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [configuration] = [o for o in objects if o["kind"] == kind]
+        assert {w["clientConfig"].get("caBundle") for w in configuration["webhooks"]} == {"Q0E="}
+    # Without the CA bundle the webhooks could not be called: rendering refuses, saying so.
+    helm = helm_command()
+    assert helm is not None
+    failed = subprocess.run(
+        [helm, "template", "vramguard", str(CHART), "--namespace", NAMESPACE, "--kube-version", CLUSTER_VERSION,
+         "--set", "certificates.keeper=false"], capture_output=True, text=True, check=False,
+    )
+    assert failed.returncode != 0 and "set webhook.caBundle" in failed.stderr
