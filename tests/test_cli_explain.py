@@ -319,3 +319,16 @@ def test_explain_answers_as_the_admission_webhook(
     head = "admission: refused (enforce mode)" if mode == "enforce" else (
         "admission: admitted in audit mode; refused where the namespace enforces")
     assert f"  {head}\n    [quota] namespace team-a would hold" in out
+
+
+@pytest.mark.parametrize("command", ["explain", "plan"])
+def test_an_unreadable_cluster_is_exit_2_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(QUOTA_NAMESPACE.replace("MODE", "enforce"))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    code, out, err = run(capsys, command, "--cluster", "--kubeconfig", str(kubeconfig), str(manifest))
+    assert code == 2 and out == ""
+    assert err.startswith(f"vramguard {command}: cannot read the cluster: ") and "Traceback" not in err

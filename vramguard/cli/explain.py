@@ -12,7 +12,7 @@ from vramguard.admission import workload_pods
 from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
 from vramguard.cli.judge import (
     Judge,
-    Live,
+    LiveError,
     add_cluster_arguments,
     admission_json,
     admission_lines,
@@ -67,19 +67,11 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None
         policy = load_policy(args.policy) if getattr(args, "policy", None) else default_policy()
         sources = read_sources(args)
-    except (InputError, QuantityError, PolicyError) as exc:
+        live = read_live(args)
+    except (InputError, QuantityError, PolicyError, LiveError) as exc:
         print(f"vramguard explain: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    live: Live | None = None
-    if getattr(args, "cluster", False):
-        try:
-            live = read_live(args)
-        except PolicyError as exc:
-            print(f"vramguard explain: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
-        except Exception as exc:  # the client raises many types: config, network, API
-            print(f"vramguard explain: cannot read the cluster: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
+    if live is not None:
         policy = live.policy
     documents = [document for source in sources for document in source.documents]
     for source in sources:

@@ -19,7 +19,7 @@ from vramguard.admission import AdmissionRules, ClusterView, Decision, Operation
 from vramguard.cli.kubectl_vram import ClusterSnapshot, choose_policy, read_cluster
 from vramguard.dra.state import KIND_STORES
 from vramguard.mutation import plan_mutation
-from vramguard.policy import Policy
+from vramguard.policy import Policy, PolicyError
 
 if TYPE_CHECKING:
     from vramguard.cluster import ClusterState
@@ -55,12 +55,24 @@ class Live:
     policy_source: str
 
 
-def read_live(args: argparse.Namespace) -> Live:
-    """Read the cluster the arguments name; raises what the client raises (config, network, API) and
-    :class:`vramguard.policy.PolicyError` for an invalid policy."""
-    snapshot, configmap_text = read_cluster(args.kubeconfig, args.context)
+class LiveError(Exception):
+    """The cluster could not be read, or its policy is invalid; the message says which."""
+
+
+def read_live(args: argparse.Namespace) -> Live | None:
+    """The cluster the arguments name with ``--cluster`` (``None`` without it); raises
+    :class:`LiveError`."""
+    if not getattr(args, "cluster", False):
+        return None
+    try:
+        snapshot, configmap_text = read_cluster(args.kubeconfig, args.context)
+    except Exception as exc:  # the client raises many types: config, network, API
+        raise LiveError(f"cannot read the cluster: {exc}") from None
     path = Path(args.policy) if getattr(args, "policy", None) else None
-    policy, source = choose_policy(path, configmap_text)
+    try:
+        policy, source = choose_policy(path, configmap_text)
+    except PolicyError as exc:
+        raise LiveError(str(exc)) from None
     return Live(snapshot, policy, source)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from vramguard.admission import Decision
 from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
-from vramguard.cli.judge import DRA_COLLECTIONS, Judge, Live, add_cluster_arguments, read_live, snapshot_of
+from vramguard.cli.judge import DRA_COLLECTIONS, Judge, LiveError, add_cluster_arguments, read_live, snapshot_of
 from vramguard.cli.kubectl_vram import ClusterSnapshot
 from vramguard.demand import DemandOptions, PodDemand
 from vramguard.dra.allocate import DraBook
@@ -89,19 +89,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy) if args.policy else default_policy()
         sources = read_sources(args)
-    except (InputError, PolicyError) as exc:
+        live = read_live(args)
+    except (InputError, PolicyError, LiveError) as exc:
         print(f"vramguard plan: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    live: Live | None = None
-    if args.cluster:
-        try:
-            live = read_live(args)
-        except PolicyError as exc:
-            print(f"vramguard plan: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
-        except Exception as exc:  # the client raises many types: config, network, API
-            print(f"vramguard plan: cannot read the cluster: {exc}", file=sys.stderr)
-            return EXIT_UNREADABLE
+    if live is not None:
         policy = live.policy
     documents = [document for source in sources for document in source.documents]
     for source in sources:
