@@ -161,9 +161,10 @@ NO_DEVICES = frozenset({"npu", "musa", "mlu", "hpu"})
 """Attributes engines probe on ``torch`` to detect other accelerators: missing, as on a CUDA build."""
 QUIRKS = {"vllm": ("vllm.ir",), "sglang": ()}
 """Engine modules stood in for in every release (a prefix absent from one does no harm): they do at import
-what no stand-in satisfies: ``vllm.ir`` splits the schema ``torch.library`` infers for its ops (v0.34.0)."""
+what no stand-in satisfies: ``vllm.ir`` splits the schema that torch's ``library`` module infers for its
+ops (v0.34.0)."""
 TEXTS = {"name": "stand_in", "ns": "stand_in", "_schema_str": "() -> ()"}
-"""Attributes of a stand-in that are strings: names of ``torch.library`` libraries and custom ops."""
+"""Attributes of a stand-in that are strings: names of torch ``library`` libraries and custom ops."""
 
 
 class _Inert(abc.ABCMeta):
