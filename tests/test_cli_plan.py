@@ -107,14 +107,39 @@ def test_bound_pods_count_first(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_vllm_before_0_9_1_takes_a_gpu_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Its --gpu-memory-utilization capped the whole GPU's use, everyone's included: a ceiling, which
-    counts over half the budget, so two never share a GPU (the second would find no memory of its own)."""
+    """V1, the default engine from v0.8.0, capped the whole GPU's use with --gpu-memory-utilization until
+    v0.9.1, everyone's included: a ceiling, which counts over half the budget, so two never share a GPU
+    (the second would find no memory of its own); its CUDA graphs, captured after the KV cache was
+    allocated, come on top (v0.9.0 v1/worker/gpu_worker.py determine_available_memory,
+    v1/executor/abstract.py initialize_from_config)."""
     path = write(tmp_path, H100_NODE, vllm_deployment("vllm", "0.20", 4, image="vllm/vllm-openai:v0.9.0"))
     assert main(["plan", path, "-o", "json"]) == 1
     plan = json.loads(capsys.readouterr().out)
     assert [p["node"] for p in plan["placed"]] == ["h100-1"]
     (gpu,) = plan["gpus"]
-    assert gpu["reserved"] == H100_BUDGET // 2 + 1
+    assert gpu["reserved"] == H100_BUDGET // 2 + 1 + 1024 * MiB
+
+
+def test_vllm_old_engine_is_per_instance_with_graphs_outside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The old engine (the default before v0.8.0: envs.py VLLM_USE_V1 defaults to "0" in v0.7.3) sizes its
+    KV cache to total x utilization less what its own process added after its CUDA context existed (v0.7.3
+    worker/worker.py determine_num_available_blocks, memory_for_current_instance), and captures CUDA
+    graphs after allocating it (initialize_cache: _init_cache_engine, then _warm_up_model's
+    capture_model): each pod holds its share, its context and its graphs, and pods share a GPU."""
+    path = write(tmp_path, H100_NODE, vllm_deployment("vllm", "0.24", 4, image="vllm/vllm-openai:v0.7.3"))
+    assert main(["plan", path, "-o", "json"]) == 1
+    plan = json.loads(capsys.readouterr().out)
+    per_pod = int(Fraction(24, 100) * H100_BYTES) + 512 * MiB + 1024 * MiB
+    assert len(plan["placed"]) == H100_BUDGET // per_pod == 3
+    (gpu,) = plan["gpus"]
+    assert gpu["reserved"] == 3 * per_pod
+    # VLLM_USE_V1=1 picks V1 (v0.6.5 to v0.9.0: device-wide, a ceiling) in the same image.
+    v1 = vllm_deployment("vllm", "0.24", 4, image="vllm/vllm-openai:v0.7.3")
+    v1["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "VLLM_USE_V1", "value": "1"}]
+    assert main(["plan", write(tmp_path, H100_NODE, v1), "-o", "json"]) == 1
+    assert len(json.loads(capsys.readouterr().out)["placed"]) == 1
 
 
 def test_policy_file_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -226,7 +226,7 @@ def test_extended_resource_message() -> None:
 
 def test_arithmetic_shows_the_allowances_beside_the_share() -> None:
     """The number to write covers what the engine holds beside its share (CUDA context, graphs), and the
-    arithmetic says so; a ceiling has its allowances inside its share."""
+    arithmetic says so; a ceiling's allowances are what it holds beyond it (graphs captured after)."""
     (device,) = _devices("memory")
     context = Allowance("CUDA context", 512 * MiB)
     fraction = Need("vllm", "vLLM", Vram(fraction=Fraction(9, 10), allowances=(context,)))
@@ -234,8 +234,11 @@ def test_arithmetic_shows_the_allowances_beside_the_share() -> None:
     assert fraction.arithmetic(device) == f"0.90 x 80Gi + 512Mi = {memory_text(72 * GiB + 512 * MiB)}"
     exact = Need("engine", "the engine", Vram(bytes=16 * GiB, allowances=(context,)))
     assert exact.arithmetic(device) == f"16Gi + 512Mi = {memory_text(16 * GiB + 512 * MiB)}"
-    ceiling = Need("tgi", "TGI", Vram(fraction=Fraction(1, 2), allowances=(context,), ceiling=True))
+    ceiling = Need("tgi", "TGI", Vram(fraction=Fraction(1, 2), ceiling=True))
     assert ceiling.arithmetic(device) == "0.50 x 80Gi = 40Gi"
+    graphs = Allowance("CUDA graphs", GiB)
+    beyond = Need("vllm", "vLLM", Vram(fraction=Fraction(1, 2), allowances=(graphs,), ceiling=True))
+    assert beyond.arithmetic(device) == f"0.50 x 80Gi + 1Gi = {memory_text(41 * GiB)}"
 
 
 def test_no_needs_no_check() -> None:

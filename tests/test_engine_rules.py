@@ -55,6 +55,14 @@ VLLM_ARGS = ["--model", "m", "--gpu-memory-utilization", "0.3"]
         ("v0.17.1", [], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"}, [CUDA_CONTEXT, CUDA_GRAPHS]),
         ("v0.20.0", [], {}, [CUDA_CONTEXT]),
         ("v0.21.0", [], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        # Model Runner V2 (v1/worker/gpu/model_runner.py profile_cudagraph_memory: "return 0" from v0.20.0 to
+        # v0.28.0), the default for some dense models from v0.22.0 and for all from v0.25.0: outside again,
+        # whatever the variable says; measured from v0.29.0 (vllm-project/vllm#53306).
+        ("v0.22.0", [], {}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        ("v0.25.1", [], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        ("v0.28.0", [], {}, [CUDA_CONTEXT, CUDA_GRAPHS]),
+        ("v0.29.0", [], {}, [CUDA_CONTEXT]),
+        ("v0.33.0", [], {}, [CUDA_CONTEXT]),
         # --enforce-eager: compile_or_warm_up_model skips capture_model.
         ("v0.10.0", ["--enforce-eager"], {}, [CUDA_CONTEXT]),
         # An unknown version: the conservative end (graphs outside).
@@ -85,13 +93,53 @@ def test_vllm_communication_buffers_by_version(tag: str, communication: bool) ->
     assert COMMUNICATION not in names(single)  # no peers, no buffers
 
 
-def test_vllm_before_per_instance_profiling_is_a_ceiling() -> None:
-    # v0.9.0.x gpu_worker.py: available = total x utilization - peak, the peak counting every process.
+@pytest.mark.parametrize(
+    ("tag", "env", "ceiling"),
+    [
+        # The old engine, the default before v0.8.0 (envs.py: VLLM_USE_V1 defaults to "0" until v0.7.3, "1"
+        # from v0.8.0): per instance (worker/worker.py determine_num_available_blocks, from a snapshot
+        # taken after the CUDA context exists), but in v0.6.4 (total - free counted: device-wide).
+        ("v0.5.5", {}, False),
+        ("v0.6.3", {}, False),
+        ("v0.6.4", {}, True),
+        ("v0.6.5", {}, False),
+        ("v0.7.3", {}, False),
+        # V1 (v1/worker/gpu_worker.py determine_available_memory): device-wide from v0.6.5 to v0.9.0
+        # (peak_memory += non_torch_allocations, every process's), per instance from v0.9.1.
+        ("v0.7.3", {"VLLM_USE_V1": "1"}, True),
+        ("v0.8.0", {}, True),
+        ("v0.9.0", {}, True),
+        ("v0.9.0", {"VLLM_USE_V1": "0"}, False),
+        ("v0.9.1", {}, False),
+        ("v0.10.2", {"VLLM_USE_V1": "0"}, False),
+    ],
+)
+def test_vllm_budget_by_version_and_engine(tag: str, env: dict[str, str], ceiling: bool) -> None:
+    vram = reservation(f"vllm/vllm-openai:{tag}", VLLM_ARGS, env=env)
+    assert vram.ceiling is ceiling and vram.fraction == Fraction(3, 10)
+    # Before v0.20.0 the graphs are captured after the KV cache is allocated: outside the share, and
+    # beyond a device-wide ceiling (the context is inside a ceiling: the budget counts it).
+    assert names(vram) == ([CUDA_GRAPHS] if ceiling else [CUDA_CONTEXT, CUDA_GRAPHS])
+
+
+def test_vllm_device_wide_budget_is_a_ceiling_with_its_graphs_beyond() -> None:
     vram = reservation("vllm/vllm-openai:v0.9.0", VLLM_ARGS)
-    assert vram.ceiling and vram.fraction == Fraction(3, 10)
-    assert vram.on_device(80 * GiB) == int(Fraction(3, 10) * 80 * GiB)  # allowances inside the ceiling
+    assert vram.on_device(80 * GiB) == int(Fraction(3, 10) * 80 * GiB) + GiB
     budget = 80 * GiB
-    assert vram.on_device(80 * GiB, whole=budget) == budget // 2 + 1  # never two on one device
+    assert vram.on_device(80 * GiB, whole=budget) == budget // 2 + 1 + GiB  # never two on one device
+
+
+@pytest.mark.parametrize(
+    ("tensor", "graphs"),
+    [(1, GiB), (2, GiB * 5 // 3), (4, 3 * GiB), (8, 3 * GiB)],
+)
+def test_vllm_graphs_grow_with_tensor_parallelism(tensor: int, graphs: int) -> None:
+    # vllm-project/vllm#7553 (v0.5.4, TP 4, RTX 4090): 23859 MiB per GPU with CUDA graphs, 21395 MiB with
+    # --enforce-eager: 2464 MiB of graphs per GPU; the allowance grows to 3 times its amount at TP 4.
+    vram = reservation("vllm/vllm-openai:v0.10.0", [*VLLM_ARGS, "--tensor-parallel-size", str(tensor)], gpus=tensor)
+    [allowance] = [a for a in vram.allowances if a.name == CUDA_GRAPHS]
+    assert abs(allowance.bytes - graphs) <= 1
+    assert allowance.bytes >= 2464 * MiB or tensor < 4
 
 
 def test_vllm_share_and_allowances_add_up_on_a_device() -> None:

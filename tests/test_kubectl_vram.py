@@ -25,7 +25,7 @@ from vramguard.report import gpu_table, pods_table, render_table
 GiB = 1 << 30
 MiB = 1 << 20
 CUDA_CONTEXT = 512 * MiB
-"""What the pods' vLLM (v0.22.0: CUDA graphs inside its share) holds beside its share on its GPU."""
+"""What the pods' vLLM (v0.21.0: CUDA graphs estimated inside its share) holds beside its share on its GPU."""
 
 
 def node(spec: gpu_nodes.GPUNodeSpec) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def vllm_pod(name: str, utilization: float, node_name: str | None, namespace: st
              **annotations: str) -> dict[str, Any]:
     """A bound vLLM pod asking for one GPU."""
     spec: dict[str, Any] = {"containers": [{
-        "name": "vllm", "image": "vllm/vllm-openai:v0.22.0",
+        "name": "vllm", "image": "vllm/vllm-openai:v0.21.0",
         "args": ["--model", "m", "--gpu-memory-utilization", str(utilization)],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
     }]}

@@ -540,7 +540,7 @@ def _ceiling_note(claims: Sequence[Claim]) -> str:
     if not any(v is not None and v.ceiling for c in claims for v in c.vram):
         return ""
     return (
-        "; its engine's fraction caps the whole GPU's use (TGI; vLLM before v0.9.1; SGLang's and newer "
+        "; its engine's fraction caps the whole GPU's use (TGI; vLLM's V1 engine v0.6.5 to v0.9.0; SGLang's and newer "
         "vLLM's defaults), so it counts at least half a GPU's budget and never shares one with another such"
     )
 

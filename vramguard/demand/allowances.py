@@ -13,13 +13,15 @@ amounts (``allowances`` in the policy file), which may differ per engine and per
 - the **reserve** an engine keeps for itself by its own estimate (SGLang's activations and graphs),
   computed by the engine module from the flags.
 
-The ledger sums claims and allowances; a ceiling share (TGI) has them inside it.
+The ledger sums claims and allowances; a ceiling share (TGI, vLLM's device-wide budgets) has them
+inside it, but for CUDA graphs an engine captures after sizing its ceiling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from vramguard.demand.model import Allowance, Overheads, Vram
 from vramguard.quantity import GiB, MiB
@@ -89,16 +91,18 @@ class AllowanceTable:
         """The allowances an engine's overheads hold, sized by this table."""
         items = [self._item("cuda_context", engine, _CONTEXT_SOURCE, overheads.processes)]
         if overheads.graphs is not None:
-            items.append(self._item("cuda_graphs", engine, overheads.graphs, overheads.processes))
+            items.append(self._item("cuda_graphs", engine, overheads.graphs, overheads.processes,
+                                    overheads.graphs_scale))
         if overheads.communication is not None:
             items.append(self._item("communication", engine, overheads.communication, overheads.processes))
         if overheads.reserve_bytes:
             items.append(Allowance(RESERVE, overheads.reserve_bytes, overheads.reserve_source))
         return tuple(item for item in items if item.bytes or item.by_product)
 
-    def _item(self, key: str, engine: str, source: str, count: int) -> Allowance:
+    def _item(self, key: str, engine: str, source: str, count: int, scale: Fraction = Fraction(1)) -> Allowance:
         return Allowance(
-            KINDS[key], self.amount(key, engine), f"{source} (policy allowances.{key})", count, self.by_product(key)
+            KINDS[key], int(self.amount(key, engine) * scale), f"{source} (policy allowances.{key})", count,
+            tuple((product, int(amount * scale)) for product, amount in self.by_product(key)),
         )
 
 
@@ -106,7 +110,11 @@ DEFAULT_TABLE = AllowanceTable()
 
 
 def with_allowances(vram: Vram | None, engine: str, overheads: Overheads, table: AllowanceTable) -> Vram | None:
-    """The engine's claim with its allowances; a ceiling share keeps them inside, unknown stays unknown."""
-    if vram is None or vram.ceiling:
+    """The engine's claim with its allowances; a ceiling share keeps them inside but for the graphs
+    held beyond it (``overheads.graphs``), unknown stays unknown."""
+    if vram is None:
         return vram
-    return replace(vram, allowances=table.allowances(engine, overheads))
+    allowances = table.allowances(engine, overheads)
+    if vram.ceiling:
+        allowances = tuple(a for a in allowances if a.name == CUDA_GRAPHS)
+    return replace(vram, allowances=allowances) if allowances else vram

@@ -49,7 +49,8 @@ class Vram:
     ``--cuda-memory-fraction``): the engine's own overheads are inside it, it fills what is free up
     to the fraction (so at most the budget), and it counts at least just over half of a device's
     budget, so that no two ceiling engines ever share a device (the second to start would find the
-    first's memory taken and get none of its own).
+    first's memory taken and get none of its own). Its allowances are what it holds beyond the
+    ceiling (vLLM's CUDA graphs, captured after a device-wide budget is sized).
     """
 
     fraction: Fraction | None = None
@@ -75,16 +76,17 @@ class Vram:
         share counts at least half of, plus one byte."""
         share = self.share_on(device_bytes)
         if self.ceiling:
-            # It fills what is free up to its fraction, so it never takes more than the budget.
-            return share if whole is None else max(min(share, whole), whole // 2 + 1)
+            # It fills what is free up to its fraction, so it never takes more than the budget; what it
+            # holds beyond the ceiling (graphs captured after the budget is sized) comes on top.
+            share = share if whole is None else max(min(share, whole), whole // 2 + 1)
         for allowance in self.allowances:
             share += allowance.bytes_for(product)
         return share
 
     @property
     def allowance_bytes(self) -> int:
-        """The allowances' default amounts, summed (0 for a ceiling share: they are inside it)."""
-        return 0 if self.ceiling else sum(a.bytes_for("") for a in self.allowances)
+        """The allowances' default amounts, summed (for a ceiling share, those held beyond it)."""
+        return sum(a.bytes_for("") for a in self.allowances)
 
     def plain(self) -> Vram:
         """The share alone, without allowances or the ceiling rule."""
@@ -114,9 +116,10 @@ class Vram:
         else:
             assert self.bytes is not None
             text = format_bytes(self.bytes)
-        if self.ceiling:
-            return f"{text}, a ceiling on the whole device's use"
         extra = self.allowance_bytes
+        if self.ceiling:
+            beyond = f" + {format_bytes(extra)} beyond it" if extra else ""
+            return f"{text}, a ceiling on the whole device's use{beyond}"
         return f"{text} + {format_bytes(extra)}" if extra else text
 
 
@@ -187,7 +190,10 @@ class Overheads:
     processes: int = 1
     """Processes of the engine on each of its GPUs, each with its own CUDA context."""
     graphs: str | None = None
-    """Why CUDA graphs are held outside the share (the rule and its source); ``None``: inside it, or none."""
+    """Why CUDA graphs are held outside the share (the rule and its source); ``None``: inside it, or none.
+    For a ceiling share, graphs held beyond the ceiling (captured after a device-wide budget is sized)."""
+    graphs_scale: Fraction = Fraction(1)
+    """The graphs' allowance times this (they grow with tensor parallelism)."""
     communication: str | None = None
     """Why communication buffers (NCCL, custom all-reduce) are held: the engine has peers."""
     reserve_bytes: int = 0

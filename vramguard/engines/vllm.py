@@ -4,23 +4,35 @@ vLLM pre-allocates ``--gpu-memory-utilization`` x the device's *total* memory on
 (``torch.cuda.mem_get_info`` total, ``vllm/v1/worker/gpu_worker.py``). It uses tensor x pipeline x
 prefill-context parallel x local data parallel GPUs, in total over the ``--nnodes`` pods (or the Ray
 cluster) it spans. Its argument parser accepts ``_`` for ``-`` in option names, and the last
-occurrence wins. What else it holds depends on the version (read in the released wheels):
+occurrence wins. What else it holds depends on the version and the engine generation (``VLLM_USE_V1``
+picks it from v0.6.4 to v0.10.2; V1 is the default from v0.8.0, the only one from v0.11.0), read in
+the released wheels:
 
-============  =================================================================================
-v0.9.0.x and  the budget is device-wide, ``total x utilization - peak`` with the peak counting
-before        every process (``gpu_worker.py`` ``determine_available_memory``): a ceiling engine
-v0.9.1        per-instance: ``requested = total x utilization`` from a snapshot taken at start
-v0.9.1 to     CUDA graphs are captured after the KV cache is allocated (``v1/executor/abstract.py``),
-v0.19.1       outside the share (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, from v0.18.0,
-              defaults to 0)
-v0.11.0       NCCL and custom all-reduce buffers are allocated before the snapshot: outside the
-              share when tensor x pipeline parallel > 1 (inside it before)
-v0.20.0       graphs estimated inside the share (the variable defaults to 1; ``=0`` puts them
-              outside again); the default utilization becomes 0.92 (``config/cache.py``; 0.9 before)
-v0.34.0       without ``--gpu-memory-utilization`` the extensible KV cache sizes itself from the
-              memory free after graph capture (``resolved_gpu_memory_utilization`` = 1.0): the
-              whole device
-============  =================================================================================
+================  =============================================================================
+budget            *per instance*: ``total x utilization`` less what the process added since a
+                  snapshot taken after its CUDA context exists (the context outside the share):
+                  the old engine (``worker/worker.py``) except v0.6.4, V1 from v0.9.1. *Device-wide*:
+                  less every process's use (``determine_available_memory``), a ceiling on the
+                  device, co-tenants and the context inside: the old engine in v0.6.4, V1 from
+                  v0.6.5 to v0.9.0 (the default engine from v0.8.0)
+CUDA graphs       captured after the KV cache is allocated, outside the share (and beyond a
+                  device-wide ceiling), in every version before v0.20.0 (``worker/worker.py``
+                  ``_warm_up_model``; ``v1/executor/abstract.py``) unless
+                  ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`` (from v0.18.0, default 0);
+                  estimated inside it from v0.20.0 (the variable defaults to 1; ``=0`` puts them
+                  outside again); outside again from v0.22.0 to v0.28.0, where Model Runner V2,
+                  the default for dense models from v0.25.0 and for some from v0.22.0, estimates
+                  them as 0 (``v1/worker/gpu/model_runner.py`` ``profile_cudagraph_memory``,
+                  vllm-project/vllm#49224, measured from v0.29.0); measured before the KV cache is
+                  sized from v0.34.0. They grow with tensor parallelism (vllm-project/vllm#7553:
+                  2.4 GiB per GPU at TP 4)
+communication     NCCL and custom all-reduce buffers are allocated before the snapshot from
+                  v0.11.0: outside the share when tensor x pipeline parallel > 1 (inside it before)
+default           0.9; 0.92 from v0.20.0 (``config/cache.py``); from v0.34.0 without
+                  ``--gpu-memory-utilization`` the extensible KV cache sizes itself from the memory
+                  free after graph capture (``resolved_gpu_memory_utilization`` = 1.0): the whole
+                  device
+================  =============================================================================
 
 ``--enforce-eager`` captures no graphs. Only the tags of vLLM's own images name vLLM's version
 (:data:`VERSIONED_IMAGES`: ``vllm/vllm-openai:v0.11.0``); the tag of an image that bundles vLLM with
@@ -44,6 +56,7 @@ the environment.)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from fractions import Fraction
 
 from vramguard.codecs import VRAM_ANNOTATION
@@ -62,9 +75,26 @@ PROGRAM = "vllm"
 """The console script: ``vllm serve``."""
 MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"})
 Version = tuple[int, int, int]
-PER_INSTANCE_SINCE: Version = (0, 9, 1)
+V0_DEVICE_WIDE: tuple[Version, Version] = ((0, 6, 4), (0, 6, 5))
+"""The old engine's budget was device-wide in v0.6.4 alone (``worker/worker.py``
+``determine_num_available_blocks``: ``total_allocated_bytes = mem_get_info()[1] - mem_get_info()[0]``)."""
+V1_DEVICE_WIDE: tuple[Version, Version] = ((0, 6, 5), (0, 9, 1))
+"""V1's budget was device-wide from v0.6.5 to v0.9.0 (``v1/worker/gpu_worker.py``
+``determine_available_memory``: ``peak_memory += non_torch_allocations``, every process's)."""
+V1_SINCE: Version = (0, 6, 4)
+V1_DEFAULT_SINCE: Version = (0, 8, 0)
+V0_GONE_SINCE: Version = (0, 11, 0)
+ENGINE_VARIABLE = "VLLM_USE_V1"
 COMMUNICATION_OUTSIDE_SINCE: Version = (0, 11, 0)
+GRAPHS_ESTIMATE_SINCE: Version = (0, 18, 0)
 GRAPHS_INSIDE_SINCE: Version = (0, 20, 0)
+GRAPHS_UNESTIMATED: tuple[Version, Version] = ((0, 22, 0), (0, 29, 0))
+"""Model Runner V2 (the default for some dense models from v0.22.0, for every dense one from
+v0.25.0) estimates CUDA graphs as 0 until v0.29.0 measures them."""
+GRAPHS_TENSOR_GROWTH = Fraction(2, 3)
+"""CUDA graphs per GPU grow with tensor parallelism (a custom all-reduce buffer per captured size):
+each extra rank up to 4 adds two thirds of the single-GPU allowance, so TP 4 holds 3 times it
+(vllm-project/vllm#7553, v0.5.4, TP 4: 2464 MiB per GPU more than with ``--enforce-eager``)."""
 DEFAULT_092_SINCE: Version = (0, 20, 0)
 EXTENSIBLE_CACHE_SINCE: Version = (0, 34, 0)
 DEFAULT_BEFORE_0_20 = Fraction(9, 10)
@@ -192,13 +222,23 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     else:
         vram = _implicit_default(tag, version, found)
         implicit = True
-    if vram is not None and not vram.ceiling and version is not None and version < PER_INSTANCE_SINCE:
+    engine = _engine(version, env)
+    if vram is not None and not vram.ceiling and _device_wide(version, engine):
         rules.append(
-            f"image tag {tag}: before v0.9.1 the budget is device-wide (total x utilization less every "
+            f"image tag {tag}, engine {engine}: the budget is device-wide (total x utilization less every "
             f"process's use, {SOURCE}): a ceiling on the device, co-tenants included"
         )
         vram = Vram(fraction=vram.fraction, ceiling=True)
+    elif version is not None and version < (0, 9, 1):
+        rules.append(
+            f"image tag {tag}, engine {engine}: the budget is per instance (total x utilization less what the "
+            "process added after its CUDA context exists, worker/worker.py)"
+        )
     overheads = _overheads(options, env, tag, version, rules)
+    if vram is not None and vram.ceiling and not _device_wide(version, engine):
+        # The extensible KV cache's whole device (v0.34.0, or a version vramguard cannot tell) is sized
+        # after the graphs are captured: nothing is held beyond it.
+        overheads = replace(overheads, graphs=None)
     return EngineClaim(
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
         default_warning=found.default_warning, overheads=overheads,
@@ -206,38 +246,78 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     )
 
 
+def _engine(version: Version | None, env: ContainerEnv) -> str:
+    """Which engine generation runs: ``V1`` (the default from v0.8.0, the only one from v0.11.0) or the
+    old one, ``V0``, as ``VLLM_USE_V1`` picks between v0.6.4 and v0.10.2 (``envs.py``)."""
+    if version is None or version >= V0_GONE_SINCE:
+        return "V1"
+    variable = (env.literal(ENGINE_VARIABLE) or "").strip()
+    if variable == "0":
+        return "V0"
+    if variable == "1" and version >= V1_SINCE:
+        return "V1"
+    return "V1" if version >= V1_DEFAULT_SINCE else "V0"
+
+
+def _device_wide(version: Version | None, engine: str) -> bool:
+    if version is None:
+        return False
+    low, high = V1_DEVICE_WIDE if engine == "V1" else V0_DEVICE_WIDE
+    return low <= version < high
+
+
 def _overheads(
     options: Options, env: ContainerEnv, tag: str | None, version: Version | None, rules: list[str]
 ) -> Overheads:
     """The version's rules for what vLLM holds outside its share (see the module's table)."""
     known = f"image tag {tag}" if version is not None else "image version unknown, the conservative rule"
+    tensor, pipeline = (_size(options, names) for names in (_SIZES[0], _SIZES[1]))
     graphs: str | None = None
     if options.has(EAGER):
         rules.append("--enforce-eager: no CUDA graphs")
     else:
-        # A value vramguard cannot see counts as 0, the one that puts the graphs outside the share.
-        variable = "0" if env.is_opaque(GRAPHS_VARIABLE) else (env.literal(GRAPHS_VARIABLE) or "").strip()
-        if version is None or version < GRAPHS_INSIDE_SINCE:
-            if variable == "1" and version is not None and version >= (0, 18, 0):
-                rules.append(f"{GRAPHS_VARIABLE}=1: CUDA graphs estimated inside the share")
-            else:
-                graphs = f"{known}: CUDA graphs captured after the KV cache is sized, outside the share ({SOURCE})"
-        elif variable == "0":
-            graphs = f"{GRAPHS_VARIABLE}=0: CUDA graphs outside the share ({SOURCE})"
-        else:
-            rules.append(f"{known}: CUDA graphs estimated inside the share (v0.20.0 and later)")
-    size = 1
-    for names in (_SIZES[0], _SIZES[1]):
-        flag = options.last(names)
-        value = parse_positive_int(flag.value) if flag is not None and flag.value is not None else None
-        size *= value or 1
+        graphs = _graphs_outside(env, known, version, rules)
+    scale = Fraction(1)
+    if graphs is not None and tensor > 1:
+        scale = 1 + GRAPHS_TENSOR_GROWTH * (min(tensor, 4) - 1)
+        graphs += f"; tensor parallel {tensor}: {float(scale):.3g} x the allowance (vllm-project/vllm#7553)"
+    size = tensor * pipeline
     communication: str | None = None
     if size > 1 and (version is None or version >= COMMUNICATION_OUTSIDE_SINCE):
         communication = (
             f"{known}: tensor x pipeline parallel {size}, NCCL and all-reduce buffers are allocated before the "
             f"memory snapshot, outside the share (v0.11.0 and later, {SOURCE})"
         )
-    return Overheads(graphs=graphs, communication=communication, rules=tuple(rules))
+    return Overheads(graphs=graphs, graphs_scale=scale, communication=communication, rules=tuple(rules))
+
+
+def _graphs_outside(env: ContainerEnv, known: str, version: Version | None, rules: list[str]) -> str | None:
+    """Why the CUDA graphs are held outside the share, or ``None`` (inside it: a rule says so)."""
+    # A value vramguard cannot see counts as 0, the one that puts the graphs outside the share.
+    variable = "0" if env.is_opaque(GRAPHS_VARIABLE) else (env.literal(GRAPHS_VARIABLE) or "").strip()
+    after = f"{known}: CUDA graphs captured after the KV cache is sized, outside the share ({SOURCE})"
+    if version is None or version < GRAPHS_ESTIMATE_SINCE:
+        return after
+    if version < GRAPHS_INSIDE_SINCE:
+        if variable == "1":
+            rules.append(f"{GRAPHS_VARIABLE}=1: CUDA graphs estimated inside the share")
+            return None
+        return after
+    if GRAPHS_UNESTIMATED[0] <= version < GRAPHS_UNESTIMATED[1]:
+        return (
+            f"{known}: Model Runner V2, the default for dense models, estimates CUDA graphs as 0 before v0.29.0 "
+            "(v1/worker/gpu/model_runner.py profile_cudagraph_memory, vllm-project/vllm#49224): outside the share"
+        )
+    if variable == "0":
+        return f"{GRAPHS_VARIABLE}=0: CUDA graphs outside the share ({SOURCE})"
+    rules.append(f"{known}: CUDA graphs estimated inside the share (v0.20.0 and later)")
+    return None
+
+
+def _size(options: Options, names: Sequence[str]) -> int:
+    flag = options.last(names)
+    value = parse_positive_int(flag.value) if flag is not None and flag.value is not None else None
+    return value or 1
 
 
 def _parallel(options: Options, found: Findings) -> Parallel | None:
