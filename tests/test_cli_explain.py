@@ -92,6 +92,7 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
                 "share_bytes_per_gpu": 16 * GiB,
                 "ceiling": False,
                 "vram_bytes_per_gpu": 16 * GiB + CUDA_CONTEXT,
+                "capped": False,
                 "sm_percent": None,
                 "evidence": ["--gpu-memory-utilization 0.2"],
                 "rules": container["rules"],

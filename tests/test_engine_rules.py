@@ -210,3 +210,48 @@ def test_every_service_reads_the_policys_allowances() -> None:
     policy = Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}\nallowances: {cuda_context: 3Gi}")
     for options in (cluster.ClusterState(policy).options, admission.AdmissionRules(policy).options):
         assert options.allowances.amount("cuda_context", "vllm") == 3 * GiB
+
+
+def test_estimates_never_count_past_the_device() -> None:
+    # SGLang's reserve (an estimate) beside 0.85 of an H100: the share and the context fit, the reserve
+    # does not; the container counts the whole GPU and says so. A share or context past it still counts.
+    launch = ["python3", "-m", "sglang.launch_server", "--model-path", "m", "--mem-fraction-static", "0.85"]
+    vram = reservation("lmsysorg/sglang:v0.5.5", [], command=launch)
+    device = 81559 * MiB
+    share = int(Fraction(85, 100) * device)
+    assert share + 512 * MiB + vram.allowances[-1].bytes > device
+    assert vram.capped_on(device) and vram.on_device(device) == device
+    assert not vram.capped_on(160 * GiB) and vram.on_device(160 * GiB) > int(Fraction(85, 100) * 160 * GiB)
+    # vLLM at 1.0: the share and the context do not fit (its start-up check fails): never capped.
+    whole = reservation("vllm/vllm-openai:v0.21.0", ["--model", "m", "--gpu-memory-utilization", "1.0"])
+    assert not whole.capped_on(device) and whole.on_device(device) == device + 512 * MiB
+
+
+SGLANG_RECIPES = {
+    # github.com/sgl-project/sglang/issues/9787 (from the 96 x H100 deployment of issue #6017): prefill.
+    "deepseek-r1-prefill-h100": ["--disaggregation-mode", "prefill", "--nnodes", "4", "--tp-size", "32",
+                                 "--dp-size", "32", "--enable-dp-attention", "--mem-fraction-static", "0.835",
+                                 "--chunked-prefill-size", "524288", "--max-running-requests", "8192"],
+    # ai-dynamo/dynamo docs/backends/sglang/dsr1-wideep-h100.md: decode.
+    "deepseek-r1-decode-h100": ["--disaggregation-mode", "decode", "--nnodes", "4", "--tp-size", "32",
+                                "--dp-size", "32", "--enable-dp-attention", "--mem-fraction-static", "0.835"],
+    # ai-dynamo/dynamo examples/backends/sglang/slurm_jobs/scripts/gb200-fp4/disagg/default.sh: decode
+    # (its --mem-fraction-static given twice: argparse keeps the last, 0.82).
+    "deepseek-r1-decode-gb200": ["--disaggregation-mode", "decode", "--nnodes", "12", "--tp-size", "48",
+                                 "--dp-size", "48", "--enable-dp-attention", "--max-running-requests", "67584",
+                                 "--chunked-prefill-size", "786432", "--mem-fraction-static", "0.83",
+                                 "--mem-fraction-static", "0.82"],
+}
+
+
+@pytest.mark.parametrize("flags", SGLANG_RECIPES.values(), ids=SGLANG_RECIPES.keys())
+def test_published_sglang_recipes_fit_the_gpus_they_run_on(flags: list[str]) -> None:
+    # Each rank runs its chunk split among the DP attention ranks, a decode server no prefill at all
+    # (server_args.py: chunked_prefill_size // dp_size, v0.4.5 and later): the reserve is for those
+    # tokens, not the whole batch's (which made these 130 to 1159 GiB per GPU).
+    launch = ["python3", "-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-R1", *flags]
+    vram = reservation("lmsysorg/sglang:v0.5.5", [], command=launch, gpus=8)
+    [reserve] = [a for a in vram.allowances if a.name == RESERVE]
+    assert reserve.bytes <= 40 * GiB
+    for device in (81559 * MiB, 189471 * MiB):  # H100 80GB, GB200 (NVML)
+        assert vram.on_device(device) <= device  # placed on a GPU it owns (estimates capped)

@@ -285,6 +285,9 @@ class Code(StrEnum):
     devices have room for."""
     VISIBLE_DEVICES = "visible-devices"
     """A container names its own GPUs in ``NVIDIA_VISIBLE_DEVICES``, past what it requests."""
+    ESTIMATE_CAPPED = "estimate-capped"
+    """What the engine holds beside its share (estimated) does not fit beside it on the GPU: the pod
+    counts the whole GPU, placed only where it is alone (a note)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,6 +649,7 @@ class AdmissionRules:
         for container in demand.containers:
             offer = offers.get(container.resource)
             self._conflicts(container, offer, found)
+            self._capped(container, offer, found)
             self._implicit(container, implicit[container.name], choice, found)
             self._unknown(container, choice, found)
             self._max_vram(container, choice, offer, found)
@@ -851,6 +855,24 @@ class AdmissionRules:
         if offer.largest_bytes != offer.smallest_bytes:
             for problem in container.conflicts(offer.largest_bytes):
                 found.note(Code.CONFLICT, problem, container=container.name)
+
+    @staticmethod
+    def _capped(container: ContainerDemand, offer: ResourceOffer | None, found: _Findings) -> None:
+        """A share the device holds, with estimated overheads it does not: counted as the whole device."""
+        if offer is None or not offer.sized:
+            return
+        device = offer.smallest_bytes
+        for held in container.reservations:
+            if held.capped_on(device):
+                estimates = ", ".join(a.describe() for a in held.allowances if a.estimate)
+                found.note(
+                    Code.ESTIMATE_CAPPED,
+                    f"container {container.name}: {held.describe()} does not fit a {format_bytes(device)} GPU with "
+                    f"its estimated overheads ({estimates}): it counts the whole GPU, so it is placed only where "
+                    "it is alone, and it fails at start if its overheads are as large as estimated",
+                    container=container.name,
+                )
+                return
 
     @staticmethod
     def _implicit(container: ContainerDemand, engine: str | None, choice: ClassChoice, found: _Findings) -> None:

@@ -295,11 +295,14 @@ def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dic
         share = -(-product.numerator // product.denominator)  # ceil: what a person expects to see
     else:
         share = None
-    held = () if vram is None or vram.ceiling else vram.allowances
+    held = () if vram is None else vram.allowances  # a ceiling's: what it holds beyond it
     allowances: list[dict[str, Any]] = [
         {"name": a.name, "bytes": a.bytes_for(""), "processes": a.count, "source": a.source} for a in held
     ]
     total = share + sum(a.bytes_for("") for a in held) if share is not None else None
+    capped = vram is not None and gpu_memory is not None and vram.capped_on(gpu_memory)
+    if capped:
+        total = gpu_memory
     return {
         "name": container.name,
         "resource": container.resource,
@@ -311,6 +314,7 @@ def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dic
         "ceiling": vram.ceiling if vram is not None else False,
         "allowances": allowances,
         "vram_bytes_per_gpu": total,
+        "capped": capped,
         "sm_percent": container.sm_percent,
         "evidence": list(container.evidence),
         "rules": rules,
@@ -389,6 +393,8 @@ def _breakdown(container: Mapping[str, Any]) -> list[str]:
     version = f" {container['engine_version']}" if container.get("engine_version") else ""
     if container["ceiling"]:
         text += ", a ceiling on the whole device's use (at least half its budget)"
+        if container["allowances"]:
+            text += "; beyond it"
     lines = [f"share {text}" + (f" ({container['engine']}{version})" if container["engine"] else "")]
     for allowance in container["allowances"]:
         times = f"{allowance['processes']} x " if allowance["processes"] != 1 else ""
@@ -397,9 +403,15 @@ def _breakdown(container: Mapping[str, Any]) -> list[str]:
     if container["allowances"]:
         total = container["vram_bytes_per_gpu"]
         extra = sum(a["bytes"] for a in container["allowances"])
-        lines.append(
-            f"= {format_bytes(total)} per GPU" if total is not None
-            else f"= {fraction:g} of the GPU + {format_bytes(extra)} per GPU"
-        )
+        if container.get("capped"):
+            lines.append(
+                f"= {format_bytes(total)} per GPU, the whole GPU: the estimates do not fit beside the share, so it "
+                "is placed only where it is alone, and fails at start if they are as large"
+            )
+        else:
+            lines.append(
+                f"= {format_bytes(total)} per GPU" if total is not None
+                else f"= {fraction:g} of the GPU + {format_bytes(extra)} per GPU"
+            )
     lines.extend(f"rule: {rule}" for rule in container.get("rules", ()))
     return lines

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vramguard.admission import Decision
+from vramguard.admission import Code, Decision
 from vramguard.cli.inputs import InputError, add_input_arguments, read_sources
 from vramguard.cli.judge import DRA_COLLECTIONS, Judge, LiveError, add_cluster_arguments, read_live, snapshot_of
 from vramguard.cli.kubectl_vram import ClusterSnapshot
@@ -380,7 +380,8 @@ def render_text(plan: Plan) -> str:
         suffix = f"  [{devices}]" if devices else ""
         lines.append(f"placed   {entry['pod']} ({entry['class']}) {how} {entry['node']}{suffix}")
         for finding in entry.get("findings", ()):
-            lines.append(f"           [{finding['rule']}, not enforced in {finding['mode']} mode] {finding['message']}")
+            how = "note" if finding.get("note") else f"not enforced in {finding['mode']} mode"
+            lines.append(f"           [{finding['rule']}, {how}] {finding['message']}")
     for entry in plan.pending:
         lines.append(f"pending  {entry['pod']} ({entry['class']})")
         for node, reason in entry["reasons"].items():
@@ -437,10 +438,16 @@ def _admitted(
 
 
 def _admission_findings(pod: _Pod) -> list[dict[str, Any]]:
-    """What admission found on the pod's object (refusing in ``enforce``, warned or audited elsewhere)."""
+    """What admission found on the pod's object (refusing in ``enforce``, warned or audited elsewhere),
+    and its notes on the placement (``note``: estimates counted as the whole GPU)."""
     if pod.admission is None:
         return []
-    return [{"rule": str(f.code), "message": f.message, "mode": pod.admission.mode} for f in pod.admission.problems]
+    mode = pod.admission.mode
+    return [
+        *({"rule": str(f.code), "message": f.message, "mode": mode} for f in pod.admission.problems),
+        *({"rule": str(f.code), "message": f.message, "mode": mode, "note": True}
+          for f in pod.admission.remarks if f.code is Code.ESTIMATE_CAPPED),
+    ]
 
 
 # Objects that describe pods but run none themselves.

@@ -89,7 +89,7 @@ class AllowanceTable:
 
     def allowances(self, engine: str, overheads: Overheads) -> tuple[Allowance, ...]:
         """The allowances an engine's overheads hold, sized by this table."""
-        items = [self._item("cuda_context", engine, _CONTEXT_SOURCE, overheads.processes)]
+        items = [replace(self._item("cuda_context", engine, _CONTEXT_SOURCE, overheads.processes), estimate=False)]
         if overheads.graphs is not None:
             items.append(self._item("cuda_graphs", engine, overheads.graphs, overheads.processes,
                                     overheads.graphs_scale))

@@ -26,6 +26,10 @@ class Allowance:
     """Where the rule and its default come from (the engine's file and version, or the policy key)."""
     count: int = 1
     by_product: tuple[tuple[str, int], ...] = ()
+    estimate: bool = True
+    """Whether the engine may hold less, or nothing (graphs, buffers, a reserve): an estimate never counts
+    past the device (:meth:`Vram.on_device`). A CUDA context is certain: every process makes one before
+    its engine measures memory."""
 
     def bytes_for(self, product: str) -> int:
         """The allowance on a device of ``product`` (an empty name: the default amount)."""
@@ -79,9 +83,21 @@ class Vram:
             # It fills what is free up to its fraction, so it never takes more than the budget; what it
             # holds beyond the ceiling (graphs captured after the budget is sized) comes on top.
             share = share if whole is None else max(min(share, whole), whole // 2 + 1)
-        for allowance in self.allowances:
-            share += allowance.bytes_for(product)
-        return share
+        certain = share + sum(a.bytes_for(product) for a in self.allowances if not a.estimate)
+        held = certain + sum(a.bytes_for(product) for a in self.allowances if a.estimate)
+        # Estimates never count past the device: the share and the context are what the engine
+        # certainly holds (:meth:`capped_on` says when an estimate was cut).
+        return device_bytes if certain <= device_bytes < held else held
+
+    def capped_on(self, device_bytes: int, product: str = "", whole: int | None = None) -> bool:
+        """Whether the estimated allowances do not fit beside the certain part (the share, the CUDA
+        context) on a device of ``device_bytes``: :meth:`on_device` then counts the whole device, and
+        the engine fails at start if its overheads are as large as estimated."""
+        share = self.share_on(device_bytes)
+        if self.ceiling and whole is not None:
+            share = max(min(share, whole), whole // 2 + 1)
+        certain = share + sum(a.bytes_for(product) for a in self.allowances if not a.estimate)
+        return certain <= device_bytes < certain + sum(a.bytes_for(product) for a in self.allowances if a.estimate)
 
     @property
     def allowance_bytes(self) -> int:

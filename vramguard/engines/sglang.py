@@ -8,7 +8,11 @@ total, and CUDA graphs and prefill activations live outside it, in memory SGLang
 vramguard counts that reserve as SGLang itself estimates it (``server_args.py`` v0.5.5,
 ``arg_groups/memory_hook.py`` v0.5.23)::
 
-    512 + max(chunked_prefill_size, 2048) x 1.5 + tp x pp / 8 x 1024 + cuda_graph_max_bs x 2  MiB
+    512 + max(tokens per rank, 2048) x 1.5 + tp x pp / 8 x 1024 + cuda_graph_max_bs x 2  MiB
+
+where the tokens per rank are one prefill chunk, split among the data-parallel attention ranks, or on
+a decode server the running requests (:func:`tokens_per_rank`). It is an estimate: where it does not
+fit beside the share, the container counts the whole device (``Vram.on_device``).
 
 Without the flag, SGLang computes the fraction as ``(gpu_mem - reserve) / gpu_mem`` (about 0.83 on an
 H100 and 0.90 on an H200 at TP 1): it sizes itself to the whole device, so it counts as one.
@@ -47,6 +51,9 @@ DP_ATTENTION = ("--enable-dp-attention",)
 NODES = ("--nnodes",)
 """Multi-node serving: ``--tp`` is the total over ``--nnodes`` pods (``--node-rank`` 0 to n-1)."""
 CHUNKED_PREFILL = ("--chunked-prefill-size",)
+DISAGGREGATION = ("--disaggregation-mode",)
+"""``prefill``, ``decode`` or ``null``: a decode server runs no chunked prefill (``disaggregation/decode.py``)."""
+RUNNING = ("--max-running-requests",)
 GRAPH_BATCH = ("--cuda-graph-max-bs",)
 GRAPH_BATCH_GONE: tuple[int, int, int] = (0, 5, 20)
 """From v0.5.20 only ``--cuda-graph-max-bs-decode`` and ``-prefill`` remain: the old name is a prefix of
@@ -162,11 +169,24 @@ def _replaced_kv_size(env: ContainerEnv, version: tuple[int, int, int] | None, f
 
 def reserve_bytes(options: Options, tp_pp: int) -> int:
     """SGLang's reserve outside its static share, by its own formula, from the flags (defaults for a
-    GPU of 60 to 160 GiB where a flag is absent or unreadable)."""
-    chunked = _value(options, CHUNKED_PREFILL, DEFAULT_CHUNKED_PREFILL)
+    GPU of 60 to 160 GiB where a flag is absent or unreadable), its activations for the tokens one
+    rank runs at a time (:func:`tokens_per_rank`)."""
     graphs = 0 if options.has(NO_GRAPHS) else _value(options, GRAPH_BATCH, DEFAULT_GRAPH_BATCH) * 2
-    mebibytes = 512 + Fraction(max(chunked, 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
+    mebibytes = 512 + Fraction(max(tokens_per_rank(options), 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
     return int(mebibytes * MiB)
+
+
+def tokens_per_rank(options: Options) -> int:
+    """The tokens one GPU's process runs in a forward pass, which its activations are for: a prefill
+    chunk (``--chunked-prefill-size``), split among the data-parallel attention ranks with
+    ``--enable-dp-attention`` (``server_args.py``: ``chunked_prefill_size // dp_size`` from v0.4.5); on a
+    decode server (``--disaggregation-mode decode``), which runs no prefill, the running requests, split
+    likewise."""
+    dp = _size(options, DATA) if options.has(DP_ATTENTION) else 1
+    mode = options.last(DISAGGREGATION)
+    if mode is not None and (mode.value or "").strip() == "decode":
+        return _value(options, RUNNING, DEFAULT_CHUNKED_PREFILL) // dp
+    return _value(options, CHUNKED_PREFILL, DEFAULT_CHUNKED_PREFILL) // dp
 
 
 def _value(options: Options, names: Sequence[str], default: int) -> int:
