@@ -54,6 +54,7 @@ CHUNKED_PREFILL = ("--chunked-prefill-size",)
 DISAGGREGATION = ("--disaggregation-mode",)
 """``prefill``, ``decode`` or ``null``: a decode server runs no chunked prefill (``disaggregation/decode.py``)."""
 RUNNING = ("--max-running-requests",)
+DP_CHUNK_SPLIT_SINCE: tuple[int, int, int] = (0, 4, 5)
 GRAPH_BATCH = ("--cuda-graph-max-bs",)
 GRAPH_BATCH_GONE: tuple[int, int, int] = (0, 5, 20)
 """From v0.5.20 only ``--cuda-graph-max-bs-decode`` and ``-prefill`` remain: the old name is a prefix of
@@ -143,7 +144,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
             vram = Vram(fraction=fraction)
             tp_pp = _size(options, TENSOR) * _size(options, PIPELINE)
             overheads = Overheads(
-                communication=_peers(tp_pp), reserve_bytes=reserve_bytes(options, tp_pp),
+                communication=_peers(tp_pp), reserve_bytes=reserve_bytes(options, tp_pp, version),
                 reserve_source=f"SGLang's own estimate of its activations and CUDA graphs ({SOURCE})",
                 rules=(STATIC_RULE,),
             )
@@ -167,22 +168,25 @@ def _replaced_kv_size(env: ContainerEnv, version: tuple[int, int, int] | None, f
     return hidden_settings(env, (SMALL_KV_SIZE,), "SGLang (before v0.5.23)", found)
 
 
-def reserve_bytes(options: Options, tp_pp: int) -> int:
+def reserve_bytes(options: Options, tp_pp: int, version: tuple[int, int, int] | None = None) -> int:
     """SGLang's reserve outside its static share, by its own formula, from the flags (defaults for a
     GPU of 60 to 160 GiB where a flag is absent or unreadable), its activations for the tokens one
     rank runs at a time (:func:`tokens_per_rank`)."""
     graphs = 0 if options.has(NO_GRAPHS) else _value(options, GRAPH_BATCH, DEFAULT_GRAPH_BATCH) * 2
-    mebibytes = 512 + Fraction(max(tokens_per_rank(options), 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
+    tokens = tokens_per_rank(options, version)
+    mebibytes = 512 + Fraction(max(tokens, 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
     return int(mebibytes * MiB)
 
 
-def tokens_per_rank(options: Options) -> int:
+def tokens_per_rank(options: Options, version: tuple[int, int, int] | None = None) -> int:
     """The tokens one GPU's process runs in a forward pass, which its activations are for: a prefill
     chunk (``--chunked-prefill-size``), split among the data-parallel attention ranks with
-    ``--enable-dp-attention`` (``server_args.py``: ``chunked_prefill_size // dp_size`` from v0.4.5); on a
-    decode server (``--disaggregation-mode decode``), which runs no prefill, the running requests, split
-    likewise."""
-    dp = _size(options, DATA) if options.has(DP_ATTENTION) else 1
+    ``--enable-dp-attention`` (``server_args.py``: ``chunked_prefill_size // dp_size`` from v0.4.5, ``// 2``
+    before, and for a version vramguard cannot tell); on a decode server (``--disaggregation-mode
+    decode``), which runs no prefill, the running requests, split likewise."""
+    dp = 1
+    if options.has(DP_ATTENTION):
+        dp = _size(options, DATA) if version is not None and version >= DP_CHUNK_SPLIT_SINCE else 2
     mode = options.last(DISAGGREGATION)
     if mode is not None and (mode.value or "").strip() == "decode":
         return _value(options, RUNNING, DEFAULT_CHUNKED_PREFILL) // dp

@@ -222,8 +222,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     else:
         vram = _implicit_default(tag, version, found)
         implicit = True
-    engine = _engine(version, env)
-    if vram is not None and not vram.ceiling and _device_wide(version, engine):
+    engine = engine_generation(version, env)
+    if vram is not None and not vram.ceiling and device_wide_budget(version, engine):
         rules.append(
             f"image tag {tag}, engine {engine}: the budget is device-wide (total x utilization less every "
             f"process's use, {SOURCE}): a ceiling on the device, co-tenants included"
@@ -235,7 +235,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
             "process added after its CUDA context exists, worker/worker.py)"
         )
     overheads = _overheads(options, env, tag, version, rules)
-    if vram is not None and vram.ceiling and not _device_wide(version, engine):
+    if vram is not None and vram.ceiling and not device_wide_budget(version, engine):
         # The extensible KV cache's whole device (v0.34.0, or a version vramguard cannot tell) is sized
         # after the graphs are captured: nothing is held beyond it.
         overheads = replace(overheads, graphs=None)
@@ -246,7 +246,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     )
 
 
-def _engine(version: Version | None, env: ContainerEnv) -> str:
+def engine_generation(version: Version | None, env: ContainerEnv) -> str:
     """Which engine generation runs: ``V1`` (the default from v0.8.0, the only one from v0.11.0) or the
     old one, ``V0``, as ``VLLM_USE_V1`` picks between v0.6.4 and v0.10.2 (``envs.py``)."""
     if version is None or version >= V0_GONE_SINCE:
@@ -259,7 +259,7 @@ def _engine(version: Version | None, env: ContainerEnv) -> str:
     return "V1" if version >= V1_DEFAULT_SINCE else "V0"
 
 
-def _device_wide(version: Version | None, engine: str) -> bool:
+def device_wide_budget(version: Version | None, engine: str) -> bool:
     if version is None:
         return False
     low, high = V1_DEVICE_WIDE if engine == "V1" else V0_DEVICE_WIDE
@@ -276,7 +276,7 @@ def _overheads(
     if options.has(EAGER):
         rules.append("--enforce-eager: no CUDA graphs")
     else:
-        graphs = _graphs_outside(env, known, version, rules)
+        graphs = graphs_outside(env, known, version, rules)
     scale = Fraction(1)
     if graphs is not None and tensor > 1:
         scale = 1 + GRAPHS_TENSOR_GROWTH * (min(tensor, 4) - 1)
@@ -291,7 +291,7 @@ def _overheads(
     return Overheads(graphs=graphs, graphs_scale=scale, communication=communication, rules=tuple(rules))
 
 
-def _graphs_outside(env: ContainerEnv, known: str, version: Version | None, rules: list[str]) -> str | None:
+def graphs_outside(env: ContainerEnv, known: str, version: Version | None, rules: list[str]) -> str | None:
     """Why the CUDA graphs are held outside the share, or ``None`` (inside it: a rule says so)."""
     # A value vramguard cannot see counts as 0, the one that puts the graphs outside the share.
     variable = "0" if env.is_opaque(GRAPHS_VARIABLE) else (env.literal(GRAPHS_VARIABLE) or "").strip()
