@@ -138,7 +138,7 @@ def test_text_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "Deployment team-a/chat" in out
     assert "16.5 GiB" in out  # the share and the CUDA context
     assert "vllm: share 0.2 of the GPU = 16.0 GiB (vllm 0.21.0)" in out
-    assert "vllm: + CUDA context 512.0 MiB: " in out
+    assert "vllm: + CUDA context 512.0 MiB (certain): " in out
     assert "error: container train" in out
 
 

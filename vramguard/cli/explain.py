@@ -297,7 +297,8 @@ def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dic
         share = None
     held = () if vram is None else vram.allowances  # a ceiling's: what it holds beyond it
     allowances: list[dict[str, Any]] = [
-        {"name": a.name, "bytes": a.bytes_for(""), "processes": a.count, "source": a.source} for a in held
+        {"name": a.name, "bytes": a.bytes_for(""), "processes": a.count, "estimate": a.estimate, "source": a.source}
+        for a in held
     ]
     total = share + sum(a.bytes_for("") for a in held) if share is not None else None
     capped = vram is not None and gpu_memory is not None and vram.capped_on(gpu_memory)
@@ -399,7 +400,8 @@ def _breakdown(container: Mapping[str, Any]) -> list[str]:
     for allowance in container["allowances"]:
         times = f"{allowance['processes']} x " if allowance["processes"] != 1 else ""
         each = allowance["bytes"] // max(allowance["processes"], 1)
-        lines.append(f"+ {allowance['name']} {times}{format_bytes(each)}: {allowance['source']}")
+        kind = "estimate" if allowance.get("estimate", True) else "certain"
+        lines.append(f"+ {allowance['name']} {times}{format_bytes(each)} ({kind}): {allowance['source']}")
     if container["allowances"]:
         total = container["vram_bytes_per_gpu"]
         extra = sum(a["bytes"] for a in container["allowances"])
