@@ -130,6 +130,7 @@ GPU_MODELS: dict[str, GPUModel] = {
             (9, 0),
             _profiles(("1g.18gb", 7), ("1g.35gb", 4), ("2g.35gb", 3), ("3g.71gb", 2), ("4g.71gb", 1), ("7g.141gb", 1)),
         ),
+        GPUModel("B200", "NVIDIA B200", 183359, (10, 0)),
         GPUModel("L40S", "NVIDIA L40S", 46068, (8, 9)),
         GPUModel("L4", "NVIDIA L4", 23034, (8, 9)),
         GPUModel("A10", "NVIDIA A10", 23028, (8, 6)),

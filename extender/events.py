@@ -35,6 +35,12 @@ async def post_node_event(client: KubeClient, node: str, reason: str, message: s
                 kind)
 
 
+async def post_object_event(client: KubeClient, involved: dict[str, str], reason: str, message: str, kind: str) -> None:
+    """Create one Event about the namespaced object ``involved`` (``apiVersion``, ``kind``, ``name``,
+    ``namespace``; ``uid`` where known), in its namespace."""
+    await _post(client, involved["namespace"], {k: v for k, v in involved.items() if v}, reason, message, kind)
+
+
 async def _post(
     client: KubeClient, namespace: str, involved: dict[str, str], reason: str, message: str, kind: str
 ) -> None:

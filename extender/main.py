@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from extender.app import build_app
 from extender.evictor import Evictor
 from extender.growth import GrowthReporter
+from extender.learning import DEFAULT_INTERVAL_SECONDS, Learner
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
@@ -77,6 +78,10 @@ class ExtenderSettings:
     election: LeaderElection | None = None
     """``None``: this replica always serves (a sidecar whose scheduler elects its own leader)."""
     per_gpu_metrics: bool = False
+    learn_interval: float = DEFAULT_INTERVAL_SECONDS
+    """Seconds between learning rounds (:mod:`extender.learning`)."""
+    namespace: str = DEFAULT_AGENT_NAMESPACE
+    """The extender's own namespace: where its learned allowances are kept."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +128,13 @@ async def run(settings: ExtenderSettings) -> None:
                     leader=elector.serving if elector is not None else None,
                     per_gpu_metrics=settings.per_gpu_metrics, evictor=evictor)
 
+    learner = Learner(state, client, settings.namespace, runtime.registry,
+                      serving=elector.serving if elector is not None else lambda: True,
+                      interval=settings.learn_interval)
+
     async def wait_synced() -> None:
         await runtime.wait_synced()
+        await learner.load()  # what the fleet taught before a restart, before the first verb
         state.sync_dra()  # the DRA devices into the ledger once, before the first verb
         state.ledger.warm()  # every node's summary now, not in the first filter
         synced.set()
@@ -167,6 +177,7 @@ async def run(settings: ExtenderSettings) -> None:
     runtime.tasks["growth-reports"] = GrowthReporter(
         state, client, runtime.registry, serving=elector.serving if elector is not None else lambda: True
     ).run()
+    runtime.tasks["learning"] = learner.run()
     if elector is not None:
         runtime.tasks["leader-election"] = elector.run()
     if policy_file is not None:

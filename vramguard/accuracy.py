@@ -223,26 +223,21 @@ def predict_on_device(
 def node_samples(state: ClusterState, node: str) -> Iterator[PodDeviceSample | str]:
     """The samples of the pods measured on ``node``, or for each pod-device that gives none, why
     (a :class:`Skip` reason). Nothing for a node without a trusted agent report."""
-    inventory = state.ledger.inventory(node)
-    if inventory is None or not inventory.measured:
-        return
-    devices = {gpu.id: gpu for gpu in inventory.devices}
-    for uid, per_device in inventory.measured.items():
-        record = state.records.get(uid)
-        if record is None or record.node != node:
-            for _ in per_device:
+    for pod in state.measured_pods(node):
+        record = pod.record
+        if record is None:
+            for _ in pod.used:
                 yield Skip.NO_RECORD
             continue
         demand = state.record_demand(record)
-        placements = inventory.placements.get(uid)
-        for device_id, measured in per_device.items():
-            gpu = devices.get(device_id)
+        for device_id, measured in pod.used.items():
+            gpu = pod.devices.get(device_id)
             if gpu is None:
                 yield Skip.DEVICE_SIZE
                 continue
             budget = state.ledger.budget(node, device_id)
             whole = whole_share(gpu, budget) if budget is not None else None
-            prediction = predict_on_device(demand, placements, gpu, whole)
+            prediction = predict_on_device(demand, pod.placements, gpu, whole)
             if isinstance(prediction, str):
                 yield prediction
                 continue

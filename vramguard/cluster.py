@@ -31,7 +31,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,7 +52,8 @@ from vramguard.dra.devices import DraDevice, DraInventory
 from vramguard.dra.extended import DraLedgerPart, container_names, ledger_part, serving_classes
 from vramguard.dra.review import DraContext
 from vramguard.dra.state import DraState
-from vramguard.inventory import NodeInventory, read_inventory
+from vramguard.inventory import Gpu, NodeInventory, read_inventory
+from vramguard.learning import LearnedAllowance, LearnKey, apply_learned
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE, AgentLeases
 from vramguard.ledger import Claim, Ledger, PodRef, ResourceOffer
 from vramguard.placement import PodClaims, apply_intended, pod_claims
@@ -281,6 +282,20 @@ class Growth:
 
 
 @dataclass(frozen=True, slots=True)
+class MeasuredPod:
+    """A pod the node agent measured (:meth:`ClusterState.measured_pods`)."""
+
+    uid: str
+    record: PodRecord | None
+    used: Mapping[str, int]
+    """Bytes per device id."""
+    devices: Mapping[str, Gpu]
+    """The node's devices by id."""
+    placements: Mapping[str, tuple[str, ...]] | None
+    """Container -> device ids, when the agent knows them."""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSelection:
     """What a pod's node selection and tolerations are checked against."""
 
@@ -303,7 +318,9 @@ class ClusterState:
         are; ``monotonic``: for the expiry of pending admissions."""
         self.policy = policy
         self.policy_version = 0
-        """Counts policy reloads (cached verdicts are per version)."""
+        """Counts policy reloads and learned-table changes (cached verdicts are per version)."""
+        self.learned: Mapping[LearnKey, LearnedAllowance] = {}
+        """Allowances learned from the fleet (:mod:`vramguard.learning`), applied to every demand."""
         self.options = policy.demand_options()
         self.ledger = Ledger(policy.budget_rule())
         self.namespace_labels: dict[str, dict[str, str]] = {}
@@ -384,6 +401,19 @@ class ClusterState:
         self._sums.clear()  # the quota's claims are re-derived per template under the new policy
         self.ledger.set_budget_rule(policy.budget_rule())
 
+    def set_learned(self, learned: Mapping[LearnKey, LearnedAllowance]) -> bool:
+        """Apply a new table of learned allowances; ``False`` when it is the one applied. Pods still to
+        be placed are sized with it at once; a bound pod keeps what it was held with until its next
+        event or re-list (what the agent measures it using counts meanwhile)."""
+        if dict(learned) == dict(self.learned):
+            return False
+        self.learned = dict(learned)
+        self.policy_version += 1
+        self._demands.clear()
+        self._claims.clear()
+        self._sums.clear()
+        return True
+
     def choose_class(self, pod: Mapping[str, Any]) -> ClassChoice:
         """The class of a pod, from its labels and its namespace's."""
         metadata = pod.get("metadata") or {}
@@ -437,7 +467,7 @@ class ClusterState:
     def _demand(self, pod: Mapping[str, Any], template: str) -> PodDemand:
         demand = self._demands.get(template)
         if demand is None:
-            demand = self._demands[template] = derive_pod_demand(pod, self.options)
+            demand = self._demands[template] = apply_learned(derive_pod_demand(pod, self.options), self.learned)
         return demand
 
     # -- nodes ----------------------------------------------------------------------------------
@@ -972,6 +1002,18 @@ class ClusterState:
     def node_names(self) -> Iterable[str]:
         """Every node with an inventory."""
         return self._inventories.keys()
+
+    def measured_pods(self, node: str) -> Iterator[MeasuredPod]:
+        """The pods the agent measured on ``node`` (nothing without a trusted report), each with its
+        record (``None``: not known on the node), its use per device and its placements."""
+        inventory = self.ledger.inventory(node)
+        if inventory is None or not inventory.measured:
+            return
+        devices = {gpu.id: gpu for gpu in inventory.devices}
+        for uid, per_device in inventory.measured.items():
+            record = self.records.get(uid)
+            yield MeasuredPod(uid, record if record is not None and record.node == node else None, per_device,
+                              devices, inventory.placements.get(uid))
 
     # -- DRA ------------------------------------------------------------------------------------
 

@@ -35,8 +35,9 @@ from vramguard.demand.allowances import KINDS, AllowanceTable
 from vramguard.demand.derive import DemandOptions
 from vramguard.demand.model import Vram, VramError, parse_vram
 from vramguard.inventory import DEFAULT_GPU_RESOURCES, DEFAULT_MIG_PREFIXES, SHARING_STRATEGIES, Sharing
+from vramguard.learning import LearningRules
 from vramguard.ledger_rule import BudgetRule
-from vramguard.quantity import MAX_QUANTITY_TEXT, QuantityError, excerpt, parse_bytes
+from vramguard.quantity import MAX_QUANTITY_TEXT, MiB, QuantityError, excerpt, parse_bytes
 from vramguard.workloads import WorkloadKind
 
 DEFAULT_POLICY_RESOURCE = "default_policy.yaml"
@@ -198,6 +199,43 @@ class AllowanceSettings(AllowanceAmounts):
         )
 
 
+class LearningSettings(_Strict):
+    """Allowances learned from what pods really hold beyond their certain part (see
+    :mod:`vramguard.learning`): kept by the extender's leader from the node agents' measurements."""
+
+    enabled: bool = True
+    """Learn, and count what was learned where it is more than the static estimates."""
+    min_pods: int = Field(default=2, ge=1, le=64)
+    """Pods of a key measured before its learned value counts."""
+    step: Quantity = "1Gi"
+    """The most a learned value moves in one round (a minute): no jump, no flapping."""
+    max_age_hours: Decimal = Field(default=Decimal(168), gt=0, le=24 * 365)
+    """A pod not measured for this long no longer counts (and a key without pods is forgotten)."""
+    downward: bool = False
+    """Also count a learned value below the static estimates, once the evidence below is met."""
+    downward_min_pods: int = Field(default=20, ge=1, le=64)
+    downward_min_hours: Decimal = Field(default=Decimal(168), ge=0, le=24 * 365)
+    """How long the key must have been measured before a value below the static estimates counts."""
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, value: str) -> str:
+        try:
+            amount = parse_bytes(value)
+        except QuantityError as exc:
+            raise ValueError(str(exc)) from None
+        if amount < MiB:
+            raise ValueError("must be at least 1Mi")
+        return value
+
+    def rules(self) -> LearningRules:
+        """The settings as the rounds use them (bytes and seconds)."""
+        return LearningRules(
+            self.enabled, self.min_pods, parse_bytes(self.step), float(self.max_age_hours) * 3600,
+            self.downward, self.downward_min_pods, float(self.downward_min_hours) * 3600,
+        )
+
+
 class Routing(_Strict):
     """Where the mutating webhook sends GPU pods that name no scheduler (:mod:`vramguard.mutation`)."""
 
@@ -268,6 +306,8 @@ class Policy(_Strict):
     """Each device's budget: its memory less a margin (shared devices) or none (exclusive ones)."""
     allowances: AllowanceSettings = Field(default_factory=AllowanceSettings)
     """What processes hold beside their engine's share, per process per GPU."""
+    learning: LearningSettings = Field(default_factory=LearningSettings)
+    """Allowances learned from what the agents measure pods holding beyond their certain part."""
     workload_kinds: tuple[WorkloadKind, ...] = Field(default_factory=shipped_workload_kinds)
     """Custom resources that run pods, with their pod templates and replica fields (see
     :mod:`vramguard.workloads`). Omitted: the shipped policy's list, which the shipped webhook
@@ -447,6 +487,8 @@ def _allowed_keys(parent: tuple[int | str, ...]) -> list[str]:
         model = BudgetSettings
     elif parent == ("allowances",):
         model = AllowanceSettings
+    elif parent == ("learning",):
+        model = LearningSettings
     elif len(parent) == 3 and parent[0] == "allowances":
         model = AllowanceAmounts
     return list(model.model_fields)

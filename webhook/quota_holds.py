@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramguard.cluster import ClusterState, SharedHold
-from vramguard.io.kube import ApiError, KubeClient, object_path
+from vramguard.io.config_record import ConfigRecord
+from vramguard.io.kube import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
 
-CONFIGMAPS = "/api/v1/configmaps"
 DEFAULT_QUOTA_NAMESPACE = "vramguard-system"
 PREFIX = "vramguard-quota-"
 DATA_KEY = "holds"
@@ -53,46 +53,19 @@ class QuotaHolds:
         self.client = client
         self.namespace = namespace
         self.clock = clock
-
-    def _path(self, quota_namespace: str) -> str:
-        return object_path(CONFIGMAPS, self.namespace, PREFIX + quota_namespace)
+        self._records = ConfigRecord(client, namespace, DATA_KEY,
+                                     {"app.kubernetes.io/name": "vramguard", "app.kubernetes.io/component": "webhook"})
 
     async def read(self, quota_namespace: str) -> Record:
         """The namespace's record; an empty one when there is none. :class:`ApiError` when unreadable."""
-        try:
-            obj = await self.client.get(self._path(quota_namespace))
-        except ApiError as exc:
-            if exc.status == 404:
-                return Record((), None)
-            raise
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        return Record(_decode((obj.get("data") or {}).get(DATA_KEY)), version if isinstance(version, str) else None)
+        stored = await self._records.read(PREFIX + quota_namespace)
+        return Record(_decode(stored.text), stored.version)
 
     async def write(self, quota_namespace: str, record: Record, holds: Sequence[SharedHold]) -> bool:
         """Replace the record read as ``record`` with ``holds``; ``False`` when another replica wrote
         it first (a conflict: read again). :class:`ApiError` for any other failure."""
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": PREFIX + quota_namespace,
-                "namespace": self.namespace,
-                "labels": {"app.kubernetes.io/name": "vramguard", "app.kubernetes.io/component": "webhook"},
-                "annotations": {"vramguard.io/quota-namespace": quota_namespace},
-            },
-            "data": {DATA_KEY: _encode(holds[-MAX_HOLDS:])},
-        }
-        try:
-            if record.version is None:
-                await self.client.create(object_path(CONFIGMAPS, self.namespace, "").rstrip("/"), body)
-            else:
-                body["metadata"]["resourceVersion"] = record.version
-                await self.client.replace(self._path(quota_namespace), body)
-        except ApiError as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True
+        return await self._records.write(PREFIX + quota_namespace, record.version, _encode(holds[-MAX_HOLDS:]),
+                                         {"vramguard.io/quota-namespace": quota_namespace})
 
 
 def _encode(holds: Sequence[SharedHold]) -> str:

@@ -21,8 +21,11 @@ from vramguard.cli.judge import (
     snapshot_of,
 )
 from vramguard.demand import ContainerDemand, PodDemand
+from vramguard.demand.allowances import LEARNED
 from vramguard.dra.fields import memory_text
 from vramguard.dra.review import ClaimReview, DraContext, review_pod_claims
+from vramguard.inventory import human_product
+from vramguard.learning import LearnedAllowance, LearnKey, apply_learned
 from vramguard.ledger import ResourceOffer
 from vramguard.mutation import plan_limits
 from vramguard.placement import pod_refusals
@@ -87,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     reports = []
     for obj in filter(is_subject, objects):
         report = explain_object(
-            obj, gpu_memory, policy, judge.state.namespace_labels, inputs, judge.state.dra_context()
+            obj, gpu_memory, policy, judge.state.namespace_labels, inputs, judge.state.dra_context(),
+            judge.state.learned,
         )
         decision = judge.review(obj)
         report["admission"] = admission_json(decision) if decision.wants_gpu else None
@@ -113,6 +117,7 @@ def explain_object(
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
     inputs: Inputs = NO_INPUTS,
     dra: DraContext | None = None,
+    learned: Mapping[LearnKey, LearnedAllowance] | None = None,
 ) -> dict[str, Any]:
     """The JSON report of one object (see docs/explain-and-plan.md for the format).
 
@@ -123,7 +128,8 @@ def explain_object(
     template; ``skipped`` is true for an object of a kind vramguard does not read that asks for a GPU.
     With ``dra`` (the DRA objects of the input), ``claims`` lists each claim request a container uses,
     its memory next to what the containers reserve, and a claim short of memory is a refusal
-    (``claim-memory``, ``extended-resource-memory``).
+    (``claim-memory``, ``extended-resource-memory``). ``learned``: the allowances the extender learned
+    (read with ``--cluster``), listed per GPU product beside the static estimates.
     """
     policy = policy if policy is not None else default_policy()
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
@@ -154,7 +160,7 @@ def explain_object(
             report["skipped"] = True
         return report
     report["warnings"].extend(notes)
-    demands = parts_demand(parts, options)
+    demands = [apply_learned(demand, learned or {}) for demand in parts_demand(parts, options)]
     several = len(parts) > 1
     # The smallest margin any device keeps (a device one pod owns included), so that a refusal for
     # the VRAM budget holds on every node.
@@ -297,7 +303,8 @@ def _container_report(container: ContainerDemand, gpu_memory: int | None) -> dic
         share = None
     held = () if vram is None else vram.allowances  # a ceiling's: what it holds beyond it
     allowances: list[dict[str, Any]] = [
-        {"name": a.name, "bytes": a.bytes_for(""), "processes": a.count, "estimate": a.estimate, "source": a.source}
+        {"name": a.name, "bytes": a.bytes_for(""), "processes": a.count, "estimate": a.estimate, "source": a.source,
+         "bytes_by_product": {product: a.bytes_for(product) for product, _ in a.by_product}}
         for a in held
     ]
     total = share + sum(a.bytes_for("") for a in held) if share is not None else None
@@ -383,6 +390,10 @@ def _vram_text(container: Mapping[str, Any]) -> str:
     return f"{fraction:g}" + (f" + {format_bytes(extra)}" if extra else "")
 
 
+def _signed(count: int) -> str:
+    return f"-{format_bytes(-count)}" if count < 0 else f"+{format_bytes(count)}"
+
+
 def _breakdown(container: Mapping[str, Any]) -> list[str]:
     """What the container's VRAM per GPU is made of: the share, each allowance, the sum, with sources."""
     fraction, share = container["vram_fraction_per_gpu"], container["share_bytes_per_gpu"]
@@ -401,7 +412,10 @@ def _breakdown(container: Mapping[str, Any]) -> list[str]:
         times = f"{allowance['processes']} x " if allowance["processes"] != 1 else ""
         each = allowance["bytes"] // max(allowance["processes"], 1)
         kind = "estimate" if allowance.get("estimate", True) else "certain"
-        lines.append(f"+ {allowance['name']} {times}{format_bytes(each)} ({kind}): {allowance['source']}")
+        amount = format_bytes(each)
+        if allowance["name"] == LEARNED:  # its amount depends on the product: learned per product
+            amount = ", ".join(f"{_signed(b)} on {human_product(p)}" for p, b in allowance["bytes_by_product"].items())
+        lines.append(f"+ {allowance['name']} {times}{amount} ({kind}): {allowance['source']}")
     if container["allowances"]:
         total = container["vram_bytes_per_gpu"]
         extra = sum(a["bytes"] for a in container["allowances"])

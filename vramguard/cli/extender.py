@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -84,6 +85,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--metrics-per-gpu", action="store_true",
                         help="also export the ledger's series per GPU (labels node, gpu, product, sharing), not only "
                              "per node and product: four series a GPU, megabytes a scrape at thousands of nodes")
+    parser.add_argument("--namespace", metavar="NAMESPACE",
+                        help="the extender's own namespace, where the leader keeps the allowances learned from the "
+                             "agents' measurements (ConfigMap vramguard-learned-allowances; default: $POD_NAMESPACE, "
+                             "else --leader-elect-resource-namespace, else --agent-namespace)")
+    parser.add_argument("--learn-interval", type=float, default=60.0, metavar="SECONDS",
+                        help="seconds between learning rounds (default 60; the policy's learning section says what "
+                             "is learned)")
     add_max_watch_event_bytes(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run)
@@ -119,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_USAGE)
     if args.drain_delay < 0:
         return _fail("--drain-delay must not be negative", EXIT_USAGE)
+    if not 0.1 <= args.learn_interval <= 86400:
+        return _fail("--learn-interval must be between 0.1 and 86400 seconds", EXIT_USAGE)
     election = None
     if args.leader_elect:
         try:
@@ -146,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
     settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
                                 ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace,
                                 max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES, election=election,
-                                per_gpu_metrics=args.metrics_per_gpu)
+                                per_gpu_metrics=args.metrics_per_gpu, learn_interval=args.learn_interval,
+                                namespace=args.namespace or os.environ.get("POD_NAMESPACE")
+                                or args.leader_elect_resource_namespace or args.agent_namespace)
     log = logging.getLogger("vramguard.extender")
     log.info("serving on %s://%s:%d (%s), probes and metrics on http://%s:%d, policy %s",
              "https" if tls else "http", host, port,

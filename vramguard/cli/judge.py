@@ -87,6 +87,7 @@ def snapshot_of(objects: Sequence[Mapping[str, Any]], live: ClusterSnapshot | No
         pods=_merged(base.pods, [_with_uid(p) for p in _of_kind(objects, "Pod") if _node_name(p)]),
         policy_source=base.policy_source,
         leases=list(base.leases),
+        learned=base.learned,
     )
     snapshot.dra = {
         store: _merged(base.dra.get(store, []), _of_kind(objects, kind))

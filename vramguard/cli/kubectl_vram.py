@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramguard.demand import derive_pod_demand
 from vramguard.dra.views import dra_rows
+from vramguard.learning import LEARNED_CONFIGMAP, LEARNED_KEY
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 from vramguard.policy import Policy, PolicyError, default_policy, read_failure
 from vramguard.report import GpuRow, PodHolding, gpu_rows, gpu_table, pod_holding, pods_table
@@ -67,6 +68,8 @@ class ClusterSnapshot:
     policy_source: str = "built-in"
     leases: list[JSON] = field(default_factory=list)
     """The node agents' Leases: a node's report counts only while its Lease is fresh."""
+    learned: str | None = None
+    """The extender's learned allowances as stored (ConfigMap ``vramguard-learned-allowances``), if read."""
     dra: dict[str, list[JSON]] = field(default_factory=dict)
     """resource.k8s.io/v1 objects by collection (``resourceslices``, ``deviceclasses``,
     ``resourceclaims``, ``resourceclaimtemplates``); a collection not served is empty."""
@@ -147,15 +150,15 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
                 return []
             return listed
 
-        async def policy_configmap() -> str | None:
+        async def configmap_text(name: str, key: str) -> str | None:
             try:
-                configmap = await client.get(f"/api/v1/namespaces/{POLICY_NAMESPACE}/configmaps/{POLICY_CONFIGMAP}")
+                configmap = await client.get(f"/api/v1/namespaces/{POLICY_NAMESPACE}/configmaps/{name}")
             except ApiError:
                 return None
-            text = (configmap.get("data") or {}).get(POLICY_KEY)
+            text = (configmap.get("data") or {}).get(key)
             return text if isinstance(text, str) else None
 
-        lists, policy_text = await asyncio.gather(
+        lists, policy_text, learned = await asyncio.gather(
             asyncio.gather(
                 items("/api/v1/nodes", "Node", "v1"),
                 items("/api/v1/namespaces", "Namespace", "v1"),
@@ -164,11 +167,12 @@ async def _read_cluster(connection: Connection, workloads: bool) -> tuple[Cluste
                 *(dra_objects(path) for path in DRA_COLLECTIONS),
                 *(items(*workload) for workload in (WORKLOADS if workloads else ())),
             ),
-            policy_configmap(),
+            configmap_text(POLICY_CONFIGMAP, POLICY_KEY),
+            configmap_text(LEARNED_CONFIGMAP, LEARNED_KEY),
         )
     nodes, namespaces, pods, leases, *rest = lists
     dra, made = rest[: len(DRA_COLLECTIONS)], rest[len(DRA_COLLECTIONS) :]
-    snapshot = ClusterSnapshot(nodes=nodes, namespaces=namespaces, pods=pods, leases=leases)
+    snapshot = ClusterSnapshot(nodes=nodes, namespaces=namespaces, pods=pods, leases=leases, learned=learned)
     snapshot.dra = {path.rpartition("/")[2]: listed for path, listed in zip(DRA_COLLECTIONS, dra, strict=True)}
     snapshot.workloads = [obj for listed in made for obj in listed]
     return snapshot, policy_text
@@ -240,12 +244,26 @@ def build_state(snapshot: ClusterSnapshot, policy: Policy) -> ClusterState:
     from vramguard.cluster import ClusterState  # noqa: PLC0415
 
     state = ClusterState(policy)
+    if snapshot.learned is not None:
+        apply_stored_learning(state, snapshot.learned)
     state.leases.replace(snapshot.leases)
     state.nodes.replace(snapshot.nodes)
     state.namespaces.replace(snapshot.namespaces)
     state.pods.replace(snapshot.pods)
     feed_dra(state, snapshot.dra)
     return state
+
+
+def apply_stored_learning(state: ClusterState, text: str) -> None:
+    """Size the pods with the extender's learned allowances, as it does; a table that is not one the
+    extender writes is left out (the static estimates count)."""
+    from vramguard.learning import LearnedTable, LearnedTableError  # noqa: PLC0415
+
+    try:
+        table = LearnedTable.from_json(text)
+    except LearnedTableError:
+        return
+    state.set_learned(table.allowances(state.policy.learning.rules()))
 
 
 def feed_dra(state: ClusterState, objects: dict[str, list[JSON]]) -> None:

@@ -30,6 +30,9 @@ CUDA_CONTEXT = "CUDA context"
 CUDA_GRAPHS = "CUDA graphs"
 COMMUNICATION = "communication buffers"
 RESERVE = "engine reserve"
+LEARNED = "learned beyond the estimates"
+"""What pods of the same engine, version, product and layout were measured holding beyond the static
+estimates (:mod:`vramguard.learning`): an estimate too."""
 
 KINDS = {"cuda_context": CUDA_CONTEXT, "cuda_graphs": CUDA_GRAPHS, "communication": COMMUNICATION}
 """Policy keys and the allowances they size."""
