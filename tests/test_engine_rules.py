@@ -120,6 +120,11 @@ def test_vllm_budget_by_version_and_engine(tag: str, env: dict[str, str], ceilin
     # Before v0.20.0 the graphs are captured after the KV cache is allocated: outside the share, and
     # beyond a device-wide ceiling (the context is inside a ceiling: the budget counts it).
     assert names(vram) == ([CUDA_GRAPHS] if ceiling else [CUDA_CONTEXT, CUDA_GRAPHS])
+    # Each engine's graphs rule cites where that engine captures them.
+    [graphs] = [a for a in vram.allowances if a.name == CUDA_GRAPHS]
+    version = tuple(int(part) for part in tag.removeprefix("v").split("."))
+    old_engine = env.get("VLLM_USE_V1") == "0" or (version < (0, 8, 0) and env.get("VLLM_USE_V1") != "1")
+    assert ("worker/worker.py initialize_cache" in graphs.source) is old_engine, graphs.source
 
 
 def test_vllm_device_wide_budget_is_a_ceiling_with_its_graphs_beyond() -> None:

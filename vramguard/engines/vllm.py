@@ -295,7 +295,11 @@ def graphs_outside(env: ContainerEnv, known: str, version: Version | None, rules
     """Why the CUDA graphs are held outside the share, or ``None`` (inside it: a rule says so)."""
     # A value vramguard cannot see counts as 0, the one that puts the graphs outside the share.
     variable = "0" if env.is_opaque(GRAPHS_VARIABLE) else (env.literal(GRAPHS_VARIABLE) or "").strip()
-    after = f"{known}: CUDA graphs captured after the KV cache is sized, outside the share ({SOURCE})"
+    # The old engine sizes its cache in worker/worker.py (initialize_cache) and captures afterwards
+    # (_warm_up_model); V1 in v1/worker/gpu_worker.py after v1/executor/abstract.py sizes it.
+    where = "worker/worker.py initialize_cache, then _warm_up_model" if engine_generation(version, env) == "V0" \
+        else SOURCE
+    after = f"{known}: CUDA graphs captured after the KV cache is sized, outside the share ({where})"
     if version is None or version < GRAPHS_ESTIMATE_SINCE:
         return after
     if version < GRAPHS_INSIDE_SINCE:
