@@ -122,13 +122,15 @@ class Learner:
         text = self.table.to_json()
         if text == self._written:
             return
-        if not await self._record.write(CONFIGMAP, self._version, text):
+        written = await self._record.write(CONFIGMAP, self._version, text)
+        if written is None:
             # Written by another replica meanwhile (a leader before this one): this one's table wins.
             self._version = (await self._record.read(CONFIGMAP)).version
-            if not await self._record.write(CONFIGMAP, self._version, text):
+            written = await self._record.write(CONFIGMAP, self._version, text)
+            if written is None:
                 raise ApiError(409, "Conflict", f"ConfigMap {CONFIGMAP} keeps changing under the leader")
         self._written = text
-        self._version = (await self._record.read(CONFIGMAP)).version
+        self._version = written or (await self._record.read(CONFIGMAP)).version
 
     async def _report(self, change: Change) -> None:
         rising = (change.after or 0) > (change.before or 0)

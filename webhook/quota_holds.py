@@ -64,8 +64,9 @@ class QuotaHolds:
     async def write(self, quota_namespace: str, record: Record, holds: Sequence[SharedHold]) -> bool:
         """Replace the record read as ``record`` with ``holds``; ``False`` when another replica wrote
         it first (a conflict: read again). :class:`ApiError` for any other failure."""
-        return await self._records.write(PREFIX + quota_namespace, record.version, _encode(holds[-MAX_HOLDS:]),
-                                         {"vramguard.io/quota-namespace": quota_namespace})
+        written = await self._records.write(PREFIX + quota_namespace, record.version, _encode(holds[-MAX_HOLDS:]),
+                                            {"vramguard.io/quota-namespace": quota_namespace})
+        return written is not None
 
 
 def _encode(holds: Sequence[SharedHold]) -> str:

@@ -45,9 +45,12 @@ class ConfigRecord:
         text = (obj.get("data") or {}).get(self.key)
         return StoredText(text if isinstance(text, str) else None, version if isinstance(version, str) else None)
 
-    async def write(self, name: str, version: str | None, text: str, annotations: dict[str, str] | None = None) -> bool:
-        """Replace the record read at ``version`` (``None``: create it) with ``text``; ``False`` on a
-        conflict (written meanwhile: read again). :class:`ApiError` for any other failure."""
+    async def write(
+        self, name: str, version: str | None, text: str, annotations: dict[str, str] | None = None
+    ) -> str | None:
+        """Replace the record read at ``version`` (``None``: create it) with ``text``; the version it
+        was stored at (``""`` when the answer has none), ``None`` on a conflict (written meanwhile:
+        read again). :class:`ApiError` for any other failure."""
         metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": dict(self.labels)}
         if annotations:
             metadata["annotations"] = annotations
@@ -55,12 +58,13 @@ class ConfigRecord:
                                 "data": {self.key: text}}
         try:
             if version is None:
-                await self.client.create(object_path(CONFIGMAPS, self.namespace, "").rstrip("/"), body)
+                stored = await self.client.create(object_path(CONFIGMAPS, self.namespace, "").rstrip("/"), body)
             else:
                 metadata["resourceVersion"] = version
-                await self.client.replace(self.path(name), body)
+                stored = await self.client.replace(self.path(name), body)
         except ApiError as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
-        return True
+        written = (stored.get("metadata") or {}).get("resourceVersion") if isinstance(stored, dict) else None
+        return written if isinstance(written, str) else ""
