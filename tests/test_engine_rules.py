@@ -147,6 +147,44 @@ def test_vllm_graphs_grow_with_tensor_parallelism(tensor: int, graphs: int) -> N
     assert allowance.bytes >= 2464 * MiB or tensor < 4
 
 
+@pytest.mark.parametrize(
+    ("tag", "extra", "env", "graphs"),
+    [
+        # The default's largest capture is 512 at most in every version: the allowance as set.
+        ("v0.15.1", [], {}, GiB),
+        ("v0.15.1", ["--max-num-seqs", "1024"], {}, GiB),  # V1: min(max_num_seqs x 2, 512) (config/vllm.py)
+        ("v0.15.1", ["--max-cudagraph-capture-size", "128"], {}, GiB),  # smaller: not shrunk (an estimate)
+        # from v0.12: --max-cudagraph-capture-size and --cudagraph-capture-sizes (config/vllm.py v0.20.2)
+        ("v0.15.1", ["--max-cudagraph-capture-size", "1024"], {}, 2 * GiB),
+        ("v0.15.1", ["--max_cudagraph_capture_size=1024"], {}, 2 * GiB),
+        ("v0.15.1", ["--cudagraph-capture-sizes", "1", "2", "4", "2048", "--enforce-eager"], {}, 0),
+        ("v0.15.1", ["--cudagraph-capture-sizes", "1", "2", "4", "2048"], {}, 4 * GiB),
+        # v0.9.x-v0.11: --cuda-graph-sizes, one value the largest, several the list (config.py v0.9.2)
+        ("v0.10.0", ["--cuda-graph-sizes", "1536"], {}, 3 * GiB),
+        ("v0.10.0", ["--cuda-graph-sizes=8", "16", "1024", "--trust-remote-code"], {}, 2 * GiB),
+        # a compilation config, as JSON or dotted (utils/argparse_utils.py)
+        ("v0.10.0", ["--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 1024]}'], {}, 2 * GiB),
+        ("v0.10.0", ["-O", '{"max_capture_size": 2048}'], {}, 4 * GiB),
+        ("v0.20.0", ["-O.max_cudagraph_capture_size=1024"], {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"},
+         2 * GiB),
+        ("v0.20.0", ["--compilation-config.cudagraph_capture_sizes", "[8, 1024]"],
+         {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0"}, 2 * GiB),
+        # Junk is no size: the default's allowance.
+        ("v0.10.0", ["--compilation-config", "[" * 100_000], {}, GiB),
+        ("v0.10.0", ["-O", '{"cudagraph_capture_sizes": [true, "x", -5, 1e9]}'], {}, GiB),
+        # The old engine captures up to the smallest 8k at or above --max-num-seqs (config.py v0.6.6).
+        ("v0.6.6", ["--max-num-seqs", "1001"], {"VLLM_USE_V1": "0"}, GiB * 1008 // 512),
+        ("v0.8.5", ["--max-num-seqs", "1000"], {}, GiB),  # V1, the default engine from v0.8.0: 512
+    ],
+)
+def test_vllm_graphs_grow_with_the_largest_capture(
+    tag: str, extra: list[str], env: dict[str, str], graphs: int
+) -> None:
+    vram = reservation(f"vllm/vllm-openai:{tag}", [*VLLM_ARGS, *extra], env=env)
+    found = [a for a in vram.allowances if a.name == CUDA_GRAPHS]
+    assert abs((found[0].bytes if found else 0) - graphs) <= 1, found
+
+
 def test_vllm_share_and_allowances_add_up_on_a_device() -> None:
     vram = reservation("vllm/vllm-openai:v0.10.0", VLLM_ARGS)
     assert vram.on_device(80 * GiB) == int(Fraction(3, 10) * 80 * GiB) + 512 * MiB + GiB

@@ -25,7 +25,8 @@ CUDA graphs       captured after the KV cache is allocated, outside the share (a
                   them as 0 (``v1/worker/gpu/model_runner.py`` ``profile_cudagraph_memory``,
                   vllm-project/vllm#49224, measured from v0.29.0); measured before the KV cache is
                   sized from v0.34.0. They grow with tensor parallelism (vllm-project/vllm#7553:
-                  2.4 GiB per GPU at TP 4)
+                  2.4 GiB per GPU at TP 4) and with the largest batch captured
+                  (:mod:`vramguard.engines.vllm_graphs`)
 communication     NCCL and custom all-reduce buffers are allocated before the snapshot from
                   v0.11.0: outside the share when tensor x pipeline parallel > 1 (inside it before)
 default           0.9; 0.92 from v0.20.0 (``config/cache.py``); from v0.34.0 without
@@ -64,6 +65,7 @@ from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
 from vramguard.engines.base import Abbreviations, Findings, Options, parallel_layout, parse_positive_int
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
+from vramguard.engines.vllm_graphs import REFERENCE, largest_capture
 
 NAME = "vllm"
 VERSIONED_IMAGES = frozenset({
@@ -234,7 +236,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
             f"image tag {tag}, engine {engine}: the budget is per instance (total x utilization less what the "
             "process added after its CUDA context exists, worker/worker.py)"
         )
-    overheads = _overheads(options, env, tag, version, rules)
+    overheads = _overheads(args, options, env, tag, version, rules)
     if vram is not None and vram.ceiling and not device_wide_budget(version, engine):
         # The extensible KV cache's whole device (v0.34.0, or a version vramguard cannot tell) is sized
         # after the graphs are captured: nothing is held beyond it.
@@ -267,7 +269,8 @@ def device_wide_budget(version: Version | None, engine: str) -> bool:
 
 
 def _overheads(
-    options: Options, env: ContainerEnv, tag: str | None, version: Version | None, rules: list[str]
+    args: Sequence[str], options: Options, env: ContainerEnv, tag: str | None, version: Version | None,
+    rules: list[str],
 ) -> Overheads:
     """The version's rules for what vLLM holds outside its share (see the module's table)."""
     known = f"image tag {tag}" if version is not None else "image version unknown, the conservative rule"
@@ -281,6 +284,11 @@ def _overheads(
     if graphs is not None and tensor > 1:
         scale = 1 + GRAPHS_TENSOR_GROWTH * (min(tensor, 4) - 1)
         graphs += f"; tensor parallel {tensor}: {float(scale):.3g} x the allowance (vllm-project/vllm#7553)"
+    capture = largest_capture(args, options, engine_generation(version, env) == "V0") if graphs else None
+    if graphs is not None and capture is not None:
+        size, flag = capture
+        scale *= Fraction(size, REFERENCE)
+        graphs += f"; {flag}: graphs up to batch {size}, {size / REFERENCE:.3g} x those of the default's {REFERENCE}"
     size = tensor * pipeline
     communication: str | None = None
     if size > 1 and (version is None or version >= COMMUNICATION_OUTSIDE_SINCE):
