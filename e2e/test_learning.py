@@ -49,7 +49,8 @@ USED = SHARE + CONTEXT + GRAPHS
 LEARNED = -(-USED // USED_STEP_BYTES) * USED_STEP_BYTES - SHARE - CONTEXT
 """What the agent reports (rounded up to its step) beyond the share and the context: 15 GiB and change."""
 UUIDS = tuple(f"GPU-b200{i:04x}-0000-4000-8000-{i:012x}" for i in range(8))
-LABELS = {"engine": "vllm", "version": "0.25.1", "product": "NVIDIA B200", "gpus": "4"}
+LABELS = {"engine": "vllm", "version": "0.25.1", "product": "NVIDIA B200", "gpus": "4",
+          "layout": "tensor-parallel-size=4"}
 
 
 @pytest.fixture(scope="module")

@@ -172,7 +172,7 @@ class _TableCollector(Collector):
         self.learner = learner
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["engine", "version", "product", "gpus"]
+        labels = ["engine", "version", "product", "gpus", "layout"]
         value = GaugeMetricFamily("vramguard_learned_allowance_bytes",
                                   "Learned allowance: what pods of a key hold beyond their certain part (share and "
                                   "CUDA context), counted where more than the static estimates.", labels=labels)
@@ -185,7 +185,7 @@ class _TableCollector(Collector):
         learned = self.learner.state.learned
         flagged = self.learner.table.outliers()
         for key in sorted(set(learned) | set(flagged)):
-            names = [key.engine, key.version, key.product, str(key.gpus)]
+            names = [key.engine, key.version, key.product, str(key.gpus), key.layout]
             allowance = learned.get(key)
             if allowance is not None:
                 value.add_metric(names, allowance.bytes)

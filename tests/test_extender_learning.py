@@ -129,7 +129,7 @@ async def test_an_outlier_namespace_is_reported_once_and_exported() -> None:
         await leader.round()
     outliers = [e for e in api.events if e["reason"] == OUTLIER_REASON]
     assert len(outliers) == 1 and "greedy" in outliers[0]["message"]
-    labels = {"engine": "vllm", "version": "0.25.1", "product": KEY.product, "gpus": "1"}
+    labels = {"engine": "vllm", "version": "0.25.1", "product": KEY.product, "gpus": "1", "layout": ""}
     assert registry.get_sample_value("vramguard_learned_allowance_bytes", labels) == 2 * GiB
     assert registry.get_sample_value("vramguard_learned_allowance_pods", labels) == 6
     assert registry.get_sample_value("vramguard_learned_allowance_namespaces", labels) == 3

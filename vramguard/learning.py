@@ -93,12 +93,16 @@ class LearnKey:
     version: str
     product: str
     gpus: int
-    """GPUs of the container (its parallel layout on the pod)."""
+    """GPUs of the container."""
+    layout: str = ""
+    """The engine's parallel sizes (``tensor-parallel-size=2``; empty: none above 1)."""
 
     def describe(self) -> str:
-        """``vllm 0.9.2 on NVIDIA H100 80GB HBM3, 1 GPU per container``."""
+        """``vllm 0.9.2 on NVIDIA H100 80GB HBM3, 2 GPUs per container (tensor-parallel-size=2)``."""
         plural = "s" if self.gpus != 1 else ""
-        return f"{self.engine} {self.version} on {human_product(self.product)}, {self.gpus} GPU{plural} per container"
+        layout = f" ({self.layout})" if self.layout else ""
+        return (f"{self.engine} {self.version} on {human_product(self.product)}, {self.gpus} GPU{plural} per "
+                f"container{layout}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +340,7 @@ class LearnedTable:
         for key, h in sorted(self._keys.items()):
             rows.append({
                 "engine": key.engine, "version": key.version, "product": key.product, "gpus": key.gpus,
+                "layout": key.layout,
                 "static": h.static, "room": h.room, "published": h.published, "since": round(h.since, 3),
                 "seen": round(h.seen, 3),
                 "namespaces": {
@@ -391,8 +396,11 @@ def _read_row(row: Any) -> tuple[LearnKey, _KeyHistory]:
     gpus = row["gpus"]
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 1024:
         raise ValueError("gpus must be a count of GPUs")
+    layout = row.get("layout", "")
+    if not isinstance(layout, str) or len(layout) > 253:
+        raise ValueError("layout must be a short text")
     key = LearnKey(_text(row["engine"], "engine"), _text(row["version"], "version"), _text(row["product"], "product"),
-                   gpus)
+                   gpus, layout)
     published = row["published"]
     history = _KeyHistory(
         static=_count(row["static"], "static"), room=_count(row["room"], "room"),
@@ -442,7 +450,8 @@ def learn_key(container: ContainerDemand, product: str) -> LearnKey | None:
     if _learnable(container) is None or not product:
         return None
     assert container.engine is not None
-    return LearnKey(container.engine, container.engine_version or "unknown", product, container.gpus)
+    return LearnKey(container.engine, container.engine_version or "unknown", product, container.gpus,
+                    container.layout)
 
 
 def learning_samples(state: ClusterState, nodes: Iterable[str] | None = None) -> Iterator[LearnSample]:
@@ -486,7 +495,9 @@ def apply_learned(demand: PodDemand, learned: Mapping[LearnKey, LearnedAllowance
         by_product: list[tuple[str, int]] = []
         sources: list[str] = []
         for key, value in sorted(learned.items()):
-            if (key.engine, key.version, key.gpus) != (container.engine, version, container.gpus):
+            if (key.engine, key.version, key.gpus, key.layout) != (
+                container.engine, version, container.gpus, container.layout
+            ):
                 continue
             difference = value.bytes - _static(claim, key.product)
             if difference > 0 or (difference < 0 and value.downward):

@@ -277,6 +277,7 @@ def derive_container_demand(
         default_warning=claim.default_warning if claim is not None else None,
         env_only=claim.env_only if claim is not None else False,
         engine_version=claim.version if claim is not None else None,
+        layout=claim.parallel.layout if claim is not None and claim.parallel is not None else "",
         rules=claim.overheads.rules if claim is not None else (),
         evidence=tuple(dict.fromkeys(found.evidence)),
         warnings=tuple(dict.fromkeys(found.warnings)),

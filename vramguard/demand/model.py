@@ -190,6 +190,9 @@ class Parallel:
     nodes_flag: str | None = None
     ray: bool = False
     """The engine runs its workers through a Ray cluster, which may span several pods."""
+    layout: str = ""
+    """The sizes given, canonical whatever alias or spelling was used (``tensor-parallel-size=2``,
+    comma-separated): what, beside the GPU count, decides the graphs and buffers a rank holds."""
 
     def describe(self) -> str:
         """The arithmetic as written: ``--tensor-parallel-size 2 x --pipeline-parallel-size 1 = 2 GPUs``."""
@@ -271,6 +274,8 @@ class ContainerDemand:
     env_only: bool = False
     """The engine was recognised only from environment variables (see :attr:`EngineClaim.env_only`)."""
     engine_version: str | None = None
+    layout: str = ""
+    """The engine's parallel layout (:attr:`Parallel.layout`)."""
     rules: tuple[str, ...] = ()
     """The engine's memory rules that decided the claim, each with its source (for ``explain``)."""
     evidence: tuple[str, ...] = ()

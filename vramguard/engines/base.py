@@ -402,6 +402,7 @@ def parallel_layout(
     """
     total = 1
     written: list[str] = []
+    canonical: list[str] = []
     for names in sizes:
         flag = options.last(names)
         if flag is not None:
@@ -410,6 +411,8 @@ def parallel_layout(
                 return None
             total *= size
             written.append(flag.evidence())
+            if size > 1:
+                canonical.append(f"{names[0].lstrip('-')}={size}")
     node_count: int | None = None
     node_flag = options.last(nodes)
     if node_flag is not None and node_flag.value is not None and unresolved_reference(node_flag.value):
@@ -422,6 +425,9 @@ def parallel_layout(
             return None
     elif not written:
         return _ONE_GPU[ray]  # no flag at all, the common case: the same immutable value each time
+    if node_count is not None and node_count > 1:
+        canonical.append(f"{nodes[0].lstrip('-')}={node_count}")
     return Parallel(
-        total, tuple(written), node_count, node_flag.evidence() if node_flag is not None else None, ray
+        total, tuple(written), node_count, node_flag.evidence() if node_flag is not None else None, ray,
+        ",".join(canonical),
     )
