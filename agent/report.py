@@ -246,13 +246,21 @@ def build_view(
             continue
         amount = _foreign(device, holders.get(device.id, set()), complete, gpu_pods, owners)
         foreign[device.id] = amount
-        reported.append(ReportedGpu(id=device.id, memory_bytes=device.memory.total, foreign_bytes=amount or 0))
+        reported.append(ReportedGpu(id=device.id, memory_bytes=usable_bytes(device.memory), foreign_bytes=amount or 0))
 
     usage = _usage(by_id, placements, pods, owners)
     measured = _measured([by_id[r.id] for r in reported], gpu_pods, owners)
     used, overuse = _over_use(measured, placements, pods, by_id)
     report = AgentReport(version=AGENT_REPORT_VERSION, gpus=tuple(reported), placements=placements, used=used)
     return AgentView(report, tuple(devices), foreign, usage, tuple(notes), pod_devices is not None, overuse)
+
+
+def usable_bytes(memory: MemoryInfo) -> int:
+    """What processes can allocate on a device: NVML's total less what the driver reserves for itself
+    (NVML v2's ``reserved``), which is the total CUDA reports (``cudaMemGetInfo``, ``torch.cuda.mem_get_info``)
+    and the one every engine takes its fraction of. Where only the v1 query works, NVML's total."""
+    reserved = memory.reserved or 0
+    return memory.total - reserved if 0 <= reserved < memory.total else memory.total
 
 
 def _measured(
@@ -293,7 +301,7 @@ def _over_use(
             vrams = [info.declared.get(c) for c, ids in placed.items() for i in ids if i == device_id]
             if any(v is None for v in vrams):
                 continue  # unknown VRAM holds a whole device in the ledger
-            declared = sum(v.on_device(memory.total) for v in vrams if v is not None)
+            declared = sum(v.on_device(usable_bytes(memory)) for v in vrams if v is not None)
             if not over_use(declared, amount):
                 continue
             rows.append(OverUse(uid, info.namespace, info.name, device_id, declared, amount))
@@ -414,7 +422,7 @@ def _usage(
             vram = info.declared.get(container)
             for device_id in device_ids:
                 device = devices[device_id]
-                declared = vram.on_device(device.memory.total) if vram is not None and device.memory else None
+                declared = vram.on_device(usable_bytes(device.memory)) if vram is not None and device.memory else None
                 rows.setdefault((uid, container, device_id), [None, None])[0] = declared
     if owners is not None:
         for device in devices.values():

@@ -21,6 +21,9 @@ H100_TIME_SLICED = DATA / "nvml_h100_time_sliced.json"
 H200_MIG_LOST = DATA / "nvml_h200_mig_lost.json"
 
 H100_BYTES = 85520809984  # NVIDIA H100 80GB HBM3: 81559 MiB
+H100_USABLE = H100_BYTES - 580 * 2**20
+"""What the recording's H100s let processes allocate: NVML's total less the driver's 580 MiB (v2
+``reserved``), the total CUDA reports and engines take their fractions of."""
 H200_BYTES = 143771 * 2**20
 MiB = 2**20
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_support import H100_BYTES, H100_TIME_SLICED, H100_UUIDS, kubelet_server, list_response
+from tests.agent_support import H100_TIME_SLICED, H100_USABLE, H100_UUIDS, kubelet_server, list_response
 from vramguard.cli import main
 
 
@@ -19,7 +19,7 @@ def test_once_prints_the_snapshot_and_report_without_a_kubelet(
     assert code == 0
     reading = json.loads(capsys.readouterr().out)
     assert reading["snapshot"]["gpus"][0]["uuid"] == H100_UUIDS[0]
-    assert reading["report"]["gpus"][0] == {"id": "0", "memory_bytes": H100_BYTES, "foreign_bytes": 0}
+    assert reading["report"]["gpus"][0] == {"id": "0", "memory_bytes": H100_USABLE, "foreign_bytes": 0}
     assert reading["podresources"] is None and "no kubelet PodResources socket" in reading["errors"]["podresources"]
 
 

@@ -18,7 +18,7 @@ from agent.metrics import AgentMetrics
 from agent.nvml import NvmlUnavailable
 from agent.podresources import GrpcPodResources
 from agent.recorded import RecordedNvml
-from tests.agent_support import H100_BYTES, H100_TIME_SLICED, H100_UUIDS, kubelet_server, list_response, pod_object
+from tests.agent_support import H100_BYTES, H100_TIME_SLICED, H100_USABLE, H100_UUIDS, kubelet_server, list_response, pod_object
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.io.kube import Connection, KubeClient
 
@@ -140,7 +140,7 @@ async def test_cycle_reports_what_it_knows_as_sources_come_and_go(tmp_path: Path
 
     # NVML back, kubelet still absent: sizes known, placements unknown.
     view = await loop.cycle()
-    assert [g.memory_bytes for g in view.report.gpus] == [H100_BYTES, H100_BYTES]
+    assert [g.memory_bytes for g in view.report.gpus] == [H100_USABLE, H100_USABLE]
     assert view.report.placements == {}
 
     with kubelet_server(tmp_path / "kubelet.sock") as kubelet:
@@ -156,7 +156,7 @@ async def test_cycle_reports_what_it_knows_as_sources_come_and_go(tmp_path: Path
                   uuid=H100_UUIDS[1], product="NVIDIA H100 80GB HBM3") == H100_BYTES
     declared = sample(registry, "vramguard_agent_pod_vram_declared_bytes",
                       namespace="ml", pod="vllm", container="server", device="1")
-    assert declared == int(0.3 * H100_BYTES)
+    assert declared == int(0.3 * H100_USABLE)
     # GPU 0 is held by no container: everything in use there is foreign.
     assert sample(registry, "vramguard_agent_gpu_foreign_bytes", device="0") == 2 * 24470 * 2**20
     assert sample(registry, "vramguard_agent_report_writes_total") == 3

@@ -10,10 +10,12 @@ import pytest
 
 from agent.podresources import ContainerDevices, PodDevices
 from agent.processes import ProcessOwner
-from agent.report import AgentView, OverUse, PodInfo, build_view, devices_of
+from agent.nvml import MemoryInfo
+from agent.report import AgentView, OverUse, PodInfo, build_view, devices_of, usable_bytes
 from tests.agent_support import (
     H100_BYTES,
     H100_TIME_SLICED,
+    H100_USABLE,
     H100_UUIDS,
     H200_MIG_LOST,
     MiB,
@@ -79,8 +81,9 @@ def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
     assert data == {
         "version": 1,
         "gpus": [
-            {"id": "0", "memory_bytes": H100_BYTES, "foreign_bytes": 0},
-            {"id": "1", "memory_bytes": H100_BYTES, "foreign_bytes": 2048 * MiB},
+            # What CUDA reports, the fractions' base: NVML's total less the driver's reserve.
+            {"id": "0", "memory_bytes": H100_USABLE, "foreign_bytes": 0},
+            {"id": "1", "memory_bytes": H100_USABLE, "foreign_bytes": 2048 * MiB},
         ],
         "pods": {
             UIDS["vllm-a"]: {"server": ["0"]},
@@ -94,7 +97,7 @@ def test_report_names_devices_and_placements_as_the_inventory_does() -> None:
     parsed, problems = AgentReport.decode(view.report.encode())
     assert problems == [] and parsed == view.report
     assert view.overuse == (
-        OverUse(UIDS["trainer"], "ml", "trainer", "1", int(Fraction(3, 10) * H100_BYTES), 40962 * MiB),
+        OverUse(UIDS["trainer"], "ml", "trainer", "1", int(Fraction(3, 10) * H100_USABLE), 40962 * MiB),
     )
 
 
@@ -174,7 +177,7 @@ def test_without_nvml_the_report_is_empty_and_valid() -> None:
 
 def test_usage_rows_declared_and_used_per_container() -> None:
     rows = {(r.pod, r.device): (r.container, r.declared_bytes, r.used_bytes) for r in h100_view().usage}
-    declared = int(Fraction(3, 10) * H100_BYTES)
+    declared = int(Fraction(3, 10) * H100_USABLE)
     assert rows == {
         ("vllm-a", "0"): ("server", declared, 24470 * MiB),
         ("vllm-b", "0"): ("server", declared, 24470 * MiB),
@@ -220,11 +223,22 @@ def test_the_report_lets_the_ledger_place_more_than_the_conservative_rule() -> N
     informed = Ledger(margins)
     inventory = read_inventory(time_sliced_node(view.report.encode()))
     assert inventory.notes == ()
-    assert [(d.memory_bytes, d.foreign_bytes) for d in inventory.devices] == [(H100_BYTES, 0),
-                                                                             (H100_BYTES, 2048 * MiB)]
+    assert [(d.memory_bytes, d.foreign_bytes) for d in inventory.devices] == [(H100_USABLE, 0),
+                                                                             (H100_USABLE, 2048 * MiB)]
     informed.upsert_node(inventory)
     assert fill(informed, ["vllm-a", "vllm-b", "trainer", "new"]) == 4
     assert informed.check_invariants() == []
     # Not beyond the truth: GPU 0 holds 0.6 for sure, so a 5th and a 6th cannot both fit.
     assert fill(informed, ["fifth", "sixth"]) <= 1
     assert informed.check_invariants() == []
+
+
+def test_the_reported_memory_is_what_cuda_reports() -> None:
+    # cudaMemGetInfo's total is NVML's total less the driver's reserve (NVML v2 ``reserved``): 81,559 MiB
+    # and 454 MiB reserved on an H100 80GB HBM3 give CUDA's 85,045,477,376 bytes (thamada/nvidia-smi,
+    # ``nvidia-smi -q`` beside ``deviceQuery`` on one machine). vLLM takes its utilization of that total.
+    h100 = MemoryInfo(81559 * MiB, 0, 454 * MiB)
+    assert abs(usable_bytes(h100) - 85045477376) <= MiB
+    assert usable_bytes(MemoryInfo(81559 * MiB, 0, None)) == 81559 * MiB  # v1 only: NVML's total
+    assert usable_bytes(MemoryInfo(81559 * MiB, 0, 81559 * MiB)) == 81559 * MiB  # a reserve that is everything: junk
+    assert usable_bytes(MemoryInfo(81559 * MiB, 0, -1)) == 81559 * MiB
