@@ -18,7 +18,15 @@ from agent.metrics import AgentMetrics
 from agent.nvml import NvmlUnavailable
 from agent.podresources import GrpcPodResources
 from agent.recorded import RecordedNvml
-from tests.agent_support import H100_BYTES, H100_TIME_SLICED, H100_USABLE, H100_UUIDS, kubelet_server, list_response, pod_object
+from tests.agent_support import (
+    H100_BYTES,
+    H100_TIME_SLICED,
+    H100_USABLE,
+    H100_UUIDS,
+    kubelet_server,
+    list_response,
+    pod_object,
+)
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.io.kube import Connection, KubeClient
 

@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 
+from agent.nvml import MemoryInfo
 from agent.podresources import ContainerDevices, PodDevices
 from agent.processes import ProcessOwner
-from agent.nvml import MemoryInfo
 from agent.report import AgentView, OverUse, PodInfo, build_view, devices_of, usable_bytes
 from tests.agent_support import (
-    H100_BYTES,
     H100_TIME_SLICED,
     H100_USABLE,
     H100_UUIDS,
