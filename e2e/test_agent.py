@@ -46,6 +46,9 @@ from vramguard.lease import DEFAULT_AGENT_NAMESPACE, lease_body
 pytestmark = pytest.mark.timeout(240)
 
 H100_BYTES = 81559 * 2**20
+H100_USABLE = H100_BYTES - 580 * 2**20
+"""What the recording's H100s let processes allocate (NVML's total less the driver's reserve): the
+size the agent reports."""
 RECORDING = Path(__file__).resolve().parent.parent / "tests" / "data" / "agent" / "nvml_h100_time_sliced.json"
 
 
@@ -199,8 +202,8 @@ def test_the_agent_process_reports_and_the_extender_uses_it(
     uids = {name: uid_of(core_v1, namespace, name) for name in ("p0", "p1", "p2")}
     assert report == {
         "version": 1,
-        "gpus": [{"id": "0", "memory_bytes": H100_BYTES, "foreign_bytes": 0},
-                 {"id": "1", "memory_bytes": H100_BYTES, "foreign_bytes": 0}],
+        "gpus": [{"id": "0", "memory_bytes": H100_USABLE, "foreign_bytes": 0},
+                 {"id": "1", "memory_bytes": H100_USABLE, "foreign_bytes": 0}],
         "pods": {uids["p0"]: {"vllm": ["0"]}, uids["p1"]: {"vllm": ["0"]}, uids["p2"]: {"vllm": ["1"]}},
     }
     assert wait_for_extender(core_v1, namespace, "p3", unique) == node
