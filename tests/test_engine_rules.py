@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from vramguard import admission, cluster
-from vramguard.demand.allowances import COMMUNICATION, CUDA_CONTEXT, CUDA_GRAPHS, RESERVE
+from vramguard.demand.allowances import COMMUNICATION, CUDA_CONTEXT, CUDA_GRAPHS, RESERVE, SCRATCH
 from vramguard.demand.derive import derive_pod_demand
 from vramguard.demand.model import Vram
 from vramguard.policy import Policy, default_policy
@@ -183,6 +183,47 @@ def test_vllm_graphs_grow_with_the_largest_capture(
     vram = reservation(f"vllm/vllm-openai:{tag}", [*VLLM_ARGS, *extra], env=env)
     found = [a for a in vram.allowances if a.name == CUDA_GRAPHS]
     assert abs((found[0].bytes if found else 0) - graphs) <= 1, found
+
+
+@pytest.mark.parametrize(
+    ("args", "tensor", "scratch"),
+    [
+        # The profiling run skips linear-attention and Mamba layers' prefill (gdn_linear_attn.py,
+        # mamba_mixer2.py "profile run", v0.20.2): tokens per step x heads per rank x 1.5 KiB, 64 heads.
+        (["Qwen/Qwen3-Next-80B-A3B-Instruct"], 1, 8192 * 64 * 1536),
+        (["--model", "Qwen/Qwen3.5-35B-A3B", "--max-num-batched-tokens", "2048"], 1, 2048 * 64 * 1536),
+        (["--model", "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "--max-num-batched-tokens", "2048"], 2, 2048 * 32 * 1536),
+        (["--model", "ibm-granite/granite-4.0-h-small"], 4, 8192 * 16 * 1536),
+        (["--model", "/models/local", "--mamba-ssm-cache-dtype", "float32"], 1, 8192 * 64 * 1536),
+        (["--model", "moonshotai/Kimi-Linear-48B-A3B-Instruct"], 1, 8192 * 64 * 1536),
+        # Not hybrid: no scratch beyond the share.
+        (["--model", "meta-llama/Llama-3.1-8B-Instruct"], 1, 0),
+        (["--model", "ibm-granite/granite-4.0-micro"], 1, 0),
+        (["--model", "/models/local"], 1, 0),
+    ],
+)
+def test_vllm_hybrid_models_hold_prefill_scratch_beyond_the_share(args: list[str], tensor: int, scratch: int) -> None:
+    vram = reservation("vllm/vllm-openai:v0.27.1", [*args, "--gpu-memory-utilization", "0.9", "-tp", str(tensor)],
+                       gpus=tensor)
+    found = [a for a in vram.allowances if a.name == SCRATCH]
+    assert (found[0].bytes if found else 0) == scratch
+    assert all(a.estimate for a in found)
+
+
+def test_vllm_hybrid_scratch_covers_the_published_reservation() -> None:
+    # vllm-project/vllm#55149: Qwen3.8-27B (48 value heads) at TP 2 with 16,384 batched tokens needs an
+    # "Additional reservation: 0.57 GiB" per rank for the chunked scan, which the profiling run missed.
+    vram = reservation("vllm/vllm-openai:v0.29.0", ["--model", "Qwen/Qwen3.8-27B-FP8", "-tp", "2",
+                                                    "--gpu-memory-utilization", "0.90",
+                                                    "--max-num-batched-tokens", "16384"], gpus=2)
+    [scratch] = [a for a in vram.allowances if a.name == SCRATCH]
+    assert scratch.bytes >= 0.57 * GiB
+
+
+def test_vllm_hybrid_scratch_is_held_beyond_a_device_wide_budget() -> None:
+    vram = reservation("vllm/vllm-openai:v0.8.5", ["--model", "ai21labs/AI21-Jamba-Mini-1.6",
+                                                   "--gpu-memory-utilization", "0.5"])
+    assert vram.ceiling and names(vram) == [CUDA_GRAPHS, SCRATCH]
 
 
 def test_vllm_share_and_allowances_add_up_on_a_device() -> None:

@@ -11,10 +11,12 @@ amounts (``allowances`` in the policy file), which may differ per engine and per
 - **communication buffers** (NCCL, custom all-reduce) of a process that talks to peers (tensor or
   pipeline parallel size above 1), allocated beside the share;
 - the **reserve** an engine keeps for itself by its own estimate (SGLang's activations and graphs),
-  computed by the engine module from the flags.
+  computed by the engine module from the flags;
+- **prefill scratch** an engine's memory profiling misses (vLLM's hybrid models), computed likewise.
 
 The ledger sums claims and allowances; a ceiling share (TGI, vLLM's device-wide budgets) has them
-inside it, but for CUDA graphs an engine captures after sizing its ceiling.
+inside it, but for CUDA graphs an engine captures after sizing its ceiling and scratch it allocates
+after.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ CUDA_CONTEXT = "CUDA context"
 CUDA_GRAPHS = "CUDA graphs"
 COMMUNICATION = "communication buffers"
 RESERVE = "engine reserve"
+SCRATCH = "prefill scratch"
+"""Activations an engine's memory profiling misses (vLLM's hybrid models): an estimate."""
+BEYOND_A_CEILING = frozenset({CUDA_GRAPHS, SCRATCH})
+"""What an engine holds beyond a ceiling share: allocated after the ceiling is sized."""
 LEARNED = "learned beyond the estimates"
 """What pods of the same engine, version, product and layout were measured holding beyond the static
 estimates (:mod:`vramguard.learning`): an estimate too."""
@@ -100,6 +106,8 @@ class AllowanceTable:
             items.append(self._item("communication", engine, overheads.communication, overheads.processes))
         if overheads.reserve_bytes:
             items.append(Allowance(RESERVE, overheads.reserve_bytes, overheads.reserve_source))
+        if overheads.scratch_bytes:
+            items.append(Allowance(SCRATCH, overheads.scratch_bytes, overheads.scratch_source, overheads.processes))
         return tuple(item for item in items if item.bytes or item.by_product)
 
     def _item(self, key: str, engine: str, source: str, count: int, scale: Fraction = Fraction(1)) -> Allowance:
@@ -119,5 +127,5 @@ def with_allowances(vram: Vram | None, engine: str, overheads: Overheads, table:
         return vram
     allowances = table.allowances(engine, overheads)
     if vram.ceiling:
-        allowances = tuple(a for a in allowances if a.name == CUDA_GRAPHS)
+        allowances = tuple(a for a in allowances if a.name in BEYOND_A_CEILING)
     return replace(vram, allowances=allowances) if allowances else vram

@@ -218,6 +218,10 @@ class Overheads:
     reserve_bytes: int = 0
     """Bytes the engine keeps for itself outside its share by its own estimate (SGLang)."""
     reserve_source: str = ""
+    scratch_bytes: int = 0
+    """Activations the engine's memory profiling misses, held beyond the share and a ceiling alike
+    (vLLM's hybrid models: :mod:`vramguard.engines.vllm_hybrid`)."""
+    scratch_source: str = ""
     rules: tuple[str, ...] = ()
     """The engine's memory rules that applied, each with its source (for ``explain``)."""
 

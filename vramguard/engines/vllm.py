@@ -33,6 +33,8 @@ default           0.9; 0.92 from v0.20.0 (``config/cache.py``); from v0.34.0 wit
                   ``--gpu-memory-utilization`` the extensible KV cache sizes itself from the memory
                   free after graph capture (``resolved_gpu_memory_utilization`` = 1.0): the whole
                   device
+hybrid models     linear-attention and state-space layers' prefill scratch, which the profiling
+                  run misses, outside the share (:mod:`vramguard.engines.vllm_hybrid`)
 ================  =============================================================================
 
 ``--enforce-eager`` captures no graphs. Only the tags of vLLM's own images name vLLM's version
@@ -66,6 +68,7 @@ from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
 from vramguard.engines.base import Abbreviations, Findings, Options, parallel_layout, parse_positive_int
 from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
 from vramguard.engines.vllm_graphs import REFERENCE, largest_capture
+from vramguard.engines.vllm_hybrid import hybrid_family, scratch_bytes
 
 NAME = "vllm"
 VERSIONED_IMAGES = frozenset({
@@ -240,7 +243,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     if vram is not None and vram.ceiling and not device_wide_budget(version, engine):
         # The extensible KV cache's whole device (v0.34.0, or a version vramguard cannot tell) is sized
         # after the graphs are captured: nothing is held beyond it.
-        overheads = replace(overheads, graphs=None)
+        overheads = replace(overheads, graphs=None, scratch_bytes=0, scratch_source="")
     return EngineClaim(
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
         default_warning=found.default_warning, overheads=overheads,
@@ -296,7 +299,17 @@ def _overheads(
             f"{known}: tensor x pipeline parallel {size}, NCCL and all-reduce buffers are allocated before the "
             f"memory snapshot, outside the share (v0.11.0 and later, {SOURCE})"
         )
-    return Overheads(graphs=graphs, graphs_scale=scale, communication=communication, rules=tuple(rules))
+    scratch, scratch_source = 0, ""
+    family = hybrid_family(args, options)
+    if family is not None:
+        scratch, sized = scratch_bytes(options, tensor)
+        scratch_source = (
+            f"{family}: vLLM's profiling run skips these layers' prefill, whose chunked-scan temporaries come "
+            f"on top of the share (model_executor/layers/mamba/gdn_linear_attn.py, vllm-project/vllm#52872, "
+            f"#54775): {sized}"
+        )
+    return Overheads(graphs=graphs, graphs_scale=scale, communication=communication, rules=tuple(rules),
+                     scratch_bytes=scratch, scratch_source=scratch_source)
 
 
 def graphs_outside(env: ContainerEnv, known: str, version: Version | None, rules: list[str]) -> str | None:
