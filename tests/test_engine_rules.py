@@ -339,3 +339,19 @@ def test_published_sglang_recipes_fit_the_gpus_they_run_on(flags: list[str]) -> 
     assert reserve.bytes <= 40 * GiB
     for device in (81559 * MiB, 189471 * MiB):  # H100 80GB, GB200 (NVML)
         assert vram.on_device(device) <= device  # placed on a GPU it owns (estimates capped)
+
+
+def test_sglang_max_total_tokens_keeps_the_fraction_as_its_bound() -> None:
+    # model_runner.py v0.5.5: the pool is min(profiled, --max-total-tokens) tokens, so never above the
+    # fraction; tokens are not bytes without the model's KV size, so the fraction is counted, and said.
+    capped = reservation("lmsysorg/sglang:v0.5.5", ["--model-path", "m", "--mem-fraction-static", "0.5",
+                                                    "--max-total-tokens", "65536"],
+                         command=["python3", "-m", "sglang.launch_server"])
+    plain = reservation("lmsysorg/sglang:v0.5.5", ["--model-path", "m", "--mem-fraction-static", "0.5"],
+                        command=["python3", "-m", "sglang.launch_server"])
+    assert capped == plain
+    demand = derive_pod_demand({"metadata": {"name": "p"}, "spec": {"containers": [{
+        "name": "s", "image": "lmsysorg/sglang:v0.5.5", "command": ["python3", "-m", "sglang.launch_server"],
+        "args": ["--mem-fraction-static", "0.5", "--max-total-tokens", "65536"],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}, default_policy().demand_options())
+    assert any("--max-total-tokens 65536" in rule for rule in demand.containers[0].rules)

@@ -54,6 +54,11 @@ CHUNKED_PREFILL = ("--chunked-prefill-size",)
 DISAGGREGATION = ("--disaggregation-mode",)
 """``prefill``, ``decode`` or ``null``: a decode server runs no chunked prefill (``disaggregation/decode.py``)."""
 RUNNING = ("--max-running-requests",)
+MAX_TOTAL_TOKENS = ("--max-total-tokens",)
+"""Caps the KV pool at that many tokens (``model_runner.py`` v0.5.5: ``self.max_total_num_tokens =
+min(self.max_total_num_tokens, max_total_tokens)``, never above the profiled count): a pool below the
+fraction, by tokens x the model's KV bytes per token, which the manifest does not give. The fraction
+stays the bound counted."""
 DP_CHUNK_SPLIT_SINCE: tuple[int, int, int] = (0, 4, 5)
 GRAPH_BATCH = ("--cuda-graph-max-bs",)
 GRAPH_BATCH_GONE: tuple[int, int, int] = (0, 5, 20)
@@ -143,10 +148,17 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         if fraction is not None and not found.overridden(fraction_flag, options, "SGLang"):
             vram = Vram(fraction=fraction)
             tp_pp = _size(options, TENSOR) * _size(options, PIPELINE)
+            rules = [STATIC_RULE]
+            cap = options.last(MAX_TOTAL_TOKENS)
+            if cap is not None and cap.value is not None:
+                rules.append(
+                    f"{cap.evidence()}: the KV pool may stay below the fraction (by the model's KV bytes per "
+                    "token, which the manifest does not give); the fraction is counted as its bound"
+                )
             overheads = Overheads(
                 communication=_peers(tp_pp), reserve_bytes=reserve_bytes(options, tp_pp, version),
                 reserve_source=f"SGLang's own estimate of its activations and CUDA graphs ({SOURCE})",
-                rules=(STATIC_RULE,),
+                rules=tuple(rules),
             )
     return EngineClaim(
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
