@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 from dataclasses import dataclass, field
 
 from extender.app import build_app
@@ -29,7 +30,7 @@ from vramguard.io.kube import (
     KubeClient,
     collection_path,
 )
-from vramguard.io.leader import LeaderElector
+from vramguard.io.leader import LeaderElector, LeaseFollower
 from vramguard.io.runtime import ServiceRuntime, Watch, reload_every
 from vramguard.io.server import Address, ServerSettings, run_https
 from vramguard.io.tls import ReloadingTLSContext
@@ -76,7 +77,10 @@ class ExtenderSettings:
     agent_namespace: str = DEFAULT_AGENT_NAMESPACE
     max_event_bytes: int = MAX_EVENT_BYTES
     election: LeaderElection | None = None
-    """``None``: this replica always serves (a sidecar whose scheduler elects its own leader)."""
+    """``None``: this replica always answers the verbs (a sidecar whose scheduler elects its own leader)."""
+    scheduler_lease: tuple[str, str] | None = None
+    """(namespace, name) of the leader Lease of the kube-scheduler this extender is a sidecar of: its
+    background work (preemption, learning, Events) runs only while that scheduler leads."""
     per_gpu_metrics: bool = False
     learn_interval: float = DEFAULT_INTERVAL_SECONDS
     """Seconds between learning rounds (:mod:`extender.learning`)."""
@@ -121,15 +125,21 @@ async def run(settings: ExtenderSettings) -> None:
                       registry=runtime.registry)
         if election is not None else None
     )
+    follower = (
+        LeaseFollower(client, *settings.scheduler_lease, socket.gethostname(), registry=runtime.registry)
+        if settings.scheduler_lease is not None and elector is None else None
+    )
+    # Background work one replica only may do: the elected one, or the leading scheduler's sidecar.
+    background = elector.serving if elector is not None else follower.serving if follower is not None else (
+        lambda: True
+    )
     # Preemption for VRAM where kube-scheduler's own never starts; the serving replica only.
-    evictor = Evictor(state, client, runtime.registry,
-                      serving=elector.serving if elector is not None else lambda: True)
+    evictor = Evictor(state, client, runtime.registry, serving=background)
     app = build_app(verbs, synced, runtime.readiness, runtime.registry,
                     leader=elector.serving if elector is not None else None,
                     per_gpu_metrics=settings.per_gpu_metrics, evictor=evictor)
 
-    learner = Learner(state, client, settings.namespace, runtime.registry,
-                      serving=elector.serving if elector is not None else lambda: True,
+    learner = Learner(state, client, settings.namespace, runtime.registry, serving=background,
                       interval=settings.learn_interval)
 
     async def wait_synced() -> None:
@@ -174,12 +184,12 @@ async def run(settings: ExtenderSettings) -> None:
     runtime.tasks["lease-expiry"] = expire_leases()
     runtime.tasks["confirm-in-flight"] = confirm_in_flight()
     runtime.tasks["vram-preemption"] = evictor.run()
-    runtime.tasks["growth-reports"] = GrowthReporter(
-        state, client, runtime.registry, serving=elector.serving if elector is not None else lambda: True
-    ).run()
+    runtime.tasks["growth-reports"] = GrowthReporter(state, client, runtime.registry, serving=background).run()
     runtime.tasks["learning"] = learner.run()
     if elector is not None:
         runtime.tasks["leader-election"] = elector.run()
+    if follower is not None:
+        runtime.tasks["scheduler-lease"] = follower.run()
     if policy_file is not None:
         runtime.tasks["policy-reload"] = reload_every(POLICY_RELOAD_SECONDS, reload_policy)
     try:

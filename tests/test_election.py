@@ -21,7 +21,7 @@ from vramguard.election import (
     still_leading,
 )
 from vramguard.io.kube import Connection, KubeClient
-from vramguard.io.leader import LeaderElector
+from vramguard.io.leader import LeaderElector, LeaseFollower
 
 T = ElectionTimings()  # 15 / 10 / 2
 ME = "me"
@@ -260,3 +260,58 @@ async def test_the_loop_acquires_and_counts_the_transition(api: tuple[LeaseApi, 
         assert registry.get_sample_value("vramguard_extender_lease_transitions_total", {"direction": "acquired"}) == 1
     finally:
         task.cancel()
+
+
+def follower(client: KubeClient, hostname: str, clock: Clock) -> LeaseFollower:
+    return LeaseFollower(client, "ns", "vg", hostname, registry=CollectorRegistry(), clock=clock)
+
+
+async def test_a_sidecar_follows_its_own_schedulers_lease(api: tuple[LeaseApi, KubeClient]) -> None:
+    # Two scheduler pods (hostnames pod-a, pod-b) elect with kube-scheduler's identities <hostname>_<uuid>;
+    # each sidecar serves only while its own pod's scheduler holds the Lease, seen renewed.
+    _, client = api
+    clock = Clock()
+    scheduler_a, scheduler_b = elector(client, "pod-a_6f1c", clock), elector(client, "pod-b_93de", clock)
+    sidecar_a, sidecar_b = follower(client, "pod-a", clock), follower(client, "pod-b", clock)
+    await sidecar_a.observe()
+    assert not sidecar_a.serving()  # no Lease yet
+    assert await scheduler_a.try_acquire_or_renew()
+    assert not await scheduler_b.try_acquire_or_renew()
+    for sidecar in (sidecar_a, sidecar_b):
+        await sidecar.observe()
+    assert sidecar_a.serving() and not sidecar_b.serving()
+    # Renewals keep it serving; a Lease that stops changing stops it at the Lease's duration.
+    for _ in range(5):
+        clock.now += 2.0
+        assert await scheduler_a.try_acquire_or_renew()
+        await sidecar_a.observe()
+        assert sidecar_a.serving()
+    clock.now += 14.0  # scheduler A killed: no renewal since
+    await sidecar_a.observe()
+    assert sidecar_a.serving()
+    clock.now += 1.0
+    await sidecar_a.observe()
+    assert not sidecar_a.serving()  # before scheduler B may take over (it waits the same 15 s)
+    assert not await scheduler_b.try_acquire_or_renew()  # first sight of the stale record
+    clock.now += 15.0
+    assert await scheduler_b.try_acquire_or_renew()
+    await sidecar_b.observe()
+    await sidecar_a.observe()
+    assert sidecar_b.serving() and not sidecar_a.serving()
+
+
+async def test_a_sidecar_does_not_follow_a_lease_that_is_not_its_pods(api: tuple[LeaseApi, KubeClient]) -> None:
+    fake, client = api
+    clock = Clock()
+    # A holder that only starts with the hostname's letters (pod-ab_...), an empty uuid, junk: not this pod.
+    for holder in ("pod-ab_1", "pod-a_", "pod-a", "", "x_pod-a_1"):
+        fake.lease = {"metadata": {"name": "vg", "resourceVersion": holder or "0"},
+                      "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}}
+        sidecar = follower(client, "pod-a", clock)
+        await sidecar.observe()
+        assert not sidecar.serving(), holder
+    fake.lease = {"metadata": {"name": "vg", "resourceVersion": "9"},
+                  "spec": {"holderIdentity": "pod-a_1", "leaseDurationSeconds": "15"}}  # no duration: no trust
+    sidecar = follower(client, "pod-a", clock)
+    await sidecar.observe()
+    assert not sidecar.serving()

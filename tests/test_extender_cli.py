@@ -53,6 +53,12 @@ def test_transport_problem(
                      id="renew-deadline-not-below-lease-duration"),
         pytest.param(["--leader-elect-retry-period", "0"], "0 < retry period", id="zero-retry-period"),
         pytest.param(["--leader-elect-lease-duration", "15.5"], "whole seconds", id="fractional-lease-duration"),
+        pytest.param(["--scheduler-lease", "vramguard-scheduler", "--leader-elect=false"], "NAMESPACE/NAME",
+                     id="scheduler-lease-without-namespace"),
+        pytest.param(["--scheduler-lease", "ns/a/b", "--leader-elect=false"], "NAMESPACE/NAME",
+                     id="scheduler-lease-with-two-slashes"),
+        pytest.param(["--scheduler-lease", "ns/vramguard-scheduler"], "--leader-elect=false",
+                     id="scheduler-lease-beside-an-election"),
     ],
 )
 def test_refuses_to_start(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -332,8 +332,11 @@ def test_second_scheduler_calls_its_sidecar_over_tls() -> None:
     assert "--listen=127.0.0.1:8443" in args
     assert "--client-ca=/etc/vramguard/tls/ca.crt" in args
     assert "--ops-listen=0.0.0.0:8080" in args
-    # kube-scheduler's own leader election picks the one sidecar that is called.
+    # kube-scheduler's own leader election picks the one sidecar that is called, and the one whose
+    # background work runs: it follows the scheduler's Lease, as the scheduler configuration names it.
     assert "--leader-elect=false" in args
+    election = config["leaderElection"]
+    assert f"--scheduler-lease={election['resourceNamespace']}/{election['resourceName']}" in args
     assert extender["tlsConfig"]["certFile"] == "/etc/vramguard/scheduler-client/tls.crt"
 
 

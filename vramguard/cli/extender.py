@@ -68,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="elect one serving replica through a Lease (default true); only the leader answers "
                              "filter and bind and reports ready. false only for a sidecar whose kube-scheduler elects "
                              "its own leader, or a single replica")
+    parser.add_argument("--scheduler-lease", metavar="NAMESPACE/NAME",
+                        help="with --leader-elect=false, a sidecar's kube-scheduler leader Lease: the background work "
+                             "only one replica may do (preemption, learning, Events) runs only while this pod's "
+                             "scheduler holds it")
     parser.add_argument("--leader-elect-resource-namespace", metavar="NAMESPACE",
                         help="namespace of the leader Lease (default: --agent-namespace)")
     parser.add_argument("--leader-elect-resource-name", default="vramguard-extender", metavar="NAME",
@@ -141,6 +145,15 @@ def run(args: argparse.Namespace) -> int:
         election = LeaderElection(args.leader_elect_resource_namespace or args.agent_namespace,
                                   args.leader_elect_resource_name,
                                   args.leader_elect_identity or default_identity(socket.gethostname()), timings)
+    scheduler_lease = None
+    if args.scheduler_lease is not None:
+        namespace, _, name = args.scheduler_lease.partition("/")
+        if not namespace or not name or "/" in name:
+            return _fail("--scheduler-lease must be NAMESPACE/NAME", EXIT_USAGE)
+        if args.leader_elect:
+            return _fail("--scheduler-lease is for a sidecar that elects no leader: add --leader-elect=false",
+                         EXIT_USAGE)
+        scheduler_lease = (namespace, name)
     problem = transport_problem(args.tls_cert, args.tls_key, args.client_ca, args.insecure_skip_client_auth,
                                 args.insecure_http, host)
     if problem:
@@ -156,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ExtenderSettings(host, port, tls, (ops_host, ops_port), connection, policy_file,
                                 ServerSettings(drain_delay=args.drain_delay), agent_namespace=args.agent_namespace,
                                 max_event_bytes=args.max_watch_event_bytes or MAX_EVENT_BYTES, election=election,
+                                scheduler_lease=scheduler_lease,
                                 per_gpu_metrics=args.metrics_per_gpu, learn_interval=args.learn_interval,
                                 namespace=args.namespace or os.environ.get("POD_NAMESPACE")
                                 or args.leader_elect_resource_namespace or args.agent_namespace)

@@ -20,7 +20,7 @@ from vramguard.election import Action, ElectionTimings, LeaderRecord, decide, pa
 from vramguard.io.kube import JSON, LEASES, ApiError, KubeClient, object_path
 from vramguard.lease import format_micro_time
 
-__all__ = ["LEASES", "LeaderElector", "default_identity"]
+__all__ = ["LEASES", "LeaderElector", "LeaseFollower", "default_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -182,3 +182,94 @@ class LeaderElector:
                 logger.warning("leader lease %s/%s lost by %s: not serving verbs", self.namespace, self.name,
                                self.identity)
             self._was_leading = leading
+
+
+class LeaseFollower:
+    """Whether this pod's kube-scheduler leads, read from its leader Lease: for an extender sidecar
+    (``--leader-elect=false``), which must not elect a leader of its own (it could pick another
+    replica's sidecar than the leading scheduler's), yet has work only one replica may do in the
+    background (preemption, learning, Events).
+
+    kube-scheduler's identity in its Lease is ``<hostname>_<uuid>`` (``cmd/kube-scheduler/app/options/
+    options.go`` v1.36.3: ``id := hostname + "_" + string(uuid.NewUUID())``), and the containers of a
+    pod share its hostname, so this pod leads while the holder starts with ``<hostname>_``.
+    :meth:`serving` is true only while the Lease, so held, has been seen renewed within its duration
+    on this process's own clock: a scheduler that stopped renewing (crashed, cut off) is not followed
+    past the time a successor may take over, so two sidecars never both serve beyond one read's delay.
+    The Lease is read every ``period`` seconds (a GET; the scheduler's ServiceAccount may read its own
+    Lease).
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        hostname: str,
+        *,
+        period: float = 2.0,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = name
+        self.prefix = f"{hostname}_"
+        self.period = period
+        self._clock = clock
+        self._path = object_path(LEASES, namespace, name)
+        self._version: str | None = None
+        self._renewed_at: float | None = None
+        self._duration = 0.0
+        self._was_serving = False
+        self._missing = False
+        leader = Gauge("vramguard_extender_leader",
+                       "1 while this extender's scheduler holds its leader Lease (its background work runs).",
+                       registry=registry)
+        leader.set_function(lambda: 1.0 if self.serving() else 0.0)
+
+    def serving(self) -> bool:
+        """This pod's scheduler holds the Lease, seen renewed within the Lease's duration."""
+        return self._renewed_at is not None and self._clock() - self._renewed_at < self._duration
+
+    async def run(self) -> None:
+        """Read the Lease every period, forever (until cancelled); an error is no renewal."""
+        while True:
+            try:
+                await self.observe()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("scheduler lease %s/%s: %s", self.namespace, self.name, exc)
+            serving = self.serving()
+            if serving != self._was_serving:
+                logger.info("this pod's scheduler %s the lease %s/%s: background work %s",
+                            "holds" if serving else "does not hold", self.namespace, self.name,
+                            "runs" if serving else "stops")
+                self._was_serving = serving
+            await asyncio.sleep(self.period)
+
+    async def observe(self) -> None:
+        """One read: a renewal seen when the Lease, held by this pod, changed since the last read."""
+        now = self._clock()
+        try:
+            obj = await self.client.get(self._path)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if not self._missing:
+                logger.warning("scheduler lease %s/%s not found: is --scheduler-lease the scheduler's "
+                               "leaderElection resourceNamespace/resourceName? Background work waits for it",
+                               self.namespace, self.name)
+            self._missing = True
+            self._version, self._renewed_at = None, None
+            return
+        self._missing = False
+        record = parse_record(obj)
+        ours = record.holder.startswith(self.prefix) and len(record.holder) > len(self.prefix)
+        if not ours or record.duration is None:
+            self._renewed_at = None
+        elif record.resource_version != self._version:
+            self._renewed_at = now
+            self._duration = float(record.duration)
+        self._version = record.resource_version

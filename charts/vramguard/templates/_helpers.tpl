@@ -57,6 +57,8 @@ capabilities:
     {{- if eq .Values.mode "second-scheduler" }}
     # kube-scheduler's own leader election picks the one sidecar that is called (docs/operations.md, "High availability and leader election").
     - --leader-elect=false
+    # Preemption, learning and Events run only in the leading scheduler's sidecar.
+    - --scheduler-lease={{ .Release.Namespace }}/vramguard-scheduler
     {{- else }}
     - --leader-elect=true
     - --leader-elect-resource-name=vramguard-extender
