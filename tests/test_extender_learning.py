@@ -136,3 +136,27 @@ async def test_an_outlier_namespace_is_reported_once_and_exported() -> None:
     assert registry.get_sample_value("vramguard_learned_allowance_outlier_namespaces", labels) == 1
     assert registry.get_sample_value("vramguard_learned_allowance_changes_total", {"direction": "up"}) == 1
     assert CONTEXT == 512 * 2**20
+
+
+async def test_a_new_table_applies_without_deriving_the_pods_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each round that moves a value re-applies the table to every template: the derivation itself (the
+    # costly part: a shell, engines, parsers) is kept, or a round would re-derive the whole cluster.
+    import vramguard.cluster  # noqa: PLC0415 - the module whose derivations are counted
+
+    derived = vramguard.cluster.derive_pod_demand
+    calls: list[str] = []
+
+    def counting(pod: Any, options: Any) -> Any:
+        calls.append(pod["metadata"]["name"])
+        return derived(pod, options)
+
+    monkeypatch.setattr(vramguard.cluster, "derive_pod_demand", counting)
+    api, state = Api(), measured_state(6 * GiB)
+    leader = learner(state, api)
+    for _ in range(4):
+        await leader.round()
+    first = len(calls)
+    assert first <= 2, calls  # one template, derived once (and its pod's claims)
+    [claim] = state.claims_for(pod("next"), state.choose_class(pod("next"))).claims
+    assert claim.bytes_on(H100, H100, KEY.product) == certain() + 5 * GiB
+    assert len(calls) == first

@@ -109,6 +109,23 @@ CASES = [
             "--data-parallel-start-rank", "2", "--headless", "--gpu-memory-utilization", "0.9"])),
     ),
     Case(
+        # llm-d's wide-EP recipe: a LeaderWorkerSet group of 2 pods, each with --data-parallel-size-local
+        # ranks, already this pod's count (vllm/config/parallel.py "Number of local data parallel groups").
+        "vllm-data-parallel-local-in-a-group",
+        pod(container(image=VLLM, gpus=8, command=[
+            "vllm", "serve", "m", "--data-parallel-size", "16", "--data-parallel-size-local", "8",
+            "--enable-expert-parallel", "--gpu-memory-utilization", "0.9"])),
+        group_size=2,
+    ),
+    Case(
+        "vllm-data-parallel-local-mismatch-in-a-group",
+        pod(container(image=VLLM, gpus=4, command=[
+            "vllm", "serve", "m", "--data-parallel-size", "16", "--data-parallel-size-local", "8",
+            "--gpu-memory-utilization", "0.9"])),
+        group_size=2,
+        errors=["vLLM: --data-parallel-size-local 8 = 8 GPUs, but the container requests 4"],
+    ),
+    Case(
         "sglang-nnodes",
         pod(container(image=SGLANG, gpus=8, command=[
             "python3", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "16", "--nnodes", "2",

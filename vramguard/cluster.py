@@ -343,7 +343,10 @@ class ClusterState:
         self.leases = _Delegate(self._replace_leases, self._upsert_lease, self._delete_lease)
         # Derived once per pod template, not per pod: replicas of a Deployment share their demand and
         # their claims (the same objects, so 50,000 pods of a few hundred templates hold few claims).
+        self._derived: LRUCache[str, PodDemand] = LRUCache(CACHED_DEMANDS)
+        """Per template, the demand as the policy derives it: kept when the learned table changes."""
         self._demands: LRUCache[str, PodDemand] = LRUCache(CACHED_DEMANDS)
+        """Per template, the derived demand with the learned allowances applied."""
         self._claims: LRUCache[tuple[object, ...], PodClaims] = LRUCache(CACHED_DEMANDS)
         self._templates: weakref.WeakValueDictionary[str, Template] = weakref.WeakValueDictionary()
         """Every template a record points at, once (it goes with its last record)."""
@@ -396,6 +399,7 @@ class ClusterState:
         self.policy = policy
         self.policy_version += 1
         self.options = policy.demand_options()
+        self._derived.clear()
         self._demands.clear()
         self._claims.clear()
         self._sums.clear()  # the quota's claims are re-derived per template under the new policy
@@ -467,7 +471,10 @@ class ClusterState:
     def _demand(self, pod: Mapping[str, Any], template: str) -> PodDemand:
         demand = self._demands.get(template)
         if demand is None:
-            demand = self._demands[template] = apply_learned(derive_pod_demand(pod, self.options), self.learned)
+            derived = self._derived.get(template)
+            if derived is None:
+                derived = self._derived[template] = derive_pod_demand(pod, self.options)
+            demand = self._demands[template] = apply_learned(derived, self.learned)
         return demand
 
     # -- nodes ----------------------------------------------------------------------------------

@@ -326,7 +326,7 @@ def _check_parallel(
     so a total that is a whole multiple of the container's GPUs is accepted with a warning.
     """
     title = engine_title(claim.engine)
-    nodes = parallel.nodes or group_size
+    nodes = None if parallel.per_pod else parallel.nodes or group_size
     if nodes is not None and nodes > 1:
         source = parallel.nodes_flag or f"a group of {nodes} pods"
         if parallel.total % nodes == 0 and parallel.total // nodes == gpus:

@@ -190,6 +190,9 @@ class Parallel:
     nodes_flag: str | None = None
     ray: bool = False
     """The engine runs its workers through a Ray cluster, which may span several pods."""
+    per_pod: bool = False
+    """The sizes multiply to the GPUs of each pod, not of the whole engine (vLLM's
+    ``--data-parallel-size-local``): a group of pods does not divide them."""
     layout: str = ""
     """The sizes given, canonical whatever alias or spelling was used (``tensor-parallel-size=2``,
     comma-separated): what, beside the GPU count, decides the graphs and buffers a rank holds."""

@@ -394,6 +394,7 @@ def parallel_layout(
     found: Findings,
     nodes: Sequence[str] = ("--nnodes",),
     ray: bool = False,
+    per_pod: bool = False,
 ) -> Parallel | None:
     """The parallel sizes an engine's flags multiply to, and the nodes they say it spans.
 
@@ -423,11 +424,11 @@ def parallel_layout(
         node_count = found.count(node_flag)
         if node_count is None:
             return None
-    elif not written:
+    elif not written and not per_pod:
         return _ONE_GPU[ray]  # no flag at all, the common case: the same immutable value each time
     if node_count is not None and node_count > 1:
         canonical.append(f"{nodes[0].lstrip('-')}={node_count}")
     return Parallel(
         total, tuple(written), node_count, node_flag.evidence() if node_flag is not None else None, ray,
-        ",".join(canonical),
+        per_pod, ",".join(canonical),
     )

@@ -346,10 +346,13 @@ def _size(options: Options, names: Sequence[str]) -> int:
 
 
 def _parallel(options: Options, found: Findings) -> Parallel | None:
-    sizes = _SIZES_WITH_LOCAL_DATA if options.has(DATA_PARALLEL_LOCAL) else _SIZES_WITH_DATA
+    # --data-parallel-size-local is the data-parallel ranks on this pod (vllm/config/parallel.py
+    # data_parallel_size_local): with it the sizes are this pod's GPUs, whatever the group.
+    local = options.has(DATA_PARALLEL_LOCAL)
+    sizes = _SIZES_WITH_LOCAL_DATA if local else _SIZES_WITH_DATA
     executor = options.last(EXECUTOR)
     ray = executor is not None and executor.value == "ray"
-    return parallel_layout(options, sizes, found, NODES, ray)
+    return parallel_layout(options, sizes, found, NODES, ray, per_pod=local)
 
 
 def _implicit_default(tag: str | None, version: Version | None, found: Findings) -> Vram:
