@@ -214,9 +214,11 @@ def _status_field(name: str) -> int:
 # --------------------------------------------------------------------------- the cluster state
 
 
-def loaded_state(model: ClusterModel) -> tuple[ClusterState, list[str], dict[str, list[JSON]]]:
+def loaded_state(
+    model: ClusterModel, clock: Callable[[], float] = time.time
+) -> tuple[ClusterState, list[str], dict[str, list[JSON]]]:
     """A cluster state fed as the informers would, the node names, and the running pods per node."""
-    state = ClusterState(default_policy())
+    state = ClusterState(default_policy(), clock=clock)
     state.namespaces.replace(model.namespaces())
     state.nodes.replace(model.node_objects())
     pods = list(model.pod_objects())

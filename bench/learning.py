@@ -16,8 +16,8 @@ Measured, with no profiler, in one process:
   applies it and writes it), and the event loop's lag meanwhile (a 1 ms ticker's overshoot, as every
   request on the loop feels it);
 - ``filter``: the latency of filters of new pod shapes over every node, ``quiet`` (no round running) and
-  ``during`` (a round running beside them), the two interleaved request by request in the same
-  process, so that both see the same machine and the same warmed ledger;
+  ``during`` (rounds back to back beside them, the worst case: the extender runs one a minute), in
+  alternated blocks in the same process, so that both see the same machine and the same ledger;
 - ``rss``: the process's resident memory (``VmRSS``) before the first round and after the last.
 
 Prints one JSON line per figure.
@@ -107,6 +107,12 @@ def reports(model: ClusterModel, pods: Mapping[str, list[JSON]]) -> dict[str, st
     return out
 
 
+async def rounds_until(learner: Learner, stop: asyncio.Event) -> None:
+    """Learning rounds back to back until ``stop``: the worst case of a round beside every request."""
+    while not stop.is_set():
+        await learner.round()
+
+
 async def main_async(args: argparse.Namespace) -> list[JSON]:
     model = ClusterModel(nodes=args.nodes, pods=args.pods)
     full_pods: dict[str, list[JSON]] = {}
@@ -114,8 +120,7 @@ async def main_async(args: argparse.Namespace) -> list[JSON]:
         full_pods.setdefault(pod["spec"]["nodeName"], []).append(pod)
     annotations = reports(model, full_pods)
     del full_pods
-    state, names, _ = loaded_state(model)
-    state.clock = lambda: NOW  # type: ignore[method-assign]
+    state, names, _ = loaded_state(model, clock=lambda: NOW)  # the agents' Leases stay fresh
     state.leases.replace([lease_body(DEFAULT_AGENT_NAMESPACE, n, "agent", 40, NOW) for n in names])
     nodes = model.node_objects()
     for node in nodes:
@@ -140,22 +145,25 @@ async def main_async(args: argparse.Namespace) -> list[JSON]:
             rounds.append(time.perf_counter() - start)
         lags += probe.overshoot_s
 
-    shapes = [Shape(f"s{i}", f"0.{10 + i % 20}", gpus=1 + i % 2) for i in range(args.requests)]
+    # Blocks of filters, quiet and during back-to-back rounds, alternated (ABBA), each block its own
+    # pod shapes: every filter evaluates the nodes afresh, as the first pod of a new Deployment does.
     timings: dict[str, list[float]] = {"quiet": [], "during": []}
-    background: asyncio.Task[Any] | None = None
-    for i, shape in enumerate(shapes):
-        mode = "during" if i % 2 else "quiet"
-        if mode == "during" and (background is None or background.done()):
-            background = asyncio.create_task(learner.round())
+    per_block = max(1, args.requests // (2 * args.blocks))
+    serial = 0
+    for block in range(args.blocks):
+        for mode in ("quiet", "during") if block % 2 == 0 else ("during", "quiet"):
+            stop = asyncio.Event()
+            background = asyncio.create_task(rounds_until(learner, stop)) if mode == "during" else None
             await asyncio.sleep(0)
-        if mode == "quiet" and background is not None and not background.done():
-            await background
-        pod = new_pod(shape, 100_000 + i)
-        start = time.perf_counter()
-        await verbs.filter(pod, names)
-        timings[mode].append(time.perf_counter() - start)
-    if background is not None:
-        await background
+            for _ in range(per_block):
+                serial += 1
+                pod = new_pod(Shape(f"s{serial}", f"0.{10 + serial % 80:02d}", gpus=1 + serial % 2), serial)
+                start = time.perf_counter()
+                await verbs.filter(pod, names)
+                timings[mode].append(time.perf_counter() - start)
+            stop.set()
+            if background is not None:
+                await background
 
     learned = state.learned
     return [
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--blocks", type=int, default=10, help="quiet and during blocks, alternated")
     args = parser.parse_args(argv)
     if args.pods > args.nodes * 8 * REPLICAS:
         parser.error("more pods than replicas")

@@ -355,3 +355,11 @@ def test_sglang_max_total_tokens_keeps_the_fraction_as_its_bound() -> None:
         "args": ["--mem-fraction-static", "0.5", "--max-total-tokens", "65536"],
         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}, default_policy().demand_options())
     assert any("--max-total-tokens 65536" in rule for rule in demand.containers[0].rules)
+
+
+def test_vllm_grpc_server_is_vllm() -> None:
+    # entrypoints/grpc_server.py (v0.20.2): FlexibleArgumentParser with AsyncEngineArgs.add_cli_args, the
+    # engine's memory options as `vllm serve` takes them (the Gateway API inference extension's sample).
+    vram = reservation("vllm/vllm-openai:v0.20.2", ["--model", "m", "--gpu-memory-utilization", "0.9", "--port", "9000"],
+                       command=["python3", "-m", "vllm.entrypoints.grpc_server"])
+    assert vram.fraction == Fraction(9, 10)

@@ -78,7 +78,10 @@ VERSIONED_IMAGES = frozenset({
 project's images and the rebuilds that keep its tags (KubeAI's ``substratusai/vllm-gh200:v0.8.3``)."""
 PROGRAM = "vllm"
 """The console script: ``vllm serve``."""
-MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server"})
+MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server",
+                     "vllm.entrypoints.grpc_server"})
+"""Servers started as modules; the gRPC one (the Gateway API inference extension's gRPC sample) takes
+the same engine options (``entrypoints/grpc_server.py`` ``AsyncEngineArgs.add_cli_args``, v0.20.2)."""
 Version = tuple[int, int, int]
 V0_DEVICE_WIDE: tuple[Version, Version] = ((0, 6, 4), (0, 6, 5))
 """The old engine's budget was device-wide in v0.6.4 alone (``worker/worker.py``
