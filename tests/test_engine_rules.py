@@ -333,10 +333,12 @@ def test_published_sglang_recipes_fit_the_gpus_they_run_on(flags: list[str]) -> 
     # Each rank runs its chunk split among the DP attention ranks, a decode server no prefill at all
     # (server_args.py: chunked_prefill_size // dp_size, v0.4.5 and later): the reserve is for those
     # tokens, not the whole batch's (which made these 130 to 1159 GiB per GPU).
+    # A decode server's graphs are padded per DP attention rank (cuda_graph_max_bs x dp x 3 MiB: 36 GiB at
+    # DP 48), as SGLang's own reserve has it; a prefill server runs no decode graphs.
     launch = ["python3", "-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-R1", *flags]
     vram = reservation("lmsysorg/sglang:v0.5.5", [], command=launch, gpus=8)
     [reserve] = [a for a in vram.allowances if a.name == RESERVE]
-    assert reserve.bytes <= 40 * GiB
+    assert reserve.bytes <= 48 * GiB
     for device in (81559 * MiB, 189471 * MiB):  # H100 80GB, GB200 (NVML)
         assert vram.on_device(device) <= device  # placed on a GPU it owns (estimates capped)
 
@@ -360,6 +362,33 @@ def test_sglang_max_total_tokens_keeps_the_fraction_as_its_bound() -> None:
 def test_vllm_grpc_server_is_vllm() -> None:
     # entrypoints/grpc_server.py (v0.20.2): FlexibleArgumentParser with AsyncEngineArgs.add_cli_args, the
     # engine's memory options as `vllm serve` takes them (the Gateway API inference extension's sample).
-    vram = reservation("vllm/vllm-openai:v0.20.2", ["--model", "m", "--gpu-memory-utilization", "0.9", "--port", "9000"],
+    vram = reservation("vllm/vllm-openai:v0.20.2",
+                       ["--model", "m", "--gpu-memory-utilization", "0.9", "--port", "9000"],
                        command=["python3", "-m", "vllm.entrypoints.grpc_server"])
     assert vram.fraction == Fraction(9, 10)
+
+
+def test_sglang_reserve_has_its_dp_attention_speculative_and_deepep_terms() -> None:
+    # server_args.py v0.5.5 / memory_hook.py v0.5.23: cuda_graph_max_bs x dp_size x 3 MiB more with DP
+    # attention (x 1.5 more above a batch of 300), 2 GiB for an EAGLE draft (6 GiB standalone, none for
+    # n-gram), 2 GiB for DeepEP's buffers in the decode graphs. sgl-project/sglang#24453 measured about
+    # 20 GB of CUDA graphs per rank for Kimi-K2 with DeepEP at DP 32: the reserve covers it.
+    launch = ["python3", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2-Instruct"]
+    base = ["--mem-fraction-static", "0.7", "--tp-size", "32", "--nnodes", "4", "--disaggregation-mode", "decode",
+            "--max-running-requests", "2048"]  # 2048 tokens a rank, with or without DP attention
+
+    def reserve(*extra: str) -> int:
+        vram = reservation("lmsysorg/sglang:v0.5.5", [*base, *extra], command=launch, gpus=8)
+        return next(a.bytes for a in vram.allowances if a.name == RESERVE)
+
+    plain = reserve()
+    dp = reserve("--dp-size", "32", "--enable-dp-attention")
+    assert dp - plain == 256 * 32 * 3 * MiB
+    assert reserve("--dp-size", "32", "--enable-dp-attention", "--cuda-graph-max-bs", "512") - dp == (
+        (512 - 256) * 2 + (512 - 256) * 32 * 3 + 512 * 32 * 3 // 2) * MiB
+    assert reserve("--speculative-algorithm", "EAGLE") - plain == 2 * GiB
+    assert reserve("--speculative-algorithm", "STANDALONE") - plain == 6 * GiB
+    assert reserve("--speculative-algorithm", "NGRAM") == plain
+    deepep = reserve("--dp-size", "32", "--enable-dp-attention", "--moe-a2a-backend", "deepep")
+    assert deepep - dp == 2 * GiB and deepep - plain >= 20 * 10**9
+    assert reserve("--moe-a2a-backend", "deepep", "--disable-cuda-graph") < plain  # no graphs at all

@@ -64,7 +64,20 @@ GRAPH_BATCH = ("--cuda-graph-max-bs",)
 GRAPH_BATCH_GONE: tuple[int, int, int] = (0, 5, 20)
 """From v0.5.20 only ``--cuda-graph-max-bs-decode`` and ``-prefill`` remain: the old name is a prefix of
 both, an ambiguous option SGLang exits on (its v0.5.20 and v0.5.23 parsers built)."""
+GRAPH_BATCH_DECODE = ("--cuda-graph-max-bs-decode",)
+"""The decode graphs' largest batch from v0.5.20 (``memory_hook.py`` v0.5.23: ``decode_cuda_graph_config.max_bs``)."""
 NO_GRAPHS = ("--disable-cuda-graph",)
+SPECULATIVE = ("--speculative-algorithm",)
+SPECULATIVE_MIB = {"STANDALONE": 6 * 1024, "NGRAM": 0}
+"""What SGLang adds to its reserve for a draft model and its graphs (``server_args.py`` v0.5.5): 6 GiB
+for a standalone draft model, none for n-gram, 2 GiB for the others (EAGLE, EAGLE3, MTP)."""
+SPECULATIVE_OTHER_MIB = 2 * 1024
+DEEPEP = ("--moe-a2a-backend",)
+DEEPEP_OLD = ("--enable-deepep-moe",)
+"""DeepEP's all-to-all buffers captured in the decode graphs: 2 GiB in SGLang's reserve
+(``memory_hook.py`` v0.5.23 ``reserve_for_deepep_a2a_mb``), counted for every version that has DeepEP
+(``--enable-deepep-moe`` before ``--moe-a2a-backend deepep``)."""
+DEEPEP_MIB = 2 * 1024
 SMALL_KV_SIZE = "SGLANG_CI_SMALL_KV_SIZE"
 """Replaces the profiled KV token count, whatever the fraction (``model_runner.py`` v0.5.5: ``if
 SGLANG_CI_SMALL_KV_SIZE: self.max_total_num_tokens = int(SGLANG_CI_SMALL_KV_SIZE)``); gone by
@@ -86,6 +99,13 @@ ABBREVIATIONS = Abbreviations({
     "--enable-dp-attention": (((0, 4, 0), "--enable-d"), ((0, 4, 6), "--enable-dp-"),
                               ((0, 5, 19), "--enable-dp-attention")),
     "--nnodes": (((0, 4, 0), "--n"),),
+    "--speculative-algorithm": (((0, 4, 6), "--speculative-a"),),
+    "--moe-a2a-backend": (((0, 4, 10), "--moe-"),),
+    "--enable-deepep-moe": (((0, 4, 6), "--enable-d"),),
+    "--cuda-graph-max-bs-decode": (((0, 5, 19), "--cuda-graph-max-bs-"),),
+    "--disaggregation-mode": (((0, 4, 6), "--disaggregation-"),),
+    "--max-running-requests": (((0, 4, 0), "--max-"),),
+    "--max-total-tokens": (((0, 4, 0), "--max-"),),
 })
 """The server parser's options as argparse abbreviates them (``allow_abbrev`` is never set from v0.4.0
 to v0.5.23; parsers of v0.4.0, 0.4.6.post5, 0.4.10.post2, 0.5.5, 0.5.19, 0.5.20 and 0.5.23 built and
@@ -181,12 +201,31 @@ def _replaced_kv_size(env: ContainerEnv, version: tuple[int, int, int] | None, f
 
 
 def reserve_bytes(options: Options, tp_pp: int, version: tuple[int, int, int] | None = None) -> int:
-    """SGLang's reserve outside its static share, by its own formula, from the flags (defaults for a
-    GPU of 60 to 160 GiB where a flag is absent or unreadable), its activations for the tokens one
-    rank runs at a time (:func:`tokens_per_rank`)."""
-    graphs = 0 if options.has(NO_GRAPHS) else _value(options, GRAPH_BATCH, DEFAULT_GRAPH_BATCH) * 2
+    """SGLang's reserve outside its static share, by its own formula (``server_args.py`` v0.5.5,
+    ``memory_hook.py`` v0.5.23), from the flags (defaults for a GPU of 60 to 160 GiB where a flag is
+    absent or unreadable): a constant, its activations for the tokens one rank runs at a time
+    (:func:`tokens_per_rank`), parallel slack, its decode graphs (with DP attention, padded per DP
+    rank: ``cuda_graph_max_bs x dp_size x 3``, and x 1.5 more above a batch of 300), a draft model's,
+    and DeepEP's buffers."""
+    mode = options.last(DISAGGREGATION)
+    prefill_only = mode is not None and (mode.value or "").strip() == "prefill"
+    batch = _value(options, GRAPH_BATCH_DECODE if options.has(GRAPH_BATCH_DECODE) else GRAPH_BATCH,
+                   DEFAULT_GRAPH_BATCH)
+    # A prefill server runs no decode graphs (memory_hook.py v0.5.23 counts none there; v0.5.5 did).
+    graphs_on = not options.has(NO_GRAPHS) and not prefill_only
+    graphs = Fraction(batch * 2) if graphs_on else Fraction(0)
+    if graphs_on and options.has(DP_ATTENTION):
+        dp = _size(options, DATA)
+        graphs += batch * dp * 3 + (Fraction(batch * dp * 3, 2) if batch > 300 else 0)
     tokens = tokens_per_rank(options, version)
     mebibytes = 512 + Fraction(max(tokens, 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
+    speculative = options.last(SPECULATIVE)
+    if speculative is not None and speculative.value:
+        mebibytes += SPECULATIVE_MIB.get(speculative.value.strip().upper(), SPECULATIVE_OTHER_MIB)
+    backend = options.last(DEEPEP)
+    deepep = options.has(DEEPEP_OLD) or (backend is not None and (backend.value or "").strip() == "deepep")
+    if deepep and graphs_on and not prefill_only:
+        mebibytes += DEEPEP_MIB
     return int(mebibytes * MiB)
 
 
