@@ -63,6 +63,11 @@ EXPECTED: dict[str, Expected] = {
         ("transformer", 1, []),
     ],
     "kserve-servingruntime-vllm.yaml": [("runtime", 1, [("kserve-container", "vllm", 1, 0.5)])],
+    # The framework shorthands run TorchServe and TF Serving: no engine vramguard reads, a whole GPU.
+    "kserve-isvc-legacy-pytorch-gpu.yaml": [("predictor", 1, [("kserve-container", None, 1, None)])],
+    "kserve-isvc-legacy-tensorflow-gpu.yaml": [("predictor", 1, [("kserve-container", None, 1, None)])],
+    # A tuning Workspace trains in a Job of one pod: unknown VRAM, a whole GPU (KAITO v0.12.0).
+    "kaito-workspace-tuning-phi-3.yaml": [("tuning", 1, [("workspace-tuning-phi-3", None, 1, None)])],
     "jobset-pytorch.yaml": [("job[workers]", 4, [("pytorch", None, 8, None)])],
     "jobset-vllm-leader-workers.yaml": [
         ("job[leader]", 1, [("vllm", "vllm", 4, 0.88)]),

@@ -17,6 +17,12 @@ From KAITO's source (kaito-project/kaito, v0.12.0):
   ``presets/workspace/inference/vllm/inference_api.py`` appends each key as ``--key=value`` after the
   operator's flags, so the ConfigMap's values win.
 - ``inference.template`` is a pod template of the user's own, read as it is.
+- ``tuning`` instead of ``inference`` fine-tunes the preset (``method: qlora`` or ``lora``): KAITO runs a
+  Job of one pod whose main container, named after the Workspace, asks for the SKU's GPUs
+  (``pkg/workspace/manifests/manifests.go`` ``GenerateTuningJobManifest``,
+  ``pkg/workspace/tuning/preset_tuning.go``; multi-node tuning is refused). Training grows toward the
+  whole GPU, so it counts as unknown VRAM, a whole GPU: the Workspace has no pod template to declare
+  it in.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ UTILIZATION = "0.84"
 UTILIZATION_BY_MODEL = {"NVIDIA A10": "0.82"}
 CONFIG_KEY = "inference_config.yaml"
 IMAGE = "mcr.microsoft.com/aks/kaito/kaito-base:0.5.0"
+TUNING_IMAGE = "mcr.microsoft.com/aks/kaito/kaito-tuning"
+"""A stand-in for the preset's tuning image: no engine vramguard knows, so the VRAM is unknown."""
 _DECLARE = "a pod template (inference.template) and the vramguard.io/vram annotation"
 
 
@@ -72,8 +80,9 @@ def workspace_parts(obj: Mapping[str, Any], maps: ConfigMaps, notes: list[str]) 
     metadata = mapping(obj.get("metadata"))
     name = string(metadata.get("name")) or "workspace"
     nodes = full_scale(mapping(obj.get("status")).get("targetNodeCount"), resource.get("count"))
+    tuning = mapping(obj.get("tuning"))
     template = mapping(inference.get("template"))
-    if template:
+    if template and not tuning:
         return [TemplatePart("workspace", template, nodes)]
     instance = string(resource.get("instanceType")) or ""
     sku = SKUS.get(instance.lower())
@@ -84,6 +93,8 @@ def workspace_parts(obj: Mapping[str, Any], maps: ConfigMaps, notes: list[str]) 
         )
         return []
     gpus, model = sku
+    if tuning:
+        return [_tuning_part(obj, name, gpus, tuning, notes)]
     partition = mapping(resource.get("partition"))
     gpu_resource = "nvidia.com/gpu"
     if partition.get("mode") == "mig" and string(partition.get("profile")):
@@ -111,6 +122,20 @@ def workspace_parts(obj: Mapping[str, Any], maps: ConfigMaps, notes: list[str]) 
     return [TemplatePart("workspace", with_group_size(part, nodes) if nodes > 1 else part, nodes,
                          nodes if nodes > 1 else None)]
 
+
+
+def _tuning_part(obj: Mapping[str, Any], name: str, gpus: int, tuning: Mapping[str, Any],
+                 notes: list[str]) -> TemplatePart:
+    """A tuning Workspace's Job pod: training, whose VRAM is not an engine's share."""
+    method = string(tuning.get("method")) or "tuning"
+    notes.append(
+        f"a KAITO tuning Workspace fine-tunes ({method}) in a Job: training grows toward the whole GPU, so each "
+        f"of its {gpus} GPU{'s' if gpus != 1 else ''} counts whole (KAITO's Job takes no pod template to "
+        "declare it in)"
+    )
+    container = {"name": name, "image": TUNING_IMAGE,
+                 "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}}
+    return TemplatePart("tuning", pod(obj, [container]), 1)
 
 
 def _config_args(config: str | None, namespace: str, maps: ConfigMaps, notes: list[str]) -> list[str]:
