@@ -957,10 +957,14 @@ def test_engines_that_together_claim_more_than_the_gpu_are_an_error() -> None:
 
 
 def test_configurable_gpu_resources() -> None:
-    options = DemandOptions(gpu_resources=frozenset({"amd.com/gpu"}), gpu_resource_prefixes=())
+    # AMD's GPUs are read by default (vramguard.vendors); a policy naming only NVIDIA's reads none of them.
     spec = pod(container(resource="amd.com/gpu", command=["vllm", "serve", "--gpu-memory-utilization", "0.5"]))
-    assert derive_pod_demand(spec, options).containers[0].resource == "amd.com/gpu"
-    assert not derive_pod_demand(spec).wants_gpu
+    assert derive_pod_demand(spec).containers[0].resource == "amd.com/gpu"
+    serve = ["vllm", "serve", "--gpu-memory-utilization", "0.5"]
+    partition = pod(container(resource="amd.com/cpx_nps4", command=serve))
+    assert derive_pod_demand(partition).containers[0].resource == "amd.com/cpx_nps4"
+    nvidia = DemandOptions(gpu_resources=frozenset({"nvidia.com/gpu"}), gpu_resource_prefixes=())
+    assert not derive_pod_demand(spec, nvidia).wants_gpu
 
 
 @pytest.mark.parametrize(

@@ -392,3 +392,27 @@ def test_sglang_reserve_has_its_dp_attention_speculative_and_deepep_terms() -> N
     deepep = reserve("--dp-size", "32", "--enable-dp-attention", "--moe-a2a-backend", "deepep")
     assert deepep - dp == 2 * GiB and deepep - plain >= 20 * 10**9
     assert reserve("--moe-a2a-backend", "deepep", "--disable-cuda-graph") < plain  # no graphs at all
+
+
+@pytest.mark.parametrize(
+    ("image", "version", "graphs"),
+    [
+        # AMD's images carry vLLM's version after "vllm" (rocm.docs.amd.com, vLLM inference history).
+        ("rocm/vllm:rocm6.2_mi300_ubuntu20.04_py3.9_vllm_0.6.4", "0.6.4", True),
+        ("rocm/vllm:rocm6.3.1_vllm0.8.5_20250521", "0.8.5", True),
+        ("rocm/vllm:rocm7.14.0_cdna_ubuntu24.04_py3.14_pytorch_2.11.0_vllm_0.23.0", "0.23.0", True),
+        # v1/worker/gpu_worker.py v0.20.0: no graph estimate on ROCm, so graphs stay outside the share,
+        # where on CUDA v0.21.0 estimates them inside it.
+        ("vllm/vllm-openai-rocm:v0.21.0", "0.21.0", True),
+        ("vllm/vllm-openai:v0.21.0", "0.21.0", False),
+        ("rocm/vllm-dev:nightly", None, True),
+    ],
+)
+def test_vllm_on_rocm(image: str, version: str | None, graphs: bool) -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{
+        "name": "s", "image": image, "command": ["vllm", "serve", "m", "--gpu-memory-utilization", "0.9"],
+        "resources": {"limits": {"amd.com/gpu": "1"}}}]}}
+    [container] = derive_pod_demand(pod, default_policy().demand_options()).containers
+    assert container.resource == "amd.com/gpu" and container.engine_version == version
+    assert container.reservation is not None
+    assert (CUDA_GRAPHS in names(container.reservation)) is graphs

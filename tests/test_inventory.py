@@ -312,3 +312,46 @@ def test_no_report_makes_inventory_raise(body: dict[str, Any], versioned: bool) 
 def test_no_node_makes_inventory_raise(labels: dict[str, str], status: Any) -> None:
     read_inventory({"metadata": {"name": "n", "labels": {**labels, **H100}}, "status": status})
     read_inventory({"metadata": {"labels": labels}, "status": {"allocatable": status}})
+
+
+# The AMD node labeller's labels as published (ROCm/k8s-device-plugin v1.31.0.10 docs/user-guide/
+# installation.md: an MI300X in SPX mode; PR #108: the same GPUs in CPX mode, 24G a partition).
+MI300X = {
+    "amd.com/gpu.cu-count": "304", "amd.com/gpu.device-id": "74a1", "amd.com/gpu.family": "AI",
+    "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.simd-count": "1216", "amd.com/gpu.vram": "192G",
+}
+MI300X_CPX = {**MI300X, "amd.com/gpu.vram": "24G", "amd.com/gpu.cu-count": "38",
+              "amd.com/gpu.compute-memory-partition": "cpx_nps4"}
+
+
+def test_amd_gpus_and_partitions_are_devices_of_their_own() -> None:
+    whole = read_inventory(node(MI300X, {"amd.com/gpu": "8"}))
+    assert summary(whole.devices) == [
+        (f"amd.com/gpu#{i}", "AMD Instinct MI300X OAM", 192 * 1024, "none", 1, "amd.com/gpu") for i in range(8)
+    ]
+    assert whole.notes == ()
+    partitions = read_inventory(node(MI300X_CPX, {"amd.com/cpx_nps4": "64"}))
+    assert len(partitions.devices) == 64
+    assert summary(partitions.devices)[0] == (
+        "amd.com/cpx_nps4#0", "AMD Instinct MI300X OAM cpx_nps4 partition", 24 * 1024, "none", 1, "amd.com/cpx_nps4"
+    )
+    # Devices of several sizes: the labeller writes no plain vram label; the memory is unknown, said.
+    mixed = {k: v for k, v in MI300X.items() if k != "amd.com/gpu.vram"} | {"amd.com/gpu.vram.192G": "5"}
+    unknown = read_inventory(node(mixed, {"amd.com/gpu": "5", "amd.com/cpx_nps1": "24"}))
+    assert {d.memory_bytes for d in unknown.devices} == {0} and len(unknown.devices) == 29
+    assert any("amd.com/gpu.vram" in n for n in unknown.notes)
+    # Junk sizes and counts are bounded and noted, never raised.
+    junk = read_inventory(node({**MI300X, "amd.com/gpu.vram": "9e99G"}, {"amd.com/gpu": "1e30"}))
+    assert len(junk.devices) == MAX_NODE_DEVICES and {d.memory_bytes for d in junk.devices} == {0}
+
+
+def test_a_policy_without_amd_reads_no_amd_device() -> None:
+    inventory = read_inventory(node(MI300X, {"amd.com/gpu": "8"}), gpu_resources=("nvidia.com/gpu",),
+                               mig_prefixes=("nvidia.com/mig-",))
+    assert inventory.devices == ()
+
+
+def test_an_nvidia_node_is_read_as_before_beside_the_vendor_table() -> None:
+    assert summary(read_inventory(node(H100, {"nvidia.com/gpu": "1"})).devices) == [
+        ("0", "NVIDIA H100 80GB HBM3", 81559, "none", 1, "nvidia.com/gpu")
+    ]

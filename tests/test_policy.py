@@ -36,8 +36,12 @@ def test_default_policy_follows_the_decision_tree() -> None:
     assert rule.exclusive == 0  # a pod alone on a GPU is never refused for its own share
     assert set(rule.margins.values()) == {Fraction(3, 100)}
     assert policy.classes["burstable"].require_mps_limit
-    assert policy.gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared")
-    assert policy.gpu_resource_prefixes == ("nvidia.com/mig-",)
+    assert policy.gpu_resources == ("nvidia.com/gpu", "nvidia.com/gpu.shared", "amd.com/gpu")
+    assert policy.gpu_resource_prefixes == (
+        "nvidia.com/mig-", "amd.com/spx_", "amd.com/dpx_", "amd.com/tpx_", "amd.com/qpx_", "amd.com/cpx_"
+    )
+    # The shipped file names what a policy that names none reads: every vendor's (vramguard.vendors).
+    assert Policy.from_yaml("default_class: a\nclasses: {a: {sharing: [none]}}").gpu_resources == policy.gpu_resources
     assert policy.schedulers == ("vramguard",)
 
 

@@ -129,6 +129,13 @@ EXPECTED: dict[str, Expected] = {
     ],
     "gpushare-binpack-1.yaml": [("deployment", 1, [("binpack-1", None, 1, 2 * GiB)])],
     "cronjob-vllm-batch.yaml": [("cronjob", 1, [("batch", "vllm", 1, 0.3)])],
+    # AMD GPUs (amd.com/gpu): vLLM on ROCm sizes its share of the HIP total as on CUDA; rocm/vllm tags carry
+    # vLLM's version after "vllm" (0.6.4 here: default 0.9, the old engine's device-wide budget).
+    "amd-vllm-serve-deployment.yaml": [("deployment", 1, [("mistral-7b", "vllm", 1, 0.9)])],
+    # llm-d's AMD P/D patches (no image in the patch: the version unknown, the newest default, the device).
+    "llm-d-amd-pd-decode.yaml": [("deployment", 1, [("modelserver", "vllm", 4, 1.0)])],
+    "llm-d-amd-pd-prefill.yaml": [("deployment", 4, [("modelserver", "vllm", 1, 1.0)])],
+    "llm-d-amd-moriio-decode.yaml": [("deployment", 1, [("modelserver", "vllm", 2, None)])],  # KV bytes
 }
 
 

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vramguard import vendors
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.platforms import platform_gpus
 from vramguard.quantity import MiB, QuantityError, parse_quantity
@@ -55,8 +56,10 @@ SHARED_SUFFIX = ".shared"
 """What the device plugin appends to a replicated resource's name under ``renameByDefault``
 (NVIDIA/k8s-device-plugin v0.20.0 api/config/v1/consts.go ``DefaultSharedResourceNameSuffix``)."""
 _FULL_GPU_LABELS = "nvidia.com/gpu"
-DEFAULT_GPU_RESOURCES: tuple[str, ...] = (_FULL_GPU_LABELS, _FULL_GPU_LABELS + SHARED_SUFFIX)
-DEFAULT_MIG_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)
+DEFAULT_GPU_RESOURCES = vendors.DEFAULT_GPU_RESOURCES
+DEFAULT_MIG_PREFIXES = vendors.DEFAULT_PARTITION_PREFIXES
+_DOMAINS = (LABEL_PREFIX, *(v.domain for v in vendors.VENDORS))
+"""The domains of the extended resources read from a node's status."""
 _MIG_PROFILE = re.compile(r"^(?P<slices>\d+)g\.(?P<gb>\d+)gb(?:[-+.].*)?$")
 _GB = 10**9
 MAX_NODE_DEVICES = 1024
@@ -248,9 +251,13 @@ def read_inventory(
     notes: list[str] = []
     advertised = _advertised(node, notes)
 
+    # NVIDIA's devices from its labels; another vendor's (vramguard.vendors) from its own.
+    nvidia = tuple(r for r in gpu_resources if vendors.vendor_of(r) is None)
     devices: list[Gpu] = []
-    devices.extend(_full_gpus(labels, advertised, gpu_resources, notes))
-    devices.extend(_mig_instances(labels, advertised, mig_prefixes, notes))
+    devices.extend(_full_gpus(labels, advertised, nvidia, notes))
+    devices.extend(_mig_instances(labels, advertised, tuple(p for p in mig_prefixes if p.startswith(LABEL_PREFIX)),
+                                  notes))
+    devices.extend(_vendor_gpus(labels, advertised, gpu_resources, mig_prefixes, notes))
 
     distrusted: str | None = None
     if report is None:
@@ -320,6 +327,37 @@ def _full_gpus(
         )
         for i in range(count)
     ]
+
+
+def _vendor_gpus(
+    labels: Mapping[str, str],
+    advertised: Mapping[str, int] | None,
+    gpu_resources: tuple[str, ...],
+    prefixes: tuple[str, ...],
+    notes: list[str],
+) -> list[Gpu]:
+    """Another vendor's devices (:data:`vramguard.vendors.VENDORS`): each advertised unit of a GPU or
+    partition resource the policy reads is a device of its own, its memory and name from the vendor's
+    labels. The agent reads NVML only: their placements and use are not measured."""
+    devices: list[Gpu] = []
+    for resource, units in sorted((advertised or {}).items()):
+        vendor = vendors.vendor_of(resource)
+        if vendor is None or units <= 0 or not (resource in gpu_resources or resource.startswith(prefixes)):
+            continue
+        memory = vendor.memory_bytes(labels)
+        if memory is None:
+            notes.append(
+                f"label {vendor.memory_label} is missing, unreadable or not one size for all devices: the memory "
+                f"of {resource} is unknown"
+            )
+        product = vendor.product(labels)
+        if resource not in vendor.resources:
+            product = f"{product} {resource.split('/', 1)[1]} partition"
+        devices.extend(
+            Gpu(f"{resource}#{i}", i, product, memory or 0, "none", 1, resource)
+            for i in range(_bounded(units, resource, notes))
+        )
+    return devices
 
 
 def _platform_gpus(
@@ -446,7 +484,7 @@ def _advertised(node: Mapping[str, Any], notes: list[str]) -> dict[str, int] | N
             continue
         result = {}
         for key, raw in values.items():
-            if not isinstance(key, str) or not key.startswith(LABEL_PREFIX):
+            if not isinstance(key, str) or not key.startswith(_DOMAINS):
                 continue
             try:
                 result[key] = int(parse_quantity(str(raw)))

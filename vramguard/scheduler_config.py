@@ -7,7 +7,8 @@ list takes exact names, no prefixes (k8s.io/kube-scheduler v0.36.3 config/v1
 an extended resource name): a GPU resource left out is placed by its replica count alone. So the
 list is every name :mod:`vramguard.inventory` reads as a GPU under a policy: its ``gpu_resources``,
 then each of its ``gpu_resource_prefixes`` followed by every MIG resource name the device plugin may
-advertise (:func:`vramguard.inventory.mig_resource_names`).
+advertise (:func:`vramguard.inventory.mig_resource_names`), or for another vendor's partition prefix
+every memory partition mode (:func:`vramguard.vendors.partition_names`: ``amd.com/cpx_nps4``).
 
 Pure: :func:`managed_resources` lists the names, :func:`render_managed_resources` writes the YAML
 block, :func:`with_managed_resources` replaces the block in a configuration's text and keeps the rest
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 from vramguard.inventory import mig_resource_names
 from vramguard.policy import Policy
+from vramguard.vendors import partition_names
 
 __all__ = ["managed_resources", "render_managed_resources", "with_managed_resources"]
 
@@ -35,7 +37,11 @@ _HEADER = (
 
 def managed_resources(policy: Policy) -> tuple[str, ...]:
     """Every GPU resource the ledger reads under ``policy``, each once, in a stable order."""
-    mig = [prefix + name for prefix in policy.gpu_resource_prefixes for name in mig_resource_names()]
+    mig = [
+        prefix + name
+        for prefix in policy.gpu_resource_prefixes
+        for name in partition_names(prefix) or mig_resource_names()
+    ]
     return tuple(dict.fromkeys([*policy.gpu_resources, *mig]))
 
 

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from vramguard import vendors
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_maps
 from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES
@@ -227,7 +228,9 @@ def gpu_request_paths(
             if not isinstance(key, str):
                 continue
             if (key in ("limits", "requests") and isinstance(child, Mapping) and any(
-                isinstance(name, str) and (is_gpu(name) or name in OTHER_GPU_RESOURCES or name == "gpu")
+                isinstance(name, str) and (is_gpu(name) or name in OTHER_GPU_RESOURCES or name == "gpu"
+                                           or vendors.vendor_of(name) is not None
+                                           or name.startswith(tuple(vendors.OTHER_ACCELERATORS)))
                 for name in child
             )) or key in GPU_ANNOTATIONS or (key in GPU_FIELDS and child):
                 found.append(here)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vramguard import vendors
 from vramguard.codecs import (
     CLASS_FINDINGS_ANNOTATION,
     ENFORCE_LABEL,
@@ -36,8 +37,8 @@ __all__ = [
     "reads_annotation",
 ]
 
-DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
-DEFAULT_GPU_RESOURCE_PREFIXES = ("nvidia.com/mig-",)
+DEFAULT_GPU_RESOURCES = vendors.DEFAULT_GPU_RESOURCES
+DEFAULT_GPU_RESOURCE_PREFIXES = vendors.DEFAULT_PARTITION_PREFIXES
 GROUP_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 """Set by LeaderWorkerSet on each pod of a group: the number of pods one engine spans."""
 
@@ -187,6 +188,16 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
                     "vramguard does not read: "
                     + ("its engine is counted on the whole GPU, not under the share it sets"
                        if counted else f"this GPU's memory is not checked (declare {VRAM_ANNOTATION})")
+                )
+                continue
+            accelerator = next((name for prefix, name in vendors.OTHER_ACCELERATORS.items()
+                                if resource.startswith(prefix)), None)
+            vendor = vendors.vendor_of(resource)
+            if accelerator is not None or vendor is not None:
+                what = accelerator or f"{vendor.name if vendor else ''} GPU"
+                found.append(
+                    f"container {excerpt(str(container.get('name')))}: {excerpt(resource)} is an {what} resource that "
+                    "the policy's gpu_resources do not name, so its memory is not checked"
                 )
                 continue
             if "gpu" not in resource.lower():

@@ -58,6 +58,7 @@ the environment.)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
@@ -76,6 +77,11 @@ VERSIONED_IMAGES = frozenset({
 })
 """Repository names (the last path element) of images whose tag is vLLM's own version: the
 project's images and the rebuilds that keep its tags (KubeAI's ``substratusai/vllm-gh200:v0.8.3``)."""
+ROCM_IMAGES = frozenset({"vllm", "vllm-dev"})
+"""AMD's ROCm builds (``rocm/vllm``, ``rocm/vllm-dev``), whose tags carry vLLM's version after ``vllm``:
+``rocm6.4.1_vllm_0.10.1_20250909``, ``rocm6.3.1_vllm0.8.5_20250521``,
+``rocm6.2_mi300_ubuntu20.04_py3.9_vllm_0.6.4`` (rocm.docs.amd.com, vLLM inference history)."""
+_ROCM_TAG = re.compile(r"(?:^|_)vllm_?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:$|[_.-])")
 PROGRAM = "vllm"
 """The console script: ``vllm serve``."""
 MODULES = frozenset({"vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server",
@@ -189,6 +195,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     tag = image_tag(image)
     repository = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
     version = version_from_tag(tag) if repository in VERSIONED_IMAGES else None
+    if version is None and repository in ROCM_IMAGES and tag is not None:
+        version = _rocm_version(tag)
     options = Options(args, underscores=True, prefixes=ABBREVIATIONS.at(version), exact=ABBREVIATIONS.others)
     options.report_misspellings(MISSPELLABLE, "vLLM", '"unrecognized arguments"', found)
     parallel = _parallel(options, found)
@@ -234,7 +242,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     if vram is not None and not vram.ceiling and device_wide_budget(version, engine):
         rules.append(
             f"image tag {tag}, engine {engine}: the budget is device-wide (total x utilization less every "
-            f"process's use, {SOURCE}): a ceiling on the device, co-tenants included"
+            f"process's use, {SOURCE if engine == 'V1' else 'worker/worker.py determine_num_available_blocks'}): "
+            "a ceiling on the device, co-tenants included"
         )
         vram = Vram(fraction=vram.fraction, ceiling=True)
     elif version is not None and version < (0, 9, 1):
@@ -242,7 +251,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
             f"image tag {tag}, engine {engine}: the budget is per instance (total x utilization less what the "
             "process added after its CUDA context exists, worker/worker.py)"
         )
-    overheads = _overheads(args, options, env, tag, version, rules)
+    overheads = _overheads(args, options, env, tag, version, rules, rocm="rocm" in image.split("@", 1)[0].lower())
     if vram is not None and vram.ceiling and not device_wide_budget(version, engine):
         # The extensible KV cache's whole device (v0.34.0, or a version vramguard cannot tell) is sized
         # after the graphs are captured: nothing is held beyond it.
@@ -252,6 +261,12 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         default_warning=found.default_warning, overheads=overheads,
         version=".".join(map(str, version)) if version is not None else None,
     )
+
+
+def _rocm_version(tag: str) -> Version | None:
+    """vLLM's version in the tag of one of AMD's ROCm images (:data:`ROCM_IMAGES`), or ``None``."""
+    found = _ROCM_TAG.search(tag)
+    return (int(found[1]), int(found[2]), int(found[3] or 0)) if found else None
 
 
 def engine_generation(version: Version | None, env: ContainerEnv) -> str:
@@ -276,7 +291,7 @@ def device_wide_budget(version: Version | None, engine: str) -> bool:
 
 def _overheads(
     args: Sequence[str], options: Options, env: ContainerEnv, tag: str | None, version: Version | None,
-    rules: list[str],
+    rules: list[str], *, rocm: bool = False,
 ) -> Overheads:
     """The version's rules for what vLLM holds outside its share (see the module's table)."""
     known = f"image tag {tag}" if version is not None else "image version unknown, the conservative rule"
@@ -284,6 +299,10 @@ def _overheads(
     graphs: str | None = None
     if options.has(EAGER):
         rules.append("--enforce-eager: no CUDA graphs")
+    elif rocm:
+        # v1/worker/gpu_worker.py v0.20.0: "Skip on ROCm/HIP/XPU": the graph estimate is 0 on ROCm, so
+        # the graphs are captured after the KV cache is sized, outside the share, in every version.
+        graphs = f"{known}, a ROCm image: vLLM estimates no CUDA graph memory on ROCm ({SOURCE}): outside the share"
     else:
         graphs = graphs_outside(env, known, version, rules)
     scale = Fraction(1)
