@@ -126,6 +126,14 @@ CASES = [
         errors=["vLLM: --data-parallel-size-local 8 = 8 GPUs, but the container requests 4"],
     ),
     Case(
+        # Kthena's data-parallel example (volcano-sh/kthena v1.0.0): one DP rank per pod, --data-parallel-rank
+        # set, so each pod runs data_parallel_size_local = 1 (engine/arg_utils.py v0.20.2).
+        "vllm-data-parallel-rank-per-pod",
+        pod(container(image=VLLM, gpus=1, command=[
+            "vllm", "serve", "m", "--data-parallel-size", "2", "--data-parallel-rank", "1",
+            "--data-parallel-address", "leader", "--gpu-memory-utilization", "0.9"])),
+    ),
+    Case(
         "sglang-nnodes",
         pod(container(image=SGLANG, gpus=8, command=[
             "python3", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "16", "--nnodes", "2",

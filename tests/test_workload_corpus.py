@@ -136,6 +136,94 @@ EXPECTED: dict[str, Expected] = {
     "llm-d-amd-pd-decode.yaml": [("deployment", 1, [("modelserver", "vllm", 4, 1.0)])],
     "llm-d-amd-pd-prefill.yaml": [("deployment", 4, [("modelserver", "vllm", 1, 1.0)])],
     "llm-d-amd-moriio-decode.yaml": [("deployment", 1, [("modelserver", "vllm", 2, None)])],  # KV bytes
+    # The kinds of 2025-2026 serving and training projects, read from their pod templates (workload_kinds);
+    # expectations from each file's header (its project's types and docs at the tag cited there).
+    # LLMInferenceService's containers take their image and command from KServe's config: unknown VRAM.
+    # A wide-EP role's arguments use ${LWS_WORKER_INDEX:-0}, which vramguard cannot read: unknown VRAM.
+    # A vLLM-Omni container (--omni) sums its stages' fractions per GPU from a file: unknown VRAM.
+    "aibrix-sglang-tp-1p1d.yaml": [
+        ("role[routing]", 1, []),
+        ("role[prefill]", 2, [("prefill", "sglang", 1, 0.8)]),
+        ("role[decode]", 2, [("decode", "sglang", 1, 0.8)]),
+    ],
+    "aibrix-vllm-pool-xpyd.yaml": [
+        ("role[prefill]", 4, [("prefill", "vllm", 1, 0.9)]),
+        ("role[decode]", 3, [("decode", "vllm", 1, 0.9)]),
+    ],
+    "argo-coreweave-gpu-say-workflow.yaml": [("script[gpu-echo]", 1, [("main", None, 1, None)])],
+    "gaie-vllm-gpu-grpc-deployment.yaml": [("deployment", 1, [("vllm-server", "vllm", 1, 0.9)])],
+    "knative-coreweave-vllm-ksvc.yaml": [("revision", 1, [("kfserving-container", "vllm", 1, 0.9)])],
+    "knative-gke-gemma3-vllm-ksvc.yaml": [("revision", 1, [("vllm", "vllm", 1, 0.95)])],
+    "kserve-isvc-triton-huggingface-gpu.yaml": [
+        ("predictor", 1, [("kserve-container", None, 1, None)]),
+        ("transformer", 1, []),
+    ],
+    "kserve-llmisvc-deepseek-dp-ep-multinode-gpu.yaml": [
+        ("server", 1, [("main", None, 8, None)]),
+        ("worker", 1, [("main", None, 8, None)]),
+    ],
+    "kserve-llmisvc-qwen2-7b-pd-gpu.yaml": [
+        ("server", 1, [("main", None, 1, None)]),
+        ("prefill", 2, [("main", None, 1, None)]),
+    ],
+    "kserve-llmisvc-qwen2-7b-single-gpu.yaml": [("server", 3, [("main", None, 1, None)])],
+    "kthena-data-parallel-deployment.yaml": [
+        ("entry[leader]", 1, [("engine", "vllm", 1, 0.9)]),
+        ("worker[leader]", 1, [("example-vllm-worker", "vllm", 1, 0.9)]),
+    ],
+    "kthena-gpu-pd-disaggregation.yaml": [
+        ("entry[prefill]", 1, [("prefill", "vllm", 1, 0.9)]),
+        ("entry[decode]", 1, [("decode", "vllm", 1, 0.9)]),
+    ],
+    "kthena-multi-node.yaml": [
+        ("entry[405b]", 2, [("leader", "vllm", 8, 1.0)]),
+        ("worker[405b]", 2, [("worker", "vllm", 8, 1.0)]),
+    ],
+    "kubeflow-trainer-torchtune-llama3.2-1b-runtime.yaml": [
+        ("job[dataset-initializer]", 1, []),
+        ("job[model-initializer]", 1, []),
+        ("job[node]", 1, [("node", None, 2, None)]),
+    ],
+    "llmd-pd-disaggregatedset.yaml": [
+        ("leader[prefill]", 8, [("modelserver", "vllm", 1, 1.0)]),
+        ("leader[decode]", 2, [("modelserver", "vllm", 4, 1.0)]),
+        ("worker[prefill]", 0, [("modelserver", "vllm", 1, 1.0)]),
+        ("worker[decode]", 0, [("modelserver", "vllm", 4, 1.0)]),
+    ],
+    "llmd-wide-ep-disaggregatedset.yaml": [
+        ("leader[prefill]", 1, [("vllm", "vllm", 8, None)]),
+        ("leader[decode]", 1, [("vllm", "vllm", 8, None)]),
+        ("worker[prefill]", 1, [("vllm", "vllm", 8, None)]),
+        ("worker[decode]", 1, [("vllm", "vllm", 8, None)]),
+    ],
+    "ome-srt-deepseek-rdma-pd-rt.yaml": [
+        ("engine-leader", 1, [("ome-container", "sglang", 8, 0.849)]),
+        ("engine-worker", 1, [("ome-container", "sglang", 8, 0.849)]),
+        ("decoder-leader", 1, [("ome-container", "sglang", 8, 0.835)]),
+        ("decoder-worker", 1, [("ome-container", "sglang", 8, 0.835)]),
+    ],
+    "ome-srt-mistral-7b-instruct-pd-rt.yaml": [
+        ("engine", 1, [("ome-container", "sglang", 2, 0.9)]),
+        ("decoder", 1, [("ome-container", "sglang", 2, 0.9)]),
+    ],
+    "ome-vllm-llama-3-1-8b-instruct-rt.yaml": [("engine", 1, [("ome-container", "vllm", 1, 0.9)])],
+    "rbg-pd-disagg-leader-worker.yaml": [
+        ("role[router]", 1, []),
+        ("role[prefill]", 8, [("sglang", "sglang", 1, 1.0)]),
+        ("role[decode]", 8, [("sglang", "sglang", 1, 1.0)]),
+    ],
+    "rbg-sglang-pd-v1alpha1.yaml": [
+        ("role[router]", 1, []),
+        ("role[prefill]", 1, [("sglang-prefill", "sglang", 2, 1.0)]),
+        ("role[decode]", 1, [("sglang-decode", "sglang", 2, 0.9)]),
+    ],
+    "rbg-vllm-pd-disagg-mooncake-te.yaml": [
+        ("role[router]", 1, []),
+        ("role[prefill]", 1, [("vllm", "vllm", 1, 1.0)]),
+        ("role[decode]", 1, [("vllm", "vllm", 1, 1.0)]),
+    ],
+    "vllm-omni-llmd-qwen3-omni-deployment.yaml": [("deployment", 1, [("modelserver", "vllm", 2, None)])],
+    "volcano-mindspore-gpu.yaml": [("task[mpimaster]", 1, []), ("task[mpiworker]", 2, [("mpiworker", None, 1, None)])],
 }
 
 

@@ -248,7 +248,7 @@ def test_kserve_model_without_runtime(model_format: str, engine: str | None) -> 
 
 @pytest.mark.parametrize(
     ("extra", "kinds"),
-    [pytest.param("", 10, id="omitted-means-the-shipped-kinds"),
+    [pytest.param("", 24, id="omitted-means-the-shipped-kinds"),
      pytest.param("workload_kinds: []\n", 0, id="empty-reads-none")],
 )
 def test_a_policy_without_workload_kinds_reads_the_shipped_ones(extra: str, kinds: int) -> None:

@@ -102,11 +102,19 @@ class TemplateSpec(_Strict):
     """Factors whose product is the number of pods of this template (``spec.replicas``, ``size - 1``)."""
     engine_from: str | None = None
     """The template whose engine command also applies to this one's GPU containers without one."""
+    group_size: str | None = None
+    """The pods one engine of this template spans, where it is the template's own (``@.size`` of a
+    RoleBasedGroup role's leader-worker pattern); else the kind's :attr:`WorkloadKind.group_size`."""
 
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
         return _check_path(value)
+
+    @field_validator("group_size")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        return _check_path(value) if value is not None else None
 
     @field_validator("replicas")
     @classmethod
@@ -197,10 +205,11 @@ def template_parts(
             pods = 1
             for factor in spec.replicas:
                 pods = min(pods * _factor(obj, element, factor), MAX_PODS)
-            if group_size is not None:
-                template = with_group_size(template, group_size)
+            size = _positive(_first(obj, spec.group_size, element)) if spec.group_size else group_size
+            if size is not None:
+                template = with_group_size(template, size)
             name = spec.name if label is None else f"{spec.name}[{label}]"
-            parts.append(TemplatePart(name, template, pods, group_size, spec.engine_from))
+            parts.append(TemplatePart(name, template, pods, size, spec.engine_from))
     return parts
 
 
@@ -373,7 +382,11 @@ def parts_demand(parts: Sequence[TemplatePart], options: DemandOptions) -> list[
     demands = [derive_pod_demand(part.template, options, files=part.files) for part in parts]
     by_name = {part.name: demand for part, demand in reversed(list(zip(parts, demands, strict=True)))}
     for index, part in enumerate(parts):
-        source = by_name.get(part.engine_from) if part.engine_from is not None else None
+        # The same element's template first (a role's entry for that role's workers: worker[405b] takes
+        # entry[405b]), then the one of that name.
+        label = part.name[part.name.index("["):] if "[" in part.name else ""
+        source = (by_name.get(part.engine_from + label) or by_name.get(part.engine_from)
+                  if part.engine_from is not None else None)
         engines = [c for c in source.containers if c.engine is not None] if source is not None else []
         if not engines:
             continue

@@ -406,6 +406,11 @@ def parallel_layout(
     canonical: list[str] = []
     for names in sizes:
         flag = options.last(names)
+        if flag is not None and flag.value is not None and unresolved_reference(flag.value):
+            # ``--tp-size $(PARALLELISM_SIZE)``: set when the pod is created (an operator's variable, OME's
+            # GPUs per pod x pods): the GPUs the engine uses are not checked against the container's.
+            found.evidence.append(flag.evidence())
+            return None
         if flag is not None:
             size = found.count(flag)
             if size is None:

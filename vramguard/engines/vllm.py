@@ -132,7 +132,15 @@ PARALLEL_SIZES = (
 )
 DATA_PARALLEL = ("--data-parallel-size", "-dp")
 DATA_PARALLEL_LOCAL = ("--data-parallel-size-local", "-dpl")
+DATA_PARALLEL_RANK = ("--data-parallel-rank", "-dpn", "--data-parallel-external-lb")
+"""One data-parallel rank per process, the others elsewhere (external load balancing): this pod runs
+``data_parallel_size_local = 1`` (``engine/arg_utils.py`` v0.20.2: "Local DP rank = 1, use pure-external LB")."""
 CONFIG = ("--config",)
+OMNI = ("--omni",)
+"""vLLM-Omni (vllm-project/vllm-omni): one engine per stage of the model's pipeline, each on the GPUs and
+with the ``gpu_memory_utilization`` of its deploy config (``vllm_omni/deploy/<model_type>.yaml``,
+``--deploy-config``, ``--stage-overrides``; ``--stage-configs-path`` before 2026). A GPU holds the sum of
+its stages' fractions, which the manifest does not give."""
 _SIZES = tuple(names for _, names in PARALLEL_SIZES)
 _SIZES_WITH_DATA = (*_SIZES, DATA_PARALLEL)
 _SIZES_WITH_LOCAL_DATA = (*_SIZES, DATA_PARALLEL_LOCAL)
@@ -210,6 +218,16 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     config = options.last(CONFIG)
     rules: list[str] = []
     fraction = found.fraction(utilization) if utilization is not None else None
+    if options.has(OMNI):
+        found.evidence.append("--omni")
+        found.warn(
+            "vLLM-Omni (--omni) runs one engine per stage on the GPUs its deploy config names, each with its own "
+            "--gpu-memory-utilization (vllm_omni/deploy/<model_type>.yaml, --deploy-config, --stage-overrides); "
+            f"a GPU holds the sum of its stages' fractions, which the manifest does not give: declare "
+            f"{VRAM_ANNOTATION} (per GPU, the largest sum)"
+        )
+        return EngineClaim(NAME, None, None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors),
+                           version=".".join(map(str, version)) if version is not None else None)
     if config is not None:
         found.evidence.append(config.evidence())
         found.warn(
@@ -371,10 +389,11 @@ def _parallel(options: Options, found: Findings) -> Parallel | None:
     # --data-parallel-size-local is the data-parallel ranks on this pod (vllm/config/parallel.py
     # data_parallel_size_local): with it the sizes are this pod's GPUs, whatever the group.
     local = options.has(DATA_PARALLEL_LOCAL)
-    sizes = _SIZES_WITH_LOCAL_DATA if local else _SIZES_WITH_DATA
+    external = options.has(DATA_PARALLEL_RANK)
+    sizes = _SIZES if external else _SIZES_WITH_LOCAL_DATA if local else _SIZES_WITH_DATA
     executor = options.last(EXECUTOR)
     ray = executor is not None and executor.value == "ray"
-    return parallel_layout(options, sizes, found, NODES, ray, per_pod=local)
+    return parallel_layout(options, sizes, found, NODES, ray, per_pod=local or external)
 
 
 def _implicit_default(tag: str | None, version: Version | None, found: Findings) -> Vram:
