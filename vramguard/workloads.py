@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from vramguard import vendors
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_maps
-from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES
+from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES, UNKNOWN_ENGINE
 from vramguard.demand.objects import pod_template
 from vramguard.operators import OPERATOR_RESOURCES, operator_parts, operator_versions
 from vramguard.operators.common import MAX_REPLICAS, count
@@ -369,7 +369,6 @@ def _list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-UNKNOWN_ENGINE = "no known engine and no vramguard.io/vram annotation"
 
 
 def parts_demand(parts: Sequence[TemplatePart], options: DemandOptions) -> list[PodDemand]:

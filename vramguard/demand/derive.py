@@ -39,6 +39,8 @@ __all__ = [
 
 DEFAULT_GPU_RESOURCES = vendors.DEFAULT_GPU_RESOURCES
 DEFAULT_GPU_RESOURCE_PREFIXES = vendors.DEFAULT_PARTITION_PREFIXES
+UNKNOWN_ENGINE = f"no known engine and no {VRAM_ANNOTATION} annotation"
+"""The start of the warning for a GPU container whose VRAM nothing says."""
 GROUP_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 """Set by LeaderWorkerSet on each pod of a group: the number of pods one engine spans."""
 
@@ -269,7 +271,7 @@ def derive_container_demand(
     # No reservation: no declaration, no MPS limit and no claim (see ContainerDemand.reservation).
     if declared is None and mps.limit_bytes is None and claim is None and not found.errors and not reading.refused:
         found.warn(
-            f"no known engine and no {VRAM_ANNOTATION} annotation, so its VRAM is unknown; "
+            f"{UNKNOWN_ENGINE}, so its VRAM is unknown; "
             f"declare it, e.g. {vram_annotation(name)}: 16Gi"
         )
     found.errors.extend(claim_conflicts(name, engine, vram, declared, mps.limit_bytes, None))

@@ -36,7 +36,7 @@ from cachetools import LRUCache
 
 from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand import DemandOptions, PodDemand, derive_container_demand, derive_pod_demand
-from vramguard.demand.derive import engine_title
+from vramguard.demand.derive import UNKNOWN_ENGINE, engine_title
 from vramguard.demand.model import ContainerDemand
 from vramguard.dra.claims import (
     MAX_RESERVED_FOR,
@@ -456,6 +456,27 @@ def _needs(
     return needs
 
 
+ENFORCING_CLASSES: Mapping[str, str] = {
+    "hami-core-gpu.project-hami.io": (
+        "HAMi's DRA driver enforces in the container (HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_<i> and "
+        "libvgpu.so, Project-HAMi/k8s-dra-driver v0.1.0)"
+    ),
+}
+"""DeviceClasses whose driver holds a container to its claim's ``capacity.requests.memory``: the memory
+is an enforced limit, as an MPS pinned limit is. Other drivers (NVIDIA's ``gpu.nvidia.com``, whose
+consumable capacity only allocates) enforce nothing: there the engine's own number counts."""
+
+
+def _enforced(request: ClaimRequest) -> tuple[int, str] | None:
+    """The memory a claim request's driver enforces per device, and which driver; ``None`` where not
+    every alternative is of an enforcing class with a memory request."""
+    found = [(a.memory, ENFORCING_CLASSES.get(a.device_class)) for a in request.alternatives]
+    if not found or any(memory is None or why is None for memory, why in found):
+        return None
+    memory = max(m for m, _ in found if m is not None)
+    return memory, next(why for _, why in found if why is not None)
+
+
 def _derive(
     entry: _Container, request: ClaimRequest, count: int, resource: str, annotations: Mapping[str, str]
 ) -> ContainerDemand | None:
@@ -469,6 +490,20 @@ def _derive(
         given = [e for e in request.mps.env(count) if e["name"] not in own]
         probe["env"] = [*items(entry.spec.get("env")), *given]
     demand = derive_container_demand(probe, annotations, entry.init, DemandOptions(frozenset({resource}), ()))
+    enforced = _enforced(request)
+    if demand is not None and enforced is not None and demand.declared is None and demand.mps_limit is None:
+        memory, why = enforced
+        demand = replace(
+            demand, mps_limit=memory,
+            evidence=(*demand.evidence, f"claim request {request.name}: capacity.requests.memory "
+                                        f"{memory_text(memory)}, which {why}"),
+            warnings=tuple(w for w in demand.warnings if UNKNOWN_ENGINE not in w),
+        )
+    elif demand is not None and any(a.memory is not None for a in request.alternatives):
+        demand = replace(demand, warnings=(*demand.warnings, (
+            f"container {demand.name}: claim request {request.name} asks for capacity.requests.memory, which its "
+            "driver allocates but does not enforce in the container: the container's own number counts"
+        )))
     if demand is not None and request.mps is not None:
         source = f"the MPS daemon of claim request {request.name} (GpuConfig): "
         demand = replace(demand, evidence=tuple(
