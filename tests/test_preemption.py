@@ -283,6 +283,22 @@ async def test_preempt_wire_format_meta_victims(client: ServedClient) -> None:
         "Pods": [{"UID": "uid-big-1"}, {"UID": "uid-big-2"}], "NumPDBViolations": 0}}}
 
 
+@pytest.mark.parametrize(
+    "victims",
+    [{"Pods": [], "NumPDBViolations": 0}, {"Pods": None, "NumPDBViolations": 0}, None],
+    ids=["empty-list", "null-pods", "null-victims"],
+)
+async def test_preempt_chooses_victims_for_a_candidate_with_none(client: ServedClient, victims: Any) -> None:
+    # kubernetes/kubernetes#135486 (1.37): a node the filter extender refused but the built-in filters pass
+    # is sent with no victims ("Preemption-capable scheduler extenders must now handle candidates with empty
+    # victim lists"): vramguard names the pods whose VRAM makes room.
+    body = {"Pod": prioritized("urgent", "0.5", 1000, node=None), "NodeNameToMetaVictims": {"ts": victims}}
+    response = await client.post("/preempt", json=body)
+    assert response.status == 200
+    assert await response.json() == {"NodeNameToMetaVictims": {"ts": {
+        "Pods": [{"UID": "uid-big-1"}, {"UID": "uid-big-2"}], "NumPDBViolations": 0}}}
+
+
 async def test_preempt_wire_format_full_victims(client: ServedClient) -> None:
     body = {"Pod": prioritized("urgent", "0.5", 1000, node=None),
             "NodeNameToVictims": {"ts": {"Pods": [prioritized("small-1", "0.1", 1)], "NumPDBViolations": 0}}}
