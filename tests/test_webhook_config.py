@@ -307,7 +307,8 @@ def test_the_serving_operators_kinds_are_sent_whole_unless_the_policy_describes_
     [entry] = [w for w in config["webhooks"] if w["name"] == "serving-operators.vramguard.io"]
     assert {(r["apiGroups"][0], r["resources"][0]) for r in entry["rules"]} == {
         ("kubeai.org", "models"), ("kaito.sh", "workspaces"), ("apps.nvidia.com", "nimservices"),
-        ("nvidia.com", "dynamographdeployments"), ("production-stack.vllm.ai", "vllmruntimes")}
+        ("nvidia.com", "dynamographdeployments"), ("production-stack.vllm.ai", "vllmruntimes"),
+        ("trainer.kubeflow.org", "trainjobs")}
     assert entry["matchConditions"] == [{"name": "asks-for-a-gpu", "expression": "object != null"}]
     own = yaml.safe_load(Path("vramguard/default_policy.yaml").read_text())
     own["workload_kinds"] = [*own.get("workload_kinds", []), {

@@ -179,6 +179,8 @@ EXPECTED: dict[str, Expected] = {
         ("entry[405b]", 2, [("leader", "vllm", 8, 1.0)]),
         ("worker[405b]", 2, [("worker", "vllm", 8, 1.0)]),
     ],
+    # A TrainJob's own trainer container (resourcesPerNode on numNodes pods); its runtime is read on its own.
+    "kubeflow-trainer-kai-trainjob.yaml": [("trainer", 4, [("node", None, 1, None)])],
     "kubeflow-trainer-torchtune-llama3.2-1b-runtime.yaml": [
         ("job[dataset-initializer]", 1, []),
         ("job[model-initializer]", 1, []),

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vramguard.demand.config_maps import ConfigMaps
-from vramguard.operators import dynamo, kaito, kubeai, nim, production_stack
+from vramguard.operators import dynamo, kaito, kubeai, nim, production_stack, trainer
 from vramguard.template_part import TemplatePart
 
 __all__ = ["OPERATOR_KINDS", "OPERATOR_RESOURCES", "operator_parts", "operator_versions"]
@@ -29,6 +29,7 @@ OPERATOR_KINDS: Mapping[tuple[str, str], Reader] = {
     ("apps.nvidia.com", "NIMService"): lambda obj, _maps, notes: nim.nim_service_parts(obj, notes),
     ("nvidia.com", "DynamoGraphDeployment"): lambda obj, _maps, notes: dynamo.graph_parts(obj, notes),
     ("production-stack.vllm.ai", "VLLMRuntime"): lambda obj, _maps, notes: production_stack.runtime_parts(obj, notes),
+    ("trainer.kubeflow.org", "TrainJob"): lambda obj, _maps, notes: trainer.train_job_parts(obj, notes),
 }
 """``(API group, kind)`` -> its reader."""
 OPERATOR_RESOURCES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -37,6 +38,7 @@ OPERATOR_RESOURCES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("apps.nvidia.com", "NIMService", "nimservices", ("v1alpha1",)),
     ("nvidia.com", "DynamoGraphDeployment", "dynamographdeployments", ("v1alpha1", "v1beta1")),
     ("production-stack.vllm.ai", "VLLMRuntime", "vllmruntimes", ("v1alpha1",)),
+    ("trainer.kubeflow.org", "TrainJob", "trainjobs", ("v1alpha1",)),
 )
 """Each reader's kind as the API serves it: group, kind, plural, versions (the webhook's rules)."""
 
