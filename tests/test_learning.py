@@ -173,9 +173,14 @@ def test_the_stored_form_round_trips_and_junk_is_refused() -> None:
         json.dumps({"version": 1, "keys": [{**row, "namespaces": {"a": {"p": [1, 2]}}}]}),
         json.dumps({"version": 1, "keys": [{**row, "engine": ""}]}),
         json.dumps({"version": 1, "keys": [{k: v for k, v in row.items() if k != "room"}]}),
+        json.dumps({"version": 1, "keys": [{**row, "layout": 4}]}),
+        json.dumps({"version": 1, "keys": [{**row, "layout": "x" * 300}]}),
     ):
         with pytest.raises(LearnedTableError):
             LearnedTable.from_json(bad)
+    # A table stored before keys had a layout reads as keys without one (no parallel size above 1).
+    older = json.dumps({"version": 1, "keys": [{k: v for k, v in row.items() if k != "layout"}]})
+    assert LearnedTable.from_json(older).to_json() == text
 
 
 def learned_state(beyond: int) -> ClusterState:

@@ -196,7 +196,7 @@ def _misspellings(annotations: Mapping[str, str], spec: Mapping[str, Any], optio
                                 if resource.startswith(prefix)), None)
             vendor = vendors.vendor_of(resource)
             if accelerator is not None or vendor is not None:
-                what = accelerator or f"{vendor.name if vendor else ''} GPU"
+                what = accelerator if accelerator is not None else f"{vendor.name if vendor else 'other'} GPU"
                 found.append(
                     f"container {excerpt(str(container.get('name')))}: {excerpt(resource)} is an {what} resource that "
                     "the policy's gpu_resources do not name, so its memory is not checked"
