@@ -44,7 +44,7 @@ ETCD_SERVER_MODULE = "go.etcd.io/etcd/server/v3"
 FALLBACK_ETCD_VERSION = "v3.6.5"
 """Used only when a Kubernetes go.mod does not mention the etcd server module."""
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
 ETCD_COMMAND = "etcd"
 BINARIES = (ETCD_COMMAND, *KUBE_COMMANDS)
 

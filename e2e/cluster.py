@@ -407,6 +407,10 @@ class Cluster:
         front_proxy_ca.issue("front-proxy-client", server=False, client=True).write(
             self.pki / "front-proxy-client.crt", self.pki / "front-proxy-client.key"
         )
+        # The API server's client certificate for the kubelets of real nodes (logs, exec).
+        ca.issue("kube-apiserver-kubelet-client", organizations=["system:masters"], server=False, client=True).write(
+            self.pki / "apiserver-kubelet-client.crt", self.pki / "apiserver-kubelet-client.key"
+        )
         # kube-scheduler's client certificate for the extender's mutual TLS (tlsConfig.certFile).
         ca.issue("kube-scheduler", server=False, client=True).write(*self.scheduler_client_cert)
         tokens = {name: secrets.token_hex(16) for name in ("admin", "scheduler", "controller-manager")}
@@ -494,6 +498,10 @@ class Cluster:
                 f"--proxy-client-cert-file={self.pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={self.pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
+                f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
+                # Real nodes are reached at their address; their host names resolve nowhere.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # kube-controller-manager runs only the controllers in CONTROLLERS: nothing would
                 # create ServiceAccounts or lift the not-ready taint TaintNodesByCondition sets.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
