@@ -40,7 +40,7 @@ from agent.report import (
     owners_for,
     snapshot_pids,
 )
-from vramguard.codecs import AGENT_REPORT_ANNOTATION, AGENT_REPORT_REVISION_LABEL, report_revision
+from vramguard.codecs import AGENT_REPORT_ANNOTATION
 from vramguard.lease import DEFAULT_AGENT_NAMESPACE
 
 __all__ = ["AgentLoop", "AgentSettings", "NodePods", "NodeWriter", "ReportPublisher", "run"]
@@ -75,12 +75,8 @@ class KubeNodeWriter:
         return value if isinstance(value, str) else None
 
     async def write(self, text: str) -> None:
-        """A JSON merge patch touching this one annotation and its revision label (which makes
-        kube-scheduler retry the pods the extender refused), so other writers' keys stay as they are."""
-        await self._client.patch(self._path, {"metadata": {
-            "annotations": {AGENT_REPORT_ANNOTATION: text},
-            "labels": {AGENT_REPORT_REVISION_LABEL: report_revision(text)},
-        }})
+        """A JSON merge patch touching this one annotation, so other writers' keys stay as they are."""
+        await self._client.patch(self._path, {"metadata": {"annotations": {AGENT_REPORT_ANNOTATION: text}}})
 
 
 class ReportPublisher:

@@ -232,9 +232,6 @@ def test_agent_may_annotate_only_its_own_node(cluster: Any, dynamic: Any, two_no
         assert time.monotonic() < deadline, "the agent could annotate another node"
         time.sleep(0.5)
     annotate(own, '{"version": 1, "gpus": []}')
-    agent.patch_node(own, {"metadata": {"labels": {"vramguard.io/gpus-revision": "0123456789abcdef"}}})
-    with pytest.raises(denied):
-        agent.patch_node(own, {"metadata": {"labels": {"vramguard.io/gpus-revision": "not-a-digest"}}})
     with pytest.raises(denied):
         agent.patch_node(own, {"metadata": {"labels": {"nvidia.com/gpu.product": "forged"}}})
     with pytest.raises(denied):

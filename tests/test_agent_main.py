@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from tests.agent_support import (
     list_response,
     pod_object,
 )
-from vramguard.codecs import AGENT_REPORT_ANNOTATION, AGENT_REPORT_REVISION_LABEL, AgentReport
+from vramguard.codecs import AGENT_REPORT_ANNOTATION, AgentReport
 from vramguard.io.kube import Connection, KubeClient
 
 UID = "7d0c6a2e-5b1f-4e3a-9c8d-2f1e0a9b8c7d"
@@ -260,11 +259,7 @@ async def test_kube_node_writer_merge_patches_one_annotation(aiohttp_server: Any
         await writer.write('{"version":1}')
         assert await writer.read() == '{"version":1}'
     assert api.patches == [
-        ("application/merge-patch+json", {"metadata": {
-            "annotations": {AGENT_REPORT_ANNOTATION: '{"version":1}'},
-            # sha256('{"version":1}'), its first 16 hex digits
-            "labels": {AGENT_REPORT_REVISION_LABEL: hashlib.sha256(b'{"version":1}').hexdigest()[:16]},
-        }})
+        ("application/merge-patch+json", {"metadata": {"annotations": {AGENT_REPORT_ANNOTATION: '{"version":1}'}}})
     ]
 
 

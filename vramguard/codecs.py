@@ -39,7 +39,6 @@ from vramguard.quantity import MAX_BYTES
 __all__ = [
     "AGENT_LEASE_PREFIX",
     "AGENT_REPORT_ANNOTATION",
-    "AGENT_REPORT_REVISION_LABEL",
     "AGENT_REPORT_VERSION",
     "CLASS_FINDINGS_ANNOTATION",
     "DOMAIN",
@@ -58,7 +57,6 @@ __all__ = [
     "decode_class_findings",
     "encode_class_findings",
     "is_vramguard_key",
-    "report_revision",
     "vram_annotation",
     "webhook_name",
 ]
@@ -71,12 +69,6 @@ PLACEMENT_ANNOTATION = PREFIX + "placement"
 CLASS_FINDINGS_ANNOTATION = PREFIX + "class-findings"
 AGENT_REPORT_ANNOTATION = PREFIX + "gpus"
 AGENT_REPORT_VERSION = 1
-AGENT_REPORT_REVISION_LABEL = PREFIX + "gpus-revision"
-"""A label the agent sets with each report: a digest of the annotation's text. kube-scheduler
-requeues a pod the extender alone refused only on a cluster event some plugin registers for, and a
-Node annotation update is none (``pkg/scheduler/framework/events.go``, the plugins'
-``EventsToRegister``, v1.36.3); a label update is, so a pod Pending until the report shows room is
-tried again when it does, not at the five-minute flush of unschedulable pods."""
 QOS_CLASS_LABEL = PREFIX + "qos-class"
 ENFORCE_LABEL = PREFIX + "enforce"
 AGENT_LEASE_PREFIX = "vramguard-agent-"
@@ -334,11 +326,6 @@ def _used(raw: Any, problems: list[str]) -> dict[str, dict[str, int]]:
 
 
 # -- the agent's Lease ----------------------------------------------------------------------------
-
-
-def report_revision(text: str) -> str:
-    """The value of :data:`AGENT_REPORT_REVISION_LABEL` for a report's annotation text (16 hex digits)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def agent_lease_name(node: str) -> str:
