@@ -137,8 +137,8 @@ def nvml_recording(
             "index": index,
             "uuid": gpu_uuid(spec.name, index),
             "name": spec.model.nvml_name,
-            "memory": {"total": total, "used": sum(used for _, used in running) + reserved_mib * 2**20,
-                       "reserved": reserved_mib * 2**20},
+            # NVML's v2 query: "used" leaves the driver's reserve out.
+            "memory": {"total": total, "used": sum(used for _, used in running), "reserved": reserved_mib * 2**20},
             "mig_enabled": False,
             "mig_instances": [],
             "lost": False,
@@ -254,10 +254,13 @@ class Plugin:
     def _registered(self) -> bool:
         return all((self.plugin_dir / socket_name(resource)).exists() for resource in self.resources)
 
+    def stop(self) -> None:
+        """Make :meth:`run` return."""
+        self._stopping.set()
+
     def run(self) -> None:
-        """Serve until SIGTERM: register once the kubelet's socket is there, again whenever the kubelet
-        has removed the plugin's sockets (it does on restart)."""
-        signal.signal(signal.SIGTERM, lambda *_: self._stopping.set())
+        """Serve until :meth:`stop`: register once the kubelet's socket is there, again whenever the
+        kubelet has removed the plugin's sockets (it does on restart)."""
         kubelet = self.plugin_dir / KUBELET_SOCKET
         seen: tuple[int, int] | None = None
         while not self._stopping.is_set():
@@ -290,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = spec_from_json(json.loads(args.node.read_text(encoding="utf-8")))
     args.plugin_dir.mkdir(parents=True, exist_ok=True)
-    Plugin(spec, args.plugin_dir).run()
+    plugin = Plugin(spec, args.plugin_dir)
+    signal.signal(signal.SIGTERM, lambda *_: plugin.stop())
+    plugin.run()
     return 0
 
 

@@ -472,6 +472,16 @@ class RealNodes:
         self.wait_ready(node, timeout)
         _log(f"{node.name}: Ready with its GPUs in {time.monotonic() - started:.1f}s")
 
+    def start_agent(self, node: RealNode, recording: Path, port: int) -> ManagedProcess:
+        """``vramguard agent`` for ``node`` as the DaemonSet runs it (host PIDs, the kubelet's
+        PodResources socket), NVML replayed from ``recording`` (re-read every cycle, so it may be
+        rewritten), serving its metrics on ``127.0.0.1:port``; it stops with the node."""
+        return self._spawn(node, "agent", [
+            sys.executable, "-m", "vramguard", "agent", "--node-name", node.name, "--listen", f"127.0.0.1:{port}",
+            "--kubeconfig", str(self.cluster.kubeconfig), "--nvml-recording", str(recording),
+            "--podresources-socket", str(node.podresources_socket), "--host-pid", "--proc-root", "/proc",
+            "--interval", "0.5", "--min-write-interval", "1", "--lease-duration", "10"])
+
     def start_kubelet(self, node: RealNode) -> ManagedProcess:
         """(Re)start the node's kubelet."""
         return self._spawn(node, "kubelet", node.kubelet_argv)
@@ -499,6 +509,9 @@ class RealNodes:
 
     def _stop_node(self, node: RealNode) -> None:
         errors = []
+        if "agent" in node.processes:
+            with contextlib.suppress(RuntimeError):
+                node.processes.pop("agent").stop(timeout=10)
         # Pods first: with the kubelet gone nothing restarts them; then containerd and its shims.
         if "kubelet" in node.processes:
             with contextlib.suppress(RuntimeError):

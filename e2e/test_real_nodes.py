@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -36,7 +34,7 @@ import yaml
 
 from e2e import build, device_plugin, gpu_nodes, real_nodes
 from e2e.cluster import Cluster
-from e2e.procs import free_port
+from e2e.procs import ManagedProcess, free_port, processes_mentioning
 from e2e.scenario import pinned_vllm_pod, private_node, violations_on_own_nodes
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, QOS_CLASS_LABEL
 
@@ -174,40 +172,26 @@ def report(core_v1: Any, node: str) -> dict[str, Any]:
 
 @dataclass
 class Agent:
-    process: subprocess.Popen[bytes]
+    process: ManagedProcess
     recording: Path
     metrics_url: str
-    log: Path
 
     def alive(self) -> None:
-        assert self.process.poll() is None, self.log.read_text()
+        assert self.process.exited() is None, self.process.log_tail()
 
 
 @pytest.fixture
-def start_agent(real: RealCluster, tmp_path: Path) -> Iterator[Callable[[real_nodes.RealNode], Agent]]:
+def start_agent(real: RealCluster, tmp_path: Path) -> Callable[[real_nodes.RealNode], Agent]:
     """``vramguard agent`` for a node, against its kubelet's real PodResources socket and host
-    ``/proc``, NVML replayed from a recording the test may rewrite."""
-    agents: list[Agent] = []
-
+    ``/proc``, NVML replayed from a recording the test may rewrite; it stops with the node."""
     def start(node: real_nodes.RealNode) -> Agent:
         recording = tmp_path / f"nvml-{node.name}.json"
         recording.write_text(json.dumps(device_plugin.nvml_recording(node.spec)))
         port = free_port()
-        log = tmp_path / f"agent-{node.name}.log"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "vramguard", "agent", "--node-name", node.name, "--listen", f"127.0.0.1:{port}",
-             "--kubeconfig", str(real.cluster.kubeconfig), "--nvml-recording", str(recording),
-             "--podresources-socket", str(node.podresources_socket), "--host-pid", "--proc-root", "/proc",
-             "--interval", "0.5", "--min-write-interval", "1", "--lease-duration", "10"],
-            stdout=log.open("ab"), stderr=subprocess.STDOUT)
-        agent = Agent(process, recording, f"http://127.0.0.1:{port}/metrics", log)
-        agents.append(agent)
-        return agent
+        process = real.nodes.start_agent(node, recording, port)
+        return Agent(process, recording, f"http://127.0.0.1:{port}/metrics")
 
-    yield start
-    for agent in agents:
-        agent.process.terminate()
-        agent.process.wait(15)
+    return start
 
 
 def wait_for_report(core_v1: Any, node: str, agent: Agent, done: Callable[[dict[str, Any]], bool],
@@ -317,7 +301,7 @@ def test_a_kubelet_restart_is_conservative_then_recovers(
     for i in range(3):
         core.create_namespaced_pod(namespace, pinned_vllm_pod(f"vllm-{i}", unique))
         uids.append(running(core, namespace, f"vllm-{i}", timeout=90).metadata.uid)
-        wait_for_report(core, node.name, agent, lambda r, n=i: len(r.get("pods") or {}) == n + 1)
+        wait_for_report(core, node.name, agent, lambda r: set(r.get("pods") or {}) == set(uids))
 
     real.nodes.stop_kubelet(node)
     wait_for_report(core, node.name, agent, lambda r: not r.get("pods"))
@@ -412,7 +396,7 @@ def test_teardown_restores_the_host(real: RealCluster, unique: str) -> None:
         assert not node.container_pids(uid)
         assert not real_nodes.cgroup_pids(node.cgroup)
         assert not any((path).exists() for path in real_nodes.cgroup_dirs(node.cgroup))
-        assert not real_nodes.processes_mentioning(str(node.containerd_socket))
+        assert not processes_mentioning(str(node.containerd_socket))
         assert host() == before
     finally:
         if own.nodes:
