@@ -45,16 +45,34 @@ class RecordedNvml:
     """:class:`agent.nvml.Nvml` answering from a recording (a mapping or a JSON file)."""
 
     def __init__(self, recording: Mapping[str, Any] | Path) -> None:
-        """Load the recording; a file is read on every :meth:`init`, so it can change between reads."""
+        """Load the recording. A file is read at :meth:`init` and again at the start of each reading
+        once it has changed, so what the GPUs show can change while the agent runs."""
         self._path = recording if isinstance(recording, Path) else None
         self._data: Mapping[str, Any] = {} if isinstance(recording, Path) else recording
+        self._text: str | None = None
         self.initialised = False
 
     def init(self) -> None:
         """(Re-)read the file when the recording is one."""
         if self._path is not None:
-            self._data = json.loads(self._path.read_text(encoding="utf-8"))
+            self._text = self._path.read_text(encoding="utf-8")
+            self._data = json.loads(self._text)
         self.initialised = True
+
+    def _refresh(self) -> None:
+        """Read the file again when its content changed (a recording is a few KiB); one that cannot
+        be read now (being replaced, junk) leaves the last reading in place until it can."""
+        if self._path is None:
+            return
+        try:
+            text = self._path.read_text(encoding="utf-8")
+            if text == self._text:
+                return
+            data = json.loads(text)
+        except (OSError, ValueError):
+            return
+        if isinstance(data, Mapping):
+            self._data, self._text = data, text
 
     def shutdown(self) -> None:
         """Nothing to release."""
@@ -65,7 +83,9 @@ class RecordedNvml:
         return str(_value(self._data, "driver_version"))
 
     def device_count(self) -> int:
-        """How many GPU entries the recording has (or its ``device_count`` error)."""
+        """How many GPU entries the recording has (or its ``device_count`` error); the first call of
+        every reading, so the file is looked at again here."""
+        self._refresh()
         if "device_count" in self._data:
             return int(_value(self._data, "device_count"))
         return len(self._gpus())

@@ -38,7 +38,15 @@ from typing import Any
 import yaml
 
 from e2e import build, device_plugin, gpu_nodes, images
-from e2e.procs import ManagedProcess, free_ports, group_members, processes_mentioning, wait_until
+from e2e.procs import (
+    ManagedProcess,
+    free_ports,
+    group_members,
+    is_running,
+    process_start_time,
+    processes_mentioning,
+    wait_until,
+)
 
 CGROUP_ROOT = "vramguard-e2e"
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -158,19 +166,62 @@ def _veths_of(bridge: str) -> list[str]:
     return [line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines() if line.count(":") >= 2]
 
 
+OWNER_FILE = "owner.json"
+"""In each node's run directory: the node's name and the process that started it."""
+
+
+def _owner(run: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _owner_alive(owner: Mapping[str, Any]) -> bool:
+    pid, start = owner.get("pid"), owner.get("start_time")
+    return isinstance(pid, int) and is_running(pid, start if isinstance(start, int) else None)
+
+
 def clean_leftovers() -> None:
-    """What a run that died without its teardown left: containers and shims, cgroups, bridges."""
-    stale = cgroup_pids(CGROUP_ROOT) | set(processes_mentioning(f"{RUN_ROOT}/"))
-    if stale:
-        _log(f"killing {len(stale)} processes a previous run left")
-        _kill_all(stale)
-        time.sleep(0.5)
-    remove_cgroup(CGROUP_ROOT)
-    shutil.rmtree(RUN_ROOT, ignore_errors=True)
-    for bridge in _bridges():
-        for veth in _veths_of(bridge):
+    """What runs that died without their teardown left (their owner process is gone): containers
+    and shims, cgroups, bridges, run directories. Nodes of a live run, in this process or another,
+    are left alone."""
+    if not RUN_ROOT.is_dir():
+        return
+    for run in sorted(RUN_ROOT.iterdir()):
+        owner = _owner(run)
+        if _owner_alive(owner):
+            continue
+        node = str(owner.get("node") or "")
+        cgroup = f"{CGROUP_ROOT}/{node}" if node else None
+        stale = set(processes_mentioning(f"{run}/")) | (cgroup_pids(cgroup) if cgroup else set())
+        if stale:
+            _log(f"killing {len(stale)} processes a previous run of node {node or run.name} left")
+            _kill_all(stale)
+            time.sleep(0.5)
+        if cgroup:
+            remove_cgroup(cgroup)
+        for veth in _veths_of(run.name):
             _delete_bridge(veth)
-        _delete_bridge(bridge)
+        _delete_bridge(run.name)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def reserve_run_directory(node: str) -> Path:
+    """A run directory ``RUN_ROOT/vge2e<n>`` of this process's own (``n`` also names the node's bridge
+    and subnet): made with ``mkdir``, so concurrent runs never share one."""
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    pid = os.getpid()
+    for n in range(1, 250):
+        run = RUN_ROOT / f"{BRIDGE_PREFIX}{n}"
+        try:
+            run.mkdir()
+        except FileExistsError:
+            continue
+        (run / OWNER_FILE).write_text(json.dumps({"node": node, "pid": pid, "start_time": process_start_time(pid)}))
+        return run
+    raise RuntimeError(f"no free run directory under {RUN_ROOT}")
 
 
 @dataclass
@@ -357,10 +408,6 @@ def _cgroup_text(pid: int) -> str:
         return ""
 
 
-_LIVE: list[RealNodes] = []
-"""Every :class:`RealNodes` of this process: leftovers are cleaned only while none has a node."""
-
-
 class RealNodes:
     """The real nodes of one cluster; :meth:`stop` removes them all."""
 
@@ -369,24 +416,18 @@ class RealNodes:
         self.nodes: dict[str, RealNode] = {}
         self.host = HostChanges()
         self._binaries: build.Binaries | None = None
-        _LIVE.append(self)
-
-    def _subnet(self) -> int:
-        used = {int(node.bridge.removeprefix(BRIDGE_PREFIX)) for node in self.nodes.values()}
-        used |= {int(name.removeprefix(BRIDGE_PREFIX)) for name in _bridges() if name[len(BRIDGE_PREFIX):].isdigit()}
-        return next(n for n in range(1, 250) if n not in used)
 
     def start(self, spec: gpu_nodes.GPUNodeSpec, timeout: float = 90.0) -> RealNode:
         """Start a node for ``spec`` and return once it is Ready with its GPUs in its allocatable."""
         reasons = missing()
         if reasons:
             raise RuntimeError(f"real nodes cannot run here: {'; '.join(reasons)}")
-        if not any(live.nodes for live in _LIVE):
-            clean_leftovers()
+        clean_leftovers()
         if not self.nodes:
             self.host.record()
         self._binaries = self._binaries or build.ensure_built(self.cluster.version)
-        subnet = self._subnet()
+        run = reserve_run_directory(spec.name)
+        subnet = int(run.name.removeprefix(BRIDGE_PREFIX))
         directory = self.cluster.directory / "nodes" / spec.name
         shutil.rmtree(directory, ignore_errors=True)
         node = RealNode(spec, directory, f"{BRIDGE_PREFIX}{subnet}")
@@ -416,8 +457,7 @@ class RealNodes:
         for sub in ("logs", "pids", "pki", "cni", "pod-logs", "volume-plugins",
                     *(f"mounts/{i}" for i in range(len(NAMESPACE_PATHS)))):
             (directory / sub).mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(node.run, ignore_errors=True)
-        (node.run / "kubelet").mkdir(parents=True)
+        (node.run / "kubelet").mkdir()
         make_cgroup(node.cgroup)
 
         # The mount namespace: held by a process that bind-mounts the private directories, then waits.
@@ -553,10 +593,10 @@ class RealNodes:
             finally:
                 del self.nodes[node.name]
         if not self.nodes:
-            if not any(live.nodes for live in _LIVE):
-                remove_cgroup(CGROUP_ROOT)
+            # Empty unless another run's nodes are there.
+            for directory in (*cgroup_dirs(CGROUP_ROOT), RUN_ROOT):
                 with contextlib.suppress(OSError):
-                    RUN_ROOT.rmdir()
+                    directory.rmdir()
             self.host.restore()
 
     @contextlib.contextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -229,3 +231,21 @@ def test_recorded_nvml_rereads_its_file(tmp_path: Any) -> None:
     path.write_text('{"gpus": []}')
     nvml.init()
     assert nvml.device_count() == 0
+
+
+def test_a_recording_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    """A test or a demo may change what the GPUs show while the agent runs; a file caught half
+    written (or junk) leaves the last reading in place."""
+    path = tmp_path / "nvml.json"
+    data = json.loads(H100_TIME_SLICED.read_text())
+    path.write_text(json.dumps(data))
+    nvml = RecordedNvml(path)
+    nvml.init()
+    assert take_snapshot(nvml).gpus[1].processes[1].pid == 31337
+    data["gpus"][1]["processes"] = [{"pid": 4242, "used_bytes": 2**30}]
+    path.write_text(json.dumps(data))
+    assert [p.pid for p in take_snapshot(nvml).gpus[1].processes] == [4242]
+    path.write_text('{"gpus": [')
+    assert [p.pid for p in take_snapshot(nvml).gpus[1].processes] == [4242]
+    path.unlink()
+    assert len(take_snapshot(nvml).gpus) == 2

@@ -64,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--proc-root", type=Path, default=Path("/proc"), metavar="PATH",
                         help="the host's /proc, read with --host-pid (default /proc)")
     parser.add_argument("--nvml-recording", type=Path, metavar="FILE",
-                        help="replay a recorded NVML snapshot (JSON) instead of the real library")
+                        help="replay a recorded NVML snapshot (JSON) instead of the real library; the file is "
+                        "read again whenever it changes")
     parser.add_argument("--once", action="store_true",
                         help="take one reading (NVML, PodResources), print it as JSON and exit; writes nothing")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
