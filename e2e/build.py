@@ -1,4 +1,5 @@
-"""Build etcd, kube-apiserver, kube-scheduler and kube-controller-manager from Go source, cached by Kubernetes version.
+"""Build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, the kubelet and kube-proxy from
+Go source, cached by Kubernetes version.
 
 ``go install k8s.io/kubernetes/cmd/...@vX`` does not work: k8s.io/kubernetes points its staging
 modules (k8s.io/api, k8s.io/client-go, ...) at ``./staging/src/...`` through replace directives,
@@ -44,7 +45,7 @@ ETCD_SERVER_MODULE = "go.etcd.io/etcd/server/v3"
 FALLBACK_ETCD_VERSION = "v3.6.5"
 """Used only when a Kubernetes go.mod does not mention the etcd server module."""
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
+KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet", "kube-proxy")
 ETCD_COMMAND = "etcd"
 BINARIES = (ETCD_COMMAND, *KUBE_COMMANDS)
 

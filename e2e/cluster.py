@@ -31,6 +31,7 @@ import json
 import secrets
 import shutil
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -74,6 +75,17 @@ CONTROLLERS = (
 )
 """The kube-controller-manager controllers the harness runs; nothing else (no node lifecycle, which
 would taint the kubelet-less Nodes not-ready; no ServiceAccount tokens, which nothing here uses)."""
+POD_NETWORK_CONTROLLERS = (
+    # Pods that talk to the API server: each namespace's default ServiceAccount and its
+    # kube-root-ca.crt, Services' endpoints (webhooks behind a Service), DaemonSets.
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "endpointslice-controller",
+    "daemonset-controller",
+    "namespace-controller",
+)
+"""What a cluster with ``pod_network`` runs on top of :data:`CONTROLLERS`."""
+
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 STATE_FILE = "cluster.json"
 PROCESSES_FILE = "processes.json"
@@ -82,6 +94,13 @@ PORT_ATTEMPTS = 3
 
 def _log(message: str) -> None:
     print(f"e2e.cluster: {message}", file=sys.stderr, flush=True)
+
+
+def host_address() -> str:
+    """This machine's address on its default route (where pods on real nodes reach the API server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route
+        return str(probe.getsockname()[0])
 
 
 @dataclass
@@ -114,6 +133,11 @@ class ClusterConfig:
     extender_verbs: Sequence[str] | None = None
     """The only extender verbs the schedulers are configured to call (``None``: as shipped); see
     :func:`e2e.services.localize_scheduler_config`."""
+    pod_network: bool = False
+    """Pods on real nodes reach the API server and Services as in a cluster: the API server listens
+    on the machine's address (its ``kubernetes`` Service points there), ServiceAccounts are admitted
+    and their tokens mounted, Services get endpoints; the real nodes run kube-proxy
+    (``e2e.real_nodes``)."""
 
 
 @dataclass
@@ -189,6 +213,7 @@ class Cluster:
         timeout: float = 120.0,
         extender_replicas: int = 1,
         extender_verbs: Sequence[str] | None = None,
+        pod_network: bool = False,
     ) -> Cluster:
         """Build (if needed) and start a cluster in ``directory``; return once it is ready."""
         cluster = cls(
@@ -205,6 +230,7 @@ class Cluster:
                 timeout=timeout,
                 extender_replicas=extender_replicas,
                 extender_verbs=extender_verbs,
+                pod_network=pod_network,
             )
         )
         cluster.start()
@@ -388,6 +414,7 @@ class Cluster:
         ) = free_ports(9)
         server = f"https://127.0.0.1:{api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
+        host = host_address() if cfg.pod_network else None
 
         # Credentials: one CA for everything, static tokens for every client.
         ca = CertificateAuthority.create("vramguard-e2e-ca")
@@ -395,7 +422,8 @@ class Cluster:
         ca.write(self.pki / "ca.crt", self.pki / "ca.key")
         ca.issue(
             "kube-apiserver",
-            ip_addresses=["127.0.0.1", str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts()))],
+            ip_addresses=["127.0.0.1", str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts())),
+                          *([host] if host else [])],
             dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
         ).write(self.pki / "apiserver.crt", self.pki / "apiserver.key")
         service_account_keys(self.pki / "sa.key", self.pki / "sa.pub")
@@ -482,8 +510,8 @@ class Cluster:
             [
                 str(binaries.kube_apiserver),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={'0.0.0.0' if host else '127.0.0.1'}",
+                f"--advertise-address={host or '127.0.0.1'}",
                 f"--secure-port={api_port}",
                 f"--cert-dir={self.pki}",
                 f"--tls-cert-file={self.pki / 'apiserver.crt'}",
@@ -503,14 +531,16 @@ class Cluster:
                 # Real nodes are reached at their address; their host names resolve nowhere.
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # kube-controller-manager runs only the controllers in CONTROLLERS: nothing would
-                # create ServiceAccounts or lift the not-ready taint TaintNodesByCondition sets.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # create ServiceAccounts (without pod_network) or lift the not-ready taint
+                # TaintNodesByCondition sets.
+                "--disable-admission-plugins="
+                + ("TaintNodesByCondition" if host else "ServiceAccount,TaintNodesByCondition"),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={self.pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={self.pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 # 127.0.0.1 is not a valid endpoint address for the kubernetes Service.
-                "--endpoint-reconciler-type=none",
+                *([] if host else ["--endpoint-reconciler-type=none"]),
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
@@ -861,6 +891,7 @@ class Cluster:
         return took
 
     def _start_controller_manager(self, binaries: build.Binaries, port: int, kubeconfig: Path) -> None:
+        controllers = (*CONTROLLERS, *(POD_NETWORK_CONTROLLERS if self.config.pod_network else ()))
         proc = self._spawn(
             "kube-controller-manager",
             [
@@ -868,7 +899,8 @@ class Cluster:
                 f"--kubeconfig={kubeconfig}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 "--leader-elect=false",

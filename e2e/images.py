@@ -156,6 +156,21 @@ def pause_image(binaries: build.Binaries, work: Path) -> bytes:
     return oci_archive(PAUSE_IMAGE, {"pause": FileEntry(pause_binary(binaries, work), 0o755)}, ["/pause"])
 
 
+def kube_scheduler_image(binaries: build.Binaries) -> tuple[str, Path]:
+    """``registry.k8s.io/kube-scheduler:<version>`` made from the binary the harness built (the image
+    the chart's second scheduler runs), cached: its name and archive."""
+    name = f"registry.k8s.io/kube-scheduler:{binaries.version}"
+    path = binaries.directory / "images" / "kube-scheduler.tar"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files = {"usr/local/bin/kube-scheduler": FileEntry(binaries.kube_scheduler.read_bytes(), 0o755),
+                 "tmp/.keep": FileEntry(b"")}
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(oci_archive(name, files, ["/usr/local/bin/kube-scheduler"]))
+        partial.replace(path)
+    return name, path
+
+
 def archives(binaries: build.Binaries) -> dict[str, Path]:
     """Image name -> archive file, made once per Kubernetes version and busybox."""
     directory = binaries.directory / "images"

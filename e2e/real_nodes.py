@@ -42,6 +42,7 @@ from e2e.procs import (
     ManagedProcess,
     free_ports,
     group_members,
+    http_status,
     is_running,
     process_start_time,
     processes_mentioning,
@@ -57,9 +58,15 @@ RUN_ROOT = Path("/run/vramguard-e2e")
 socket (108 bytes); every shim's command line names it, so leftovers can be found."""
 SOCKET_NAME = "containerd.sock"
 NAMESPACE_PATHS = ("/var/lib/kubelet/device-plugins", "/run/containerd", "/var/log/containers", "/var/lib/cni")
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+"""Where a DaemonSet (the node agent's) finds the kubelet's PodResources socket: the node's own, from
+its kubelet root, mounted there in the node's namespace."""
+MOUNT_POINTS = (*NAMESPACE_PATHS, POD_RESOURCES)
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
 TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "ip")
 PODS_PER_NODE = 110
+CLUSTER_CIDR = "10.244.0.0/16"
+"""Every node's pod subnet is a /24 of it."""
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
@@ -236,7 +243,7 @@ class HostChanges:
         for name in SYSCTLS:
             with contextlib.suppress(OSError):
                 self.sysctls[name] = (Path("/proc/sys") / name).read_text().strip()
-        for path in map(Path, NAMESPACE_PATHS):
+        for path in map(Path, MOUNT_POINTS):
             missing_parts = [p for p in (path, *path.parents) if not p.exists()]
             path.mkdir(parents=True, exist_ok=True)
             self.made_dirs.extend(sorted(missing_parts, key=lambda p: -len(p.parts)))
@@ -416,6 +423,7 @@ class RealNodes:
         self.nodes: dict[str, RealNode] = {}
         self.host = HostChanges()
         self._binaries: build.Binaries | None = None
+        self._proxy: ManagedProcess | None = None
 
     def start(self, spec: gpu_nodes.GPUNodeSpec, timeout: float = 90.0) -> RealNode:
         """Start a node for ``spec`` and return once it is Ready with its GPUs in its allocatable."""
@@ -457,13 +465,14 @@ class RealNodes:
         for sub in ("logs", "pids", "pki", "cni", "pod-logs", "volume-plugins",
                     *(f"mounts/{i}" for i in range(len(NAMESPACE_PATHS)))):
             (directory / sub).mkdir(parents=True, exist_ok=True)
-        (node.run / "kubelet").mkdir()
         make_cgroup(node.cgroup)
 
         # The mount namespace: held by a process that bind-mounts the private directories, then waits.
         ready = directory / "namespace-ready"
-        mounts = "; ".join(
-            f"mount --bind {directory / 'mounts' / str(i)} {path}" for i, path in enumerate(NAMESPACE_PATHS))
+        (node.podresources_socket.parent).mkdir(parents=True)
+        sources = [*(directory / "mounts" / str(i) for i in range(len(NAMESPACE_PATHS))),
+                   node.podresources_socket.parent]
+        mounts = "; ".join(f"mount --bind {src} {path}" for src, path in zip(sources, MOUNT_POINTS, strict=True))
         holder = self._spawn(node, "namespace", [
             "unshare", "-m", "--propagation", "private", "--",
             "sh", "-c", f"set -e; {mounts}; touch {ready}; exec sleep 2147483647"])
@@ -511,6 +520,41 @@ class RealNodes:
         self.start_kubelet(node)
         self.wait_ready(node, timeout)
         _log(f"{node.name}: Ready with its GPUs in {time.monotonic() - started:.1f}s")
+        if self.cluster.config.pod_network and self._proxy is None:
+            self._start_kube_proxy(node)
+
+    def _start_kube_proxy(self, node: RealNode) -> None:
+        """kube-proxy (iptables) for every node of a cluster with ``pod_network``: the nodes share this
+        machine's network namespace, so one proxy, started with the first node, routes ClusterIPs for
+        all their pods. Host sysctls stay as they are (conntrack limits and timeouts 0, no localhost
+        NodePorts); its iptables rules are removed when the last node stops."""
+        assert self._binaries is not None
+        healthz, metrics = free_ports(2)
+        proc = ManagedProcess.start(
+            "kube-proxy", [
+                str(self._binaries.directory / "kube-proxy"), f"--kubeconfig={self.cluster.kubeconfig}",
+                "--proxy-mode=iptables", f"--cluster-cidr={CLUSTER_CIDR}", f"--hostname-override={node.name}",
+                "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0s",
+                "--conntrack-tcp-timeout-close-wait=0s", "--iptables-localhost-nodeports=false",
+                "--nodeport-addresses=primary", f"--healthz-bind-address=127.0.0.1:{healthz}",
+                f"--metrics-bind-address=127.0.0.1:{metrics}", "--v=1"],
+            log_path=self.cluster.logs / "kube-proxy.log", pid_dir=self.cluster.directory / "pids",
+            cwd=self.cluster.directory, die_with_parent=not self.cluster.config.detach)
+        self._proxy = proc
+        waited = wait_until("kube-proxy /healthz", lambda: http_status(f"http://127.0.0.1:{healthz}/healthz") == 200,
+                            timeout=60, process=proc)
+        _log(f"kube-proxy ready ({waited:.1f}s)")
+
+    def _stop_kube_proxy(self) -> None:
+        if self._proxy is None:
+            return
+        binary = self._proxy.record.argv[0]
+        try:
+            self._proxy.stop(timeout=10)
+        finally:
+            self._proxy = None
+            # Its iptables chains outlive it.
+            subprocess.run([binary, "--cleanup"], capture_output=True, check=False, timeout=60)
 
     def start_agent(self, node: RealNode, recording: Path, port: int) -> ManagedProcess:
         """``vramguard agent`` for ``node`` as the DaemonSet runs it (host PIDs, the kubelet's
@@ -521,6 +565,18 @@ class RealNodes:
             "--kubeconfig", str(self.cluster.kubeconfig), "--nvml-recording", str(recording),
             "--podresources-socket", str(node.podresources_socket), "--host-pid", "--proc-root", "/proc",
             "--interval", "0.5", "--min-write-interval", "1", "--lease-duration", "10"])
+
+    def load_image(self, node: RealNode, archive: Path, *names: str) -> None:
+        """Import an OCI or docker archive into the node's containerd, tagged also as ``names``."""
+        ctr = ["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", "images"]
+        done = subprocess.run([*ctr, "import", "--all-platforms", str(archive)], check=True, capture_output=True,
+                              text=True, timeout=300)
+        imported = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("unpacking ")]
+        for name in names:
+            if imported and name not in imported:
+                subprocess.run([*ctr, "tag", "--force", imported[0], name], check=True, capture_output=True,
+                               timeout=60)
+        _log(f"{node.name}: imported {', '.join(imported or [str(archive)])} {' '.join(names)}")
 
     def start_kubelet(self, node: RealNode) -> ManagedProcess:
         """(Re)start the node's kubelet."""
@@ -593,6 +649,7 @@ class RealNodes:
             finally:
                 del self.nodes[node.name]
         if not self.nodes:
+            self._stop_kube_proxy()
             # Empty unless another run's nodes are there.
             for directory in (*cgroup_dirs(CGROUP_ROOT), RUN_ROOT):
                 with contextlib.suppress(OSError):
