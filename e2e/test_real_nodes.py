@@ -380,6 +380,29 @@ def test_a_process_over_its_prediction_raises_the_event_and_metric(
     assert len(events) == 1 and events[0].involved_object.uid == pod.metadata.uid and events[0].type == "Warning"
 
 
+def test_mig_and_mps_nodes_run_pods_on_their_devices(
+    real: RealCluster, namespace: str, unique: str, node_for: NodeFor
+) -> None:
+    """The same node descriptions as the fake nodes': a MIG node (mixed strategy) gives a pod one MIG
+    device of the profile it asks for; an MPS node gives each pod a replica of its GPU."""
+    mig = node_for(gpu_nodes.mig_mixed("mig", "H100-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]))
+    mps = node_for(gpu_nodes.mps("mps", "L4", gpus=1, replicas=2))
+    core = real.core_v1
+    on_mig = pinned_vllm_pod("on-mig", unique)
+    on_mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": "1"}}
+    on_mig["spec"]["nodeSelector"]["kubernetes.io/hostname"] = mig.name
+    on_mps = pinned_vllm_pod("on-mps", unique)
+    on_mps["spec"]["nodeSelector"]["kubernetes.io/hostname"] = mps.name
+    core.create_namespaced_pod(namespace, on_mig)
+    core.create_namespaced_pod(namespace, on_mps)
+    assert running(core, namespace, "on-mig").spec.node_name == mig.name
+    assert running(core, namespace, "on-mps").spec.node_name == mps.name
+    # The 3g.40gb instance is the first slot of the layout, on the node's only GPU.
+    assert container_env(core, namespace, "on-mig")["NVIDIA_VISIBLE_DEVICES"] == device_plugin.mig_uuid(mig.name, 0, 0)
+    assert container_env(core, namespace, "on-mps")["NVIDIA_VISIBLE_DEVICES"] == device_plugin.gpu_uuid(mps.name, 0)
+    assert violations_on_own_nodes(real.cluster, unique) == []
+
+
 def test_teardown_restores_the_host(real: RealCluster, unique: str) -> None:
     """A node started and stopped leaves no process, cgroup, bridge, mount or sysctl changed behind."""
     def host() -> dict[str, Any]:
