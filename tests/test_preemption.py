@@ -289,7 +289,7 @@ async def test_preempt_wire_format_meta_victims(client: ServedClient) -> None:
     ids=["empty-list", "null-pods", "null-victims"],
 )
 async def test_preempt_chooses_victims_for_a_candidate_with_none(client: ServedClient, victims: Any) -> None:
-    # kubernetes/kubernetes#135486 (1.37): a node the filter extender refused but the built-in filters pass
+    # kubernetes/kubernetes#135486 (v1.38.0-beta.0): a node the filter extender refused but the built-in filters pass
     # is sent with no victims ("Preemption-capable scheduler extenders must now handle candidates with empty
     # victim lists"): vramguard names the pods whose VRAM makes room.
     body = {"Pod": prioritized("urgent", "0.5", 1000, node=None), "NodeNameToMetaVictims": {"ts": victims}}
