@@ -7,6 +7,8 @@ select the label, so no other test's pod lands there and no test sees another's 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -79,3 +81,16 @@ def ledger_from_api(cluster: Any) -> ClusterState:
     # Every pod, as the webhook's feed: the model's ledger keeps the bound, live GPU pods among them.
     state.pods.replace(cluster.request("GET", "/api/v1/pods")["items"])
     return state
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25) -> Any:
+    """``check()``'s first truthy answer, polled every ``interval`` seconds; fails the test after
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import pytest
 from e2e import build, containers, gpu_nodes, images, real_nodes
 from e2e.cluster import Cluster
 from e2e.kube import api_exception, kubernetes_module
+from e2e.scenario import wait_for
 from vramguard.codecs import ENFORCE_LABEL, PLACEMENT_ANNOTATION
 
 pytestmark = pytest.mark.timeout(900)
@@ -121,16 +122,6 @@ def installed(local_control_plane: build.Binaries, tmp_path_factory: pytest.Temp
 
 def vramguard_pods(core_v1: Any) -> list[Any]:
     return list(core_v1.list_namespaced_pod(NAMESPACE).items)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.5)
 
 
 def vllm_deployment(name: str) -> dict[str, Any]:
@@ -273,14 +264,14 @@ def test_a_vllm_deployment_is_routed_checked_and_placed_through_the_services(
         pods = core.list_namespaced_pod(enforced, label_selector="app=chat").items
         return pods[0] if pods and pods[0].status.phase == "Running" else None
 
-    pod = wait_for("the vLLM pod Running", running)
+    pod = wait_for("the vLLM pod Running", running, timeout=120)
     assert pod.spec.scheduler_name == SCHEDULER
     assert pod.spec.node_name in installed.nodes.nodes
     assert PLACEMENT_ANNOTATION in (pod.metadata.annotations or {}), "not bound by vramguard's extender"
     # The node's agent, from the DaemonSet, writes its report to its own Node (RBAC and the node-scope
     # admission policy as deployed); with no NVML in the container it reports no GPU, and says so.
     wait_for("the agent's report", lambda: "vramguard.io/gpus" in (
-        core.read_node(pod.spec.node_name).metadata.annotations or {}))
+        core.read_node(pod.spec.node_name).metadata.annotations or {}), timeout=120)
 
 
 def test_helm_upgrade_keeps_the_guard_answering(installed: Installed, enforced: str) -> None:

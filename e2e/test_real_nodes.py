@@ -35,7 +35,7 @@ import yaml
 from e2e import build, device_plugin, gpu_nodes, real_nodes
 from e2e.cluster import Cluster
 from e2e.procs import ManagedProcess, free_port, processes_mentioning
-from e2e.scenario import pinned_vllm_pod, private_node, violations_on_own_nodes
+from e2e.scenario import pinned_vllm_pod, private_node, violations_on_own_nodes, wait_for
 from vramguard.codecs import AGENT_REPORT_ANNOTATION, QOS_CLASS_LABEL
 
 pytestmark = pytest.mark.timeout(600)
@@ -104,17 +104,6 @@ def namespace(real: RealCluster, unique: str) -> Iterator[str]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def running(core_v1: Any, namespace: str, name: str, timeout: float = 60.0) -> Any:
