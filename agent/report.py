@@ -31,7 +31,8 @@ id maps to a device of this snapshot; an unmapped container is left out (its pla
 unknown, which the ledger treats conservatively).
 
 **Used** (needs process attribution): the memory a GPU pod's processes use on a device, reported
-where the ledger must count it: where it exceeds what the pod declares on that device by more than
+where the ledger must count it: where it exceeds what the pod declares on that device (what the
+ledger holds for it: a declaration never below the engine's own claim there) by more than
 :data:`vramguard.ledger.MEASURED_TOLERANCE_BYTES` (*over-use*, also listed in
 :attr:`AgentView.overuse` for the Event and the metric), or where the pod's placement is unknown.
 Pods within their declaration are left out, so their usage moving up and down does not rewrite
@@ -105,7 +106,9 @@ class PodInfo:
     wants_gpu: bool = False
     """Whether its spec requests a GPU resource."""
     declared: Mapping[str, Any] = field(default_factory=dict)
-    """Container name -> :class:`vramguard.demand.Vram` reservation per GPU, where known."""
+    """Container name -> its :class:`vramguard.demand.model.ContainerDemand`, where its VRAM is known:
+    what the ledger holds for it on a device (``held_on``: a declaration never below the engine's own
+    claim there)."""
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any], options: DemandOptions = _DEFAULT_DEMAND) -> PodInfo | None:
@@ -121,7 +124,7 @@ class PodInfo:
                 if isinstance(entry, Mapping) and isinstance(entry.get("containerID"), str) and entry.get("name"):
                     ids[entry["containerID"].rpartition("://")[2]] = str(entry["name"])
         demand = derive_pod_demand(pod, options)
-        declared = {c.name: c.reservation for c in demand.containers if c.reservation is not None}
+        declared = {c.name: c for c in demand.containers if c.reservations}
         return cls(
             uid, str(metadata.get("namespace", "")), str(metadata.get("name", "")), ids, demand.wants_gpu, declared
         )
@@ -301,7 +304,7 @@ def _over_use(
             vrams = [info.declared.get(c) for c, ids in placed.items() for i in ids if i == device_id]
             if any(v is None for v in vrams):
                 continue  # unknown VRAM holds a whole device in the ledger
-            declared = sum(v.on_device(usable_bytes(memory)) for v in vrams if v is not None)
+            declared = sum(v.held_on(usable_bytes(memory)) or 0 for v in vrams if v is not None)
             if not over_use(declared, amount):
                 continue
             rows.append(OverUse(uid, info.namespace, info.name, device_id, declared, amount))
@@ -422,7 +425,7 @@ def _usage(
             vram = info.declared.get(container)
             for device_id in device_ids:
                 device = devices[device_id]
-                declared = vram.on_device(usable_bytes(device.memory)) if vram is not None and device.memory else None
+                declared = vram.held_on(usable_bytes(device.memory)) if vram is not None and device.memory else None
                 rows.setdefault((uid, container, device_id), [None, None])[0] = declared
     if owners is not None:
         for device in devices.values():

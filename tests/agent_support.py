@@ -94,6 +94,7 @@ def pod_object(
     *,
     annotations: Mapping[str, str] | None = None,
     container_ids: Mapping[str, str] | None = None,
+    image: str = "vllm/vllm-openai:v0.11.0",
 ) -> dict[str, Any]:
     """A Pod as the API server returns it: ``containers`` maps a name to its ``resources.limits``."""
     return {
@@ -101,7 +102,7 @@ def pod_object(
         "spec": {
             "nodeName": "gpu-1",
             "containers": [
-                {"name": c, "image": "vllm/vllm-openai:v0.11.0", "resources": {"limits": dict(limits)}}
+                {"name": c, "image": image, "resources": {"limits": dict(limits)}}
                 for c, limits in containers.items()
             ],
         },

@@ -135,8 +135,10 @@ async def test_lease_is_created_then_renewed_and_reread_after_a_conflict(aiohttp
 
 def node_pods(vram: str) -> NodePods:
     pods = NodePods()
+    # An image that starts no engine vramguard knows: the declaration is all the ledger holds.
     pods.replace([pod_object("ml", "liar", UID, {"server": {"nvidia.com/gpu": "1"}},
-                             annotations={"vramguard.io/vram": vram}, container_ids={"server": CID})])
+                             annotations={"vramguard.io/vram": vram}, container_ids={"server": CID},
+                             image="registry.example/ml/server:1.0")])
     return pods
 
 

@@ -116,7 +116,7 @@ def make_loop(tmp_path: Path, nvml: Any, writer: MemoryWriter | None = None) -> 
     registry = CollectorRegistry()
     pods = NodePods()
     pods.replace([pod_object("ml", "vllm", UID, {"server": {"nvidia.com/gpu": "1"}},
-                             annotations={"vramguard.io/vram": "0.3"})])
+                             annotations={"vramguard.io/vram": "0.3"}, image="registry.example/ml/server:1.0")])
     publisher = ReportPublisher(writer, 0.0) if writer is not None else None
     loop = AgentLoop(nvml, GrpcPodResources(tmp_path / "kubelet.sock", timeout=2), pods, publisher,
                      AgentMetrics(registry), interval=0.01)

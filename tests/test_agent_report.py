@@ -46,11 +46,15 @@ def kubelet(*pods: tuple[str, dict[str, list[str]]]) -> list[PodDevices]:
     ]
 
 
-def node_pods(vram: str = "0.3") -> dict[tuple[str, str], PodInfo]:
+SERVER_IMAGE = "registry.example/ml/server:1.0"
+"""An image that starts no engine vramguard knows: the declaration is all the ledger holds."""
+
+
+def node_pods(vram: str = "0.3", image: str = SERVER_IMAGE) -> dict[tuple[str, str], PodInfo]:
     pods = {}
     for name, uid in UIDS.items():
         obj = pod_object("ml", name, uid, {"server": {GPU: "1"}}, annotations={"vramguard.io/vram": vram},
-                         container_ids={"server": CIDS[name]})
+                         container_ids={"server": CIDS[name]}, image=image)
         info = PodInfo.from_pod(obj)
         assert info is not None
         pods[("ml", name)] = info
@@ -241,3 +245,19 @@ def test_the_reported_memory_is_what_cuda_reports() -> None:
     assert usable_bytes(MemoryInfo(81559 * MiB, 0, None)) == 81559 * MiB  # v1 only: NVML's total
     assert usable_bytes(MemoryInfo(81559 * MiB, 0, 81559 * MiB)) == 81559 * MiB  # a reserve that is everything: junk
     assert usable_bytes(MemoryInfo(81559 * MiB, 0, -1)) == 81559 * MiB
+
+
+def test_a_declaration_below_the_engines_own_claim_is_not_over_use_until_the_claim_is_passed() -> None:
+    """vLLM v0.11.0 with no flags claims 0.9 of the GPU; a declaration of 0.3 does not lower what the
+    ledger holds (``ContainerDemand.reservations``), so using 24 GiB is within it, and only use
+    beyond the engine's claim is over-use, measured from that claim."""
+    vllm = node_pods(image="vllm/vllm-openai:v0.11.0")
+    rows = {(r.pod, r.device): r for r in h100_view(pods=vllm).usage}
+    held = rows[("vllm-a", "0")].declared_bytes
+    assert held is not None and held > int(Fraction(9, 10) * H100_USABLE)
+    assert h100_view(pods=vllm).overuse == ()
+    data = recording(H100_TIME_SLICED)
+    data["gpus"][1]["processes"][0]["used_bytes"] = held + 2 * 2**30
+    data["gpus"][1]["memory"]["used"] = held + 2 * 2**30
+    (excess,) = h100_view(pods=vllm, snapshot=snapshot_of(data)).overuse
+    assert (excess.pod, excess.declared_bytes, excess.excess_bytes) == ("trainer", held, 2 * 2**30)
