@@ -17,6 +17,7 @@ from vramguard.quantity import MiB, format_bytes
 VLLM = "vllm/vllm-openai:v0.21.0"
 """A vLLM whose --gpu-memory-utilization is its own share (from v0.9.1), with its CUDA graphs inside it
 (from v0.20.0): each pod holds its share and its CUDA context (512 MiB)."""
+CORPUS = Path(__file__).resolve().parent / "data" / "workloads"
 H100_BYTES = 81559 * MiB
 H100_BUDGET = H100_BYTES * 97 // 100
 """The H100 node's GPU is time-sliced (shared): the shipped policy keeps 3% of it free."""
@@ -340,3 +341,17 @@ def test_a_pod_naming_no_scheduler_is_judged_as_routed(tmp_path: Path, capsys: p
     out = capsys.readouterr().out
     assert "pending  team-a/chat (best-effort)\n           - (never, admission)" in out
     assert "[scheduler, enforce mode] spec.schedulerName default-scheduler does not call vramguard" in out
+
+
+@pytest.mark.parametrize("corpus", ["kubeflow-trainer-torchtune-llama3.2-1b-runtime.yaml",
+                                    "kserve-servingruntime-vllm.yaml"])
+def test_templates_other_objects_run_from_place_no_pod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], corpus: str
+) -> None:
+    """A ClusterTrainingRuntime or a ServingRuntime runs nothing by itself: its TrainJob or
+    InferenceService does."""
+    objects = list(yaml.safe_load_all((CORPUS / corpus).read_text()))
+    path = write(tmp_path, H100_NODE, *[o for o in objects if isinstance(o, dict)])
+    assert main(["plan", path, "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["placed"] == [] and plan["pending"] == []

@@ -451,7 +451,11 @@ def _admission_findings(pod: _Pod) -> list[dict[str, Any]]:
 
 
 # Objects that describe pods but run none themselves.
-_NOT_RUN = frozenset({"PodTemplate", "ServingRuntime", "ClusterServingRuntime"})
+_NOT_RUN = frozenset({
+    # Templates other objects run pods from: none of their own.
+    "PodTemplate", "ServingRuntime", "ClusterServingRuntime", "ClusterTrainingRuntime", "TrainingRuntime",
+    "WorkflowTemplate",
+})
 
 
 def _pods_of(
