@@ -58,6 +58,15 @@ CASES = [
     Case("proxy-and-health-loop", bash(f"nginx & {ENGINE} & while true; do curl -s localhost:8000/health; "
                                        "sleep 10; done"), "vllm", Fraction(3, 10)),
     Case("builtins-beside", bash(f"{ENGINE} & echo started; trap 'kill 0' TERM; wait"), "vllm", Fraction(3, 10)),
+    # An arithmetic expansion is one number ("Arithmetic Expansion": its result replaces it), never
+    # several words, even through an unquoted variable: it cannot hide options (llm-d's wide-EP
+    # recipe computes vLLM's --data-parallel-start-rank so). Its value stays unknown.
+    Case("arithmetic-through-a-variable", bash("RANK=$(( ${LWS_WORKER_INDEX:-0} * 8 )); "
+                                               f"{ENGINE} --data-parallel-start-rank $RANK"), "vllm", Fraction(3, 10)),
+    Case("arithmetic-in-place", bash(f"{ENGINE} --data-parallel-start-rank $(( ${{RANK:-0}} * 8 ))"), "vllm",
+         Fraction(3, 10)),
+    # An unknown variable may still split into options.
+    Case("plain-variable-may-hide-options", bash(f"{ENGINE} $EXTRA"), "vllm", None, ["may set"]),
     # -- one after the other: set-up steps are not counted -----------------------------------
     Case("install-then-serve", bash(f"pip install -q x && {ENGINE}"), "vllm", Fraction(3, 10)),
     Case("download-then-exec", bash(f"python download.py; exec {ENGINE}"), "vllm", Fraction(3, 10)),

@@ -192,11 +192,13 @@ EXPECTED: dict[str, Expected] = {
         ("worker[prefill]", 0, [("modelserver", "vllm", 1, 1.0)]),
         ("worker[decode]", 0, [("modelserver", "vllm", 4, 1.0)]),
     ],
+    # The start rank $(( ${LWS_WORKER_INDEX:-0} * DP_SIZE_LOCAL )) is one number, never options; the
+    # decode role's image is a placeholder, so vLLM's default reads as the whole device.
     "llmd-wide-ep-disaggregatedset.yaml": [
-        ("leader[prefill]", 1, [("vllm", "vllm", 8, None)]),
-        ("leader[decode]", 1, [("vllm", "vllm", 8, None)]),
-        ("worker[prefill]", 1, [("vllm", "vllm", 8, None)]),
-        ("worker[decode]", 1, [("vllm", "vllm", 8, None)]),
+        ("leader[prefill]", 1, [("vllm", "vllm", 8, 0.8)]),
+        ("leader[decode]", 1, [("vllm", "vllm", 8, 1.0)]),
+        ("worker[prefill]", 1, [("vllm", "vllm", 8, 0.8)]),
+        ("worker[decode]", 1, [("vllm", "vllm", 8, 1.0)]),
     ],
     "ome-srt-deepseek-rdma-pd-rt.yaml": [
         ("engine-leader", 1, [("ome-container", "sglang", 8, 0.849)]),

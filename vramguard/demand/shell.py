@@ -615,7 +615,7 @@ class _Walk(Generic[T]):
             else:
                 value = self.value(part)
             if value is None:
-                current.append(part.text)
+                current.append(_unknown(part))
                 started = True
             elif part.quoted or not value:
                 current.append(value)
@@ -648,7 +648,7 @@ class _Walk(Generic[T]):
                 out.append(part.text)
             else:
                 value = self.value(part)
-                out.append(part.text if value is None else value)
+                out.append(_unknown(part) if value is None else value)
         return "".join(out)
 
     def value(self, part: Param | Subst | Opaque) -> str | None:
@@ -804,3 +804,10 @@ def _skip_options(argv: list[str]) -> list[str]:
 
 def _basename(path: str) -> str:
     return path.rsplit("/", 1)[-1]
+
+
+def _unknown(part: Param | Subst | Opaque) -> str:
+    """The text standing for an expansion whose value is unknown. An arithmetic expansion's value is
+    one number, never several words, so its text loses its blanks: a variable holding it (``N=$((
+    ${RANK:-0} * 8 ))``) still expands to one argument (``--data-parallel-start-rank $N``)."""
+    return "".join(part.text.split()) if isinstance(part, Opaque) else part.text
