@@ -169,8 +169,6 @@ def test_the_agent_process_reports_and_the_extender_uses_it(
 
     node = quad_node(core_v1, unique)
     fill_conservatively(core_v1, namespace, unique, node)
-    # Refused while the placements are unknown; nothing about the pod changes after this.
-    assert place(core_v1, namespace, "p3", unique) is None
 
     socket = tmp_path / "kubelet.sock"
     with kubelet_server(socket) as kubelet:
@@ -208,13 +206,7 @@ def test_the_agent_process_reports_and_the_extender_uses_it(
                  {"id": "1", "memory_bytes": H100_USABLE, "foreign_bytes": 0}],
         "pods": {uids["p0"]: {"vllm": ["0"]}, uids["p1"]: {"vllm": ["0"]}, uids["p2"]: {"vllm": ["1"]}},
     }
-    # kube-scheduler retries a pod that only the extender refused after its backoff (at most 10 s:
-    # no plugin names it, determineSchedulingHintForInFlightPod, v1.36.3), and now p3 fits.
-    deadline = time.monotonic() + 30
-    while not core_v1.read_namespaced_pod("p3", namespace).spec.node_name:
-        assert time.monotonic() < deadline, "p3 was not tried again when the report showed room"
-        time.sleep(0.25)
-    assert core_v1.read_namespaced_pod("p3", namespace).spec.node_name == node
+    assert wait_for_extender(core_v1, namespace, "p3", unique) == node
     assert place(core_v1, namespace, "p4", unique) is None
     assert ledger_violations(cluster, unique) == []
 

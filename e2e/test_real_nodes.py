@@ -303,6 +303,9 @@ def test_a_kubelet_restart_is_conservative_then_recovers(
 
     real.nodes.start_kubelet(node)
     real.nodes.wait_ready(node)
+    # vllm-3 is tried again by itself: no other node is there for an in-tree plugin to reject, so
+    # kube-scheduler retries a pod only the extender refused after its backoff. (Where a plugin also
+    # rejected other nodes, it waits for an event that plugin registers, or the five-minute flush.)
     wait_for_report(core, node.name, agent, lambda r: set(r.get("pods") or {}) >= set(uids), timeout=60)
     pod = running(core, namespace, "vllm-3", timeout=120)
     assert pod.spec.node_name == node.name
