@@ -13,6 +13,7 @@ Archives are cached next to the control-plane binaries, keyed by the digest of w
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -130,8 +131,9 @@ def busybox_files() -> dict[str, FileEntry]:
     return files
 
 
+@functools.cache
 def vllm_stand_in(name: str = VLLM_IMAGE) -> bytes:
-    """The vLLM stand-in image archive."""
+    """The vLLM stand-in image archive (made once per process: every node imports it)."""
     files = busybox_files()
     files["usr/local/bin/vllm"] = FileEntry(STAND_IN.encode(), 0o755)
     return oci_archive(name, files, ["vllm", "serve"])

@@ -83,7 +83,7 @@ def ledger_from_api(cluster: Any) -> ClusterState:
     return state
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25) -> Any:
+def wait_for(what: str, check: Callable[..., Any], timeout: float = 60.0, interval: float = 0.25) -> Any:
     """``check()``'s first truthy answer, polled every ``interval`` seconds; fails the test after
     ``timeout``."""
     deadline = time.monotonic() + timeout

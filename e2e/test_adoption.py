@@ -21,7 +21,7 @@ import pytest
 
 from e2e import gpu_nodes
 from e2e.kube import api_exception
-from e2e.scenario import pin_to_test, private_node, require_extender
+from e2e.scenario import pin_to_test, private_node, require_extender, wait_for
 from vramguard.cli import main
 from vramguard.cli.audit import audit_snapshot
 from vramguard.cli.kubectl_vram import read_cluster
@@ -55,17 +55,6 @@ def gpu_pod(name: str, unique: str, resource: str, count: int, *, args: list[str
 
 def vllm(utilization: str) -> list[str]:
     return ["--model", "m", "--gpu-memory-utilization", utilization]
-
-
-def wait_for(what: str, probe: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.25)
 
 
 def scheduling_message(core_v1: Any, namespace: str, name: str) -> str:
