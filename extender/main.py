@@ -14,10 +14,13 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
+from prometheus_client.registry import CollectorRegistry
+
 from extender.app import build_app
 from extender.evictor import Evictor
 from extender.growth import GrowthReporter
 from extender.learning import DEFAULT_INTERVAL_SECONDS, Learner
+from extender.scale_up import UNBOUND_PODS, GateKeeper
 from extender.verbs import IN_FLIGHT_TIMEOUT_SECONDS, Verbs
 from vramguard.cluster import BOUND_PODS_SELECTOR, ClusterState, slim_node, slim_pod
 from vramguard.election import ElectionTimings
@@ -107,18 +110,22 @@ async def run(settings: ExtenderSettings) -> None:
     state = ClusterState(policy, agent_namespace=settings.agent_namespace)
     client = KubeClient(settings.connection, max_event_bytes=settings.max_event_bytes)
     # Nodes and namespaces first, so that the pods' claims see their classes and devices.
+    verbs = Verbs(state, client)
+    synced = asyncio.Event()
+    registry = CollectorRegistry()
+    # Scale-up: the unbound pods vramguard gated, decided by the serving replica (set below).
+    gates = GateKeeper(state, verbs, client, registry, serving=lambda: False, synced=synced)
     runtime = ServiceRuntime(client, [
         Watch("/api/v1/nodes", state.nodes, slim=slim_node),
         Watch("/api/v1/namespaces", state.namespaces),
         Watch("/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
+        Watch("/api/v1/pods", gates, UNBOUND_PODS, name="unbound-pods"),
         Watch(collection_path(LEASES, settings.agent_namespace), state.leases),
         # PodDisruptionBudgets: preemption spares the pods they protect where it can.
         Watch(PODDISRUPTIONBUDGETS, state.disruption_budgets),
         # DRA: devices, classes and allocated claims, for pods on the extended-resource path.
         *dra_watches(state.dra, templates=False),
-    ])
-    synced = asyncio.Event()
-    verbs = Verbs(state, client)
+    ], registry=registry)
     election = settings.election
     elector = (
         LeaderElector(client, election.namespace, election.name, election.identity, election.timings,
@@ -133,6 +140,7 @@ async def run(settings: ExtenderSettings) -> None:
     background = elector.serving if elector is not None else follower.serving if follower is not None else (
         lambda: True
     )
+    gates.serving = background
     # Preemption for VRAM where kube-scheduler's own never starts; the serving replica only.
     evictor = Evictor(state, client, runtime.registry, serving=background)
     app = build_app(verbs, synced, runtime.readiness, runtime.registry,
@@ -186,6 +194,7 @@ async def run(settings: ExtenderSettings) -> None:
     runtime.tasks["vram-preemption"] = evictor.run()
     runtime.tasks["growth-reports"] = GrowthReporter(state, client, runtime.registry, serving=background).run()
     runtime.tasks["learning"] = learner.run()
+    runtime.tasks["scale-up-gates"] = gates.run()
     if elector is not None:
         runtime.tasks["leader-election"] = elector.run()
     if follower is not None:

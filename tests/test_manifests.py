@@ -620,6 +620,10 @@ INSTALL_PATHS = {
     "default-scheduler": ("manifests/overlays/default-scheduler", []),
     "default-scheduler+cert-manager": ("manifests/overlays/default-scheduler", ["manifests/overlays/cert-manager"]),
     "default-scheduler+own-pki": ("manifests/overlays/default-scheduler", ["manifests/overlays/own-pki"]),
+    "second-scheduler+scale-up": ("manifests/base", ["manifests/overlays/scale-up"]),
+    "default-scheduler+scale-up-karpenter": (
+        "manifests/overlays/default-scheduler", ["manifests/overlays/scale-up-karpenter"]
+    ),
 }
 
 
@@ -668,8 +672,13 @@ def test_every_documented_kustomize_path_renders_with_the_images_set(
     second = resource == "manifests/base"
     assert ("vramguard-scheduler" in deployments) is second
     assert ("vramguard-extender" in deployments) is not second
-    assert ("vramguard-certificates" in deployments) is (not components)
+    pki = [c for c in components if c.endswith(("cert-manager", "own-pki"))]
+    assert ("vramguard-certificates" in deployments) is (not pki)
     assert ("Certificate" in by_kind) is (components == ["manifests/overlays/cert-manager"])
+    roles = set(by_kind["ClusterRole"])
+    scale_up = [c for c in components if "scale-up" in c]
+    assert ("vramguard-extender-scale-up" in roles) is bool(scale_up)
+    assert ("vramguard-extender-node-labels" in roles) is (scale_up == ["manifests/overlays/scale-up-karpenter"])
     webhooks = by_kind["ValidatingWebhookConfiguration"]["vramguard"]
     injected = webhooks["metadata"].get("annotations", {}).get("cert-manager.io/inject-ca-from")
     assert (injected is not None) is (components == ["manifests/overlays/cert-manager"])
@@ -689,3 +698,18 @@ def test_the_chart_keeps_your_own_pki_without_the_keeper() -> None:
          "--set", "certificates.keeper=false"], capture_output=True, text=True, check=False,
     )
     assert failed.returncode != 0 and "set webhook.caBundle" in failed.stderr
+
+
+@pytest.mark.parametrize("autoscaler", ["none", "cluster-autoscaler", "karpenter"])
+def test_the_chart_turns_scale_up_on_with_its_rights(autoscaler: str) -> None:
+    # The gate keeper patches pods only when scale-up is on, and labels nodes only for Karpenter.
+    if helm_command() is None:
+        pytest.skip("needs helm")
+    objects = render_chart(f"scaleUp.autoscaler={autoscaler}")
+    [config] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "vramguard-policy"]
+    policy = Policy.from_yaml(config["data"]["policy.yaml"])
+    assert policy.scale_up.autoscaler == autoscaler
+    [role] = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "vramguard-extender"]
+    writes = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert (("pods", "patch") in writes) is (autoscaler != "none")
+    assert (("nodes", "patch") in writes) is (autoscaler == "karpenter")

@@ -20,6 +20,7 @@ from vramguard.ledger import ResourceOffer
 from vramguard.mutation import LIMIT_ENV, REQUEST_ENV, ROUTING_LABEL, Mutation
 from vramguard.policy import Policy
 from vramguard.quantity import GiB, MiB
+from vramguard.scale_up import GATE
 
 POLICY_TEXT = """
 default_class: shared
@@ -254,3 +255,31 @@ def test_a_workload_naming_no_scheduler_is_fine_where_its_pods_are_routed() -> N
     assert decision.allowed, decision.message
     opted_out = review_mode(deployment(vllm_pod()), "Deployment", {ENFORCE_LABEL: "enforce", ROUTING_LABEL: "disabled"})
     assert not opted_out.allowed and "opts out of routing" in (opted_out.message or "")
+
+
+SCALE_UP = AdmissionRules(Policy.from_yaml(
+    POLICY_TEXT + "scale_up: {autoscaler: cluster-autoscaler, classes: [limited]}\n"
+))
+
+
+def test_pods_of_a_gated_class_are_created_with_the_scale_up_gate() -> None:
+    gated = apply_patch(vllm_pod(qos="limited"), mutate(vllm_pod(qos="limited"), rules=SCALE_UP).patch)
+    assert gated["spec"]["schedulerName"] == "vramguard"
+    assert gated["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+@pytest.mark.parametrize("obj", [
+    pytest.param(vllm_pod(), id="class-not-gated"),
+    pytest.param(vllm_pod(qos="limited", scheduler="volcano"), id="scheduler-without-the-extender"),
+    pytest.param(placed(vllm_pod(qos="limited"), "n1"), id="placed-directly"),
+    pytest.param(pod(container("web", gpus=0)), id="no-gpu"),
+])
+def test_pods_that_are_not_gated(obj: dict[str, Any]) -> None:
+    mutated = apply_patch(obj, mutate(obj, rules=SCALE_UP).patch)
+    assert "schedulingGates" not in mutated["spec"]
+
+
+def test_nothing_is_gated_without_an_autoscaler() -> None:
+    rules = AdmissionRules(Policy.from_yaml(POLICY_TEXT + "scale_up: {classes: [limited]}\n"))
+    assert "schedulingGates" not in apply_patch(vllm_pod(qos="limited"), mutate(vllm_pod(qos="limited"),
+                                                                                rules=rules).patch)["spec"]

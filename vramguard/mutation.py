@@ -1,6 +1,6 @@
 """Mutating admission: what vramguard changes in a GPU pod as it is created (pure).
 
-Two changes, each a JSON Patch the webhook's ``/mutate`` returns:
+Three changes, each a JSON Patch the webhook's ``/mutate`` returns:
 
 - **Routing.** A pod that asks for a GPU (a GPU resource of the policy, or a DRA claim whose class
   selects GPUs) and names no scheduler, or ``default-scheduler``, gets ``spec.schedulerName`` set to
@@ -26,7 +26,11 @@ Two changes, each a JSON Patch the webhook's ``/mutate`` returns:
   names any of the variables in ``env``, or takes variables from ``envFrom`` (whose contents the
   webhook does not read, and which ``env`` would override), is left as it is, with a note.
 
-A namespace labelled ``vramguard.io/routing: disabled`` gets neither: its pods stay as written.
+- **A scheduling gate**, ``vramguard.io/vram``, for GPU pods of the classes ``scale_up`` names,
+  placed by a scheduler that calls the extender: an autoscaler ignores the pod until the extender
+  has decided whether an existing node can hold it (:mod:`vramguard.scale_up`).
+
+A namespace labelled ``vramguard.io/routing: disabled`` gets none: its pods stay as written.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from vramguard.dra.pods import pod_claim_sources
 from vramguard.dra.review import DraContext
 from vramguard.ledger import ResourceOffer
 from vramguard.policy import ClassChoice, Policy
+from vramguard.scale_up import add_gate_patch
 
 __all__ = [
     "DEFAULT_SCHEDULER",
@@ -127,6 +132,14 @@ def plan_mutation(
     ):
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": target})
         routed_to = target
+    scheduler = routed_to or (DEFAULT_SCHEDULER if unnamed else named)
+    if (
+        demand.wants_gpu
+        and policy.scale_up.gates(choice.name)
+        and scheduler in policy.schedulers
+        and not spec.get("nodeName")
+    ):
+        patch.extend(add_gate_patch(spec))
     injections: list[Injection] = []
     if choice.qos.enforce_memory_limits and demand.wants_gpu:
         injections, limit_notes = plan_limits(demand, offers, mps=tuple(choice.qos.sharing) == ("mps",))

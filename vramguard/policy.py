@@ -281,6 +281,34 @@ def shipped_workload_kinds() -> tuple[WorkloadKind, ...]:
     return tuple(WorkloadKind.model_validate(kind) for kind in data.get("workload_kinds") or ())
 
 
+Autoscaler = Literal["none", "cluster-autoscaler", "karpenter"]
+SCALE_UP_LABEL = "vramguard.io/node"
+"""The node label Karpenter-mode narrowing excludes nodes by (Karpenter ignores pods that name
+``kubernetes.io/hostname``): the extender gives it each GPU node without one."""
+
+
+class ScaleUp(_Strict):
+    """New nodes for GPU pods no existing GPU has the VRAM for (:mod:`vramguard.scale_up`,
+    docs/autoscaling.md): the mutating webhook gates the pods of these classes at creation, and the
+    extender's leader lifts the gate, narrowing the pod's node affinity away from the nodes that
+    cannot hold it when none can, so the autoscaler's own simulation asks for a node."""
+
+    autoscaler: Autoscaler = "none"
+    """Which autoscaler adds the nodes: it decides how nodes are excluded (``cluster-autoscaler``:
+    ``kubernetes.io/hostname NotIn``; ``karpenter``: ``vramguard.io/node NotIn``). ``none``: no gate."""
+    classes: tuple[str, ...] = ("*",)
+    """The classes whose GPU pods are gated (``*``: every class). A gated pod no longer waits for
+    VRAM freed on the nodes it was steered away from: it waits for its new node."""
+    release_timeout_seconds: int = Field(default=600, ge=30, le=86400)
+    """A released pod still ``Unschedulable`` this long after (its new node filled first, or the
+    autoscaler packed it by replica count) is evicted, when a controller owns it, so its owner
+    recreates it and it is decided again."""
+
+    def gates(self, class_name: str) -> bool:
+        """Whether pods of ``class_name`` are gated."""
+        return self.autoscaler != "none" and ("*" in self.classes or class_name in self.classes)
+
+
 class Policy(_Strict):
     """The whole policy file."""
 
@@ -308,6 +336,8 @@ class Policy(_Strict):
     """What processes hold beside their engine's share, per process per GPU."""
     learning: LearningSettings = Field(default_factory=LearningSettings)
     """Allowances learned from what the agents measure pods holding beyond their certain part."""
+    scale_up: ScaleUp = Field(default_factory=ScaleUp)
+    """Scheduling gates that let an autoscaler add a node for a pod no existing GPU can hold."""
     workload_kinds: tuple[WorkloadKind, ...] = Field(default_factory=shipped_workload_kinds)
     """Custom resources that run pods, with their pod templates and replica fields (see
     :mod:`vramguard.workloads`). Omitted: the shipped policy's list, which the shipped webhook
@@ -345,6 +375,12 @@ class Policy(_Strict):
         if self.default_class not in self.classes:
             raise ValueError(
                 f"default_class {self.default_class!r} is not a class (classes: {', '.join(self.classes)})"
+            )
+        unknown_gated = [c for c in self.scale_up.classes if c != "*" and c not in self.classes]
+        if unknown_gated:
+            raise ValueError(
+                f"scale_up.classes: {', '.join(map(repr, unknown_gated))} is not a class "
+                f"(classes: {', '.join(self.classes)})"
             )
         for name, qos in self.classes.items():
             unknown = [c for c in qos.allows_pod_classes or () if c not in self.classes]

@@ -31,9 +31,17 @@ capabilities:
 {{- end -}}
 
 {{- define "vramguard.policy" -}}
-{{- if .Values.policy }}{{ .Values.policy }}
+{{- $scaleUp := .Values.scaleUp.autoscaler -}}
+{{- if not (has $scaleUp (list "none" "cluster-autoscaler" "karpenter")) }}{{ fail "scaleUp.autoscaler must be none, cluster-autoscaler or karpenter" }}{{ end -}}
+{{- if .Values.policy }}
+{{- if and (ne $scaleUp "none") (not (contains "scale_up:" .Values.policy)) }}{{ fail "scaleUp.autoscaler is set: give your policy a scale_up section with the same autoscaler (docs/autoscaling.md)" }}{{ end -}}
+{{ .Values.policy }}
 {{- else if eq .Values.mode "default-scheduler" }}{{ .Files.Get "files/policy.yaml" | replace "\nschedulers: [vramguard]\n" "\nschedulers: [default-scheduler]\n" }}
 {{- else }}{{ .Files.Get "files/policy.yaml" }}{{ end -}}
+{{- if and (not .Values.policy) (ne $scaleUp "none") }}
+scale_up:
+  autoscaler: {{ $scaleUp }}
+{{- end -}}
 {{- end -}}
 
 {{- define "vramguard.extenderContainer" -}}
