@@ -75,7 +75,7 @@ def apply_patch(obj: Mapping[str, Any], patch: tuple[dict[str, Any], ...]) -> di
     out = copy.deepcopy(dict(obj))
     for operation in patch:
         assert operation["op"] == "add", operation
-        *parents, last = operation["path"].lstrip("/").split("/")
+        *parents, last = [t.replace("~1", "/").replace("~0", "~") for t in operation["path"].lstrip("/").split("/")]
         target: Any = out
         for key in parents:
             target = target[int(key)] if isinstance(target, list) else target[key]
@@ -266,6 +266,21 @@ def test_pods_of_a_gated_class_are_created_with_the_scale_up_gate() -> None:
     gated = apply_patch(vllm_pod(qos="limited"), mutate(vllm_pod(qos="limited"), rules=SCALE_UP).patch)
     assert gated["spec"]["schedulerName"] == "vramguard"
     assert gated["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert gated["metadata"]["annotations"] == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+
+
+def test_the_pods_own_scale_down_annotation_wins() -> None:
+    obj = vllm_pod(qos="limited")
+    obj["metadata"]["annotations"] = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true", "a": "b"}
+    assert apply_patch(obj, mutate(obj, rules=SCALE_UP).patch)["metadata"]["annotations"] == {
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "true", "a": "b"}
+    karpenter = AdmissionRules(Policy.from_yaml(POLICY_TEXT + "scale_up: {autoscaler: karpenter}\n"))
+    obj["metadata"]["annotations"] = {"a": "b"}
+    assert apply_patch(obj, mutate(obj, rules=karpenter).patch)["metadata"]["annotations"] == {
+        "a": "b", "karpenter.sh/do-not-disrupt": "true"}
+    unprotected = AdmissionRules(Policy.from_yaml(
+        POLICY_TEXT + "scale_up: {autoscaler: karpenter, protect_from_scale_down: false}\n"))
+    assert apply_patch(obj, mutate(obj, rules=unprotected).patch)["metadata"]["annotations"] == {"a": "b"}
 
 
 @pytest.mark.parametrize("obj", [

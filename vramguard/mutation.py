@@ -28,7 +28,8 @@ Three changes, each a JSON Patch the webhook's ``/mutate`` returns:
 
 - **A scheduling gate**, ``vramguard.io/vram``, for GPU pods of the classes ``scale_up`` names,
   placed by a scheduler that calls the extender: an autoscaler ignores the pod until the extender
-  has decided whether an existing node can hold it (:mod:`vramguard.scale_up`).
+  has decided whether an existing node can hold it (:mod:`vramguard.scale_up`); with the
+  autoscaler's do-not-disrupt annotation too, where the policy protects them from scale-down.
 
 A namespace labelled ``vramguard.io/routing: disabled`` gets none: its pods stay as written.
 """
@@ -46,7 +47,7 @@ from vramguard.dra.pods import pod_claim_sources
 from vramguard.dra.review import DraContext
 from vramguard.ledger import ResourceOffer
 from vramguard.policy import ClassChoice, Policy
-from vramguard.scale_up import add_gate_patch
+from vramguard.scale_up import add_gate_patch, protect_patch
 
 __all__ = [
     "DEFAULT_SCHEDULER",
@@ -140,6 +141,9 @@ def plan_mutation(
         and not spec.get("nodeName")
     ):
         patch.extend(add_gate_patch(spec))
+        if policy.scale_up.protect_from_scale_down:
+            metadata = pod.get("metadata")
+            patch.extend(protect_patch(metadata if isinstance(metadata, Mapping) else {}, policy.scale_up.autoscaler))
     injections: list[Injection] = []
     if choice.qos.enforce_memory_limits and demand.wants_gpu:
         injections, limit_notes = plan_limits(demand, offers, mps=tuple(choice.qos.sharing) == ("mps",))

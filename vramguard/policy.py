@@ -299,6 +299,12 @@ class ScaleUp(_Strict):
     classes: tuple[str, ...] = ("*",)
     """The classes whose GPU pods are gated (``*``: every class). A gated pod no longer waits for
     VRAM freed on the nodes it was steered away from: it waits for its new node."""
+    protect_from_scale_down: bool = True
+    """Gated pods are also created with the autoscaler's do-not-disrupt annotation
+    (``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"``, ``karpenter.sh/do-not-disrupt:
+    "true"``) unless they set it: both autoscalers re-place a node's pods by GPU count when they
+    scale down, not by VRAM, so a GPU node holding such pods is never removed by them (an empty one
+    still is)."""
     release_timeout_seconds: int = Field(default=600, ge=30, le=86400)
     """A released pod still ``Unschedulable`` this long after (its new node filled first, or the
     autoscaler packed it by replica count) is evicted, when a controller owns it, so its owner

@@ -47,6 +47,7 @@ __all__ = [
     "label_value_for",
     "overdue",
     "owned_by_controller",
+    "protect_patch",
     "release_patch",
     "released_at",
 ]
@@ -94,6 +95,29 @@ def gate_index(pod: Mapping[str, Any]) -> int | None:
         if isinstance(gate, Mapping) and gate.get("name") == GATE:
             return index
     return None
+
+
+SCALE_DOWN_ANNOTATIONS: Mapping[str, tuple[str, str]] = {
+    "cluster-autoscaler": ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
+    "karpenter": ("karpenter.sh/do-not-disrupt", "true"),
+}
+"""The annotation each autoscaler reads to leave a pod's node alone when it scales down
+(Cluster Autoscaler FAQ "What types of pods can prevent CA from removing a node?"; Karpenter
+``karpenter.sh/do-not-disrupt``, docs "Disruption")."""
+
+
+def protect_patch(metadata: Mapping[str, Any], autoscaler: Autoscaler) -> list[dict[str, Any]]:
+    """The JSON Patch that gives the pod ``autoscaler``'s do-not-disrupt annotation, unless the pod
+    sets that annotation itself (its own value wins)."""
+    if autoscaler not in SCALE_DOWN_ANNOTATIONS:
+        return []
+    key, value = SCALE_DOWN_ANNOTATIONS[autoscaler]
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, Mapping):
+        if key in annotations:
+            return []
+        return [{"op": "add", "path": "/metadata/annotations/" + _escape(key), "value": value}]
+    return [{"op": "add", "path": "/metadata/annotations", "value": {key: value}}]
 
 
 def add_gate_patch(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
