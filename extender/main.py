@@ -119,7 +119,7 @@ async def run(settings: ExtenderSettings) -> None:
         Watch("/api/v1/nodes", state.nodes, slim=slim_node),
         Watch("/api/v1/namespaces", state.namespaces),
         Watch("/api/v1/pods", state.pods, BOUND_PODS, slim=slim_pod),
-        Watch("/api/v1/pods", gates, UNBOUND_PODS, name="unbound-pods"),
+        Watch("/api/v1/pods", gates, UNBOUND_PODS, name="pods-unbound"),
         Watch(collection_path(LEASES, settings.agent_namespace), state.leases),
         # PodDisruptionBudgets: preemption spares the pods they protect where it can.
         Watch(PODDISRUPTIONBUDGETS, state.disruption_budgets),

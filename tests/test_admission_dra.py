@@ -584,3 +584,39 @@ def test_a_pod_using_its_claims_more_than_the_bound_is_refused_as_uncheckable() 
                                  "spec": many_requests(f"t{i}", 32)["spec"]["spec"]} for i in range(9)])
     placement = place_claims(cluster.dra, pod, "node-a", sizing=False)
     assert [(r.message, r.resolvable) for r in placement.refusals] == [(f"node-a: {CLAIM_USES_REFUSAL}", False)]
+
+
+HAMI_CLASS = "hami-core-gpu.project-hami.io"
+HAMI_SELECTOR = f'device.driver == "{HAMI_CLASS}" && device.attributes["{HAMI_CLASS}"].type == "hami-gpu"'
+NIC_SELECTOR = "device.driver == 'nic.example.com'"
+
+
+def claims_only_pod(template_name: str) -> dict[str, Any]:
+    """A test container whose only device is a claim (Project-HAMi/k8s-dra-driver v0.1.0 demo pod-0)."""
+    return {"metadata": {"name": "pod-0", "namespace": NS}, "spec": {
+        "resourceClaims": [{"name": "device", "resourceClaimTemplateName": template_name}],
+        "containers": [{"name": "ctr0", "image": "ubuntu:24.04", "command": ["bash", "-c", "sleep 9999"],
+                        "resources": {"claims": [{"name": "device"}]}}]}}
+
+
+@pytest.mark.parametrize(
+    ("class_name", "selector", "memory", "gpu"),
+    [
+        # HAMi's DRA driver shares GPUs (its DeviceClass, demo/yaml/setup.yaml v0.1.0): a GPU pod, judged and
+        # routed like any, though vramguard reads no HAMi ResourceSlice (no known device matches).
+        pytest.param(HAMI_CLASS, HAMI_SELECTOR, "4Gi", True, id="hami-gpu-claim"),
+        pytest.param("nic.example.com", NIC_SELECTOR, None, False, id="nic-claim-is-no-gpu"),
+    ],
+)
+def test_a_pod_whose_gpu_is_only_a_claim_is_judged_like_any_gpu_pod(
+    class_name: str, selector: str, memory: str | None, gpu: bool
+) -> None:
+    cluster = state("memory", claim_template(name="slice", namespace=NS, memory=memory, device_class_name=class_name))
+    cluster.dra.classes.replace([device_class(), device_class(class_name, selector, None)])
+    pod = claims_only_pod("slice")
+    decision = review(cluster, pod, mode="warn")
+    assert decision.allowed and decision.wants_gpu is gpu
+    assert decision.qos_class == ("best-effort" if gpu else None)
+    mutation = AdmissionRules(cluster.policy).mutation(
+        NS, pod, ClusterView({ENFORCE_LABEL: "warn"}, cluster.offers(), dra=cluster.dra_context()))
+    assert (mutation.routed_to == "vramguard") is gpu

@@ -32,6 +32,13 @@ def test_hamis_dra_driver_enforces_the_claims_memory(capsys: pytest.CaptureFixtu
     assert not any("no known engine" in w for w in report["warnings"])
 
 
+def test_a_pod_whose_gpu_is_only_a_claim_gets_the_webhooks_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    # The demo's pod-0 asks for no GPU resource: its GPU is the claim alone. It is judged like any GPU pod
+    # (class, mode), as the mutating webhook routes it like one.
+    [report] = explain("hami-dra-driver-demo.yaml", capsys)
+    assert report["admission"] == {**report["admission"], "allowed": True, "mode": "audit", "class": "best-effort"}
+
+
 def test_nvidias_consumable_capacity_is_not_enforced(capsys: pytest.CaptureFixture[str]) -> None:
     # kubernetes-sigs/dra-driver-nvidia-gpu demo (consumable shares, main): 4Gi allocated of a GPU, no
     # limit in the container: a test container of no known engine stays unknown (a whole GPU), and said.

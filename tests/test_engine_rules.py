@@ -343,6 +343,41 @@ def test_published_sglang_recipes_fit_the_gpus_they_run_on(flags: list[str]) -> 
         assert vram.on_device(device) <= device  # placed on a GPU it owns (estimates capped)
 
 
+OME_PREFILL = [
+    # sgl-project/ome v0.1.5 config/runtimes/srt/deepseek-rdma-pd-rt.yaml, the prefill leader's memory flags.
+    "--chunked-prefill-size", "524288", "--disable-cuda-graph", "--enable-dp-attention", "--disaggregation-mode",
+    "prefill", "--mem-fraction-static", "0.849", "--tp-size", "16",
+]
+
+
+@pytest.mark.parametrize(
+    ("dp", "tokens"),
+    [
+        # server_args.py (sglang 0.5.5.post3) _handle_data_parallelism runs after the memory settings:
+        # chunked_prefill_size = chunked_prefill_size // dp_size with DP attention, so a rank prefills
+        # 524288 // 16 = 32768 tokens; --dp-size 1 turns DP attention off (the whole chunk per rank).
+        pytest.param("16", 524288 // 16, id="dp-16-splits-the-chunk"),
+        pytest.param("1", 524288, id="dp-1-turns-dp-attention-off"),
+        # OME sets PARALLELISM_SIZE in the pod (engine.go setParallelismEnvVarForEngine): not known here, so
+        # SGLang's floor, max(chunked_prefill_size, 2048), not a chunk no rank runs (768 GiB of activations).
+        pytest.param("$(PARALLELISM_SIZE)", 2048, id="dp-unknown-counts-the-floor"),
+    ],
+)
+def test_sglang_dp_attention_splits_the_prefill_chunk(dp: str, tokens: int) -> None:
+    launch = ["python3", "-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V3", *OME_PREFILL]
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{
+        "name": "s", "image": "docker.io/lmsysorg/sglang:v0.5.5.post3-cu129-amd64", "command": launch,
+        "args": ["--dp-size", dp], "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+    [container] = derive_pod_demand(pod, default_policy().demand_options()).containers
+    assert container.reservation is not None
+    [reserve] = [a for a in container.reservation.allowances if a.name == RESERVE]
+    # server_args.py v0.5.5: 512 + max(tokens, 2048) x 1.5 + tp x pp / 8 x 1024 MiB; no decode graphs on a
+    # prefill server with --disable-cuda-graph, no DeepEP term.
+    assert reserve.bytes == int((512 + max(tokens, 2048) * 1.5 + 16 * 1024 / 8) * MiB)
+    unknown = [w for w in container.warnings if "--dp-size $(PARALLELISM_SIZE) is not known" in w]
+    assert bool(unknown) is (dp == "$(PARALLELISM_SIZE)")
+
+
 def test_sglang_max_total_tokens_keeps_the_fraction_as_its_bound() -> None:
     # model_runner.py v0.5.5: the pool is min(profiled, --max-total-tokens) tokens, so never above the
     # fraction; tokens are not bytes without the model's KV size, so the fraction is counted, and said.
@@ -416,3 +451,47 @@ def test_vllm_on_rocm(image: str, version: str | None, graphs: bool) -> None:
     assert container.resource == "amd.com/gpu" and container.engine_version == version
     assert container.reservation is not None
     assert (CUDA_GRAPHS in names(container.reservation)) is graphs
+
+
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        # vLLM's own images, under any registry or mirror path (docs/deployment/docker.md: vllm/vllm-openai).
+        ("vllm/vllm-openai:v0.11.0", "0.11.0"),
+        ("docker.io/vllm/vllm-openai:v0.8.5", "0.8.5"),
+        ("registry.example.com/mirror/vllm/vllm-openai:v0.9.2", "0.9.2"),
+        ("vllm/vllm-openai-rocm:v0.21.0", "0.21.0"),
+        # Rebuilds that keep vLLM's tag, each with its origin: KubeAI's (charts/kubeai/values.yaml v0.21.0),
+        # AIBrix's (aibrix docs/source/getting_started/container-images.rst) and Kthena's copy of it.
+        ("substratusai/vllm-gh200:v0.8.3", "0.8.3"),
+        ("kvcache-container-image-hb2-cn-beijing.cr.volces.com/aibrix/vllm-openai:v0.10.0-cu128-nixl-v0.4.1", "0.10.0"),
+        ("ghcr.io/volcano-sh/vllm-openai:v0.10.0-cu128-nixl-v0.4.1-lmcache-0.3.2", "0.10.0"),
+        # Anyone else's vllm repository says nothing of vLLM's version (coreweave/kubernetes-cloud's
+        # online-inference/vllm sample runs rtalaricw/vllm:0.1).
+        ("rtalaricw/vllm:0.1", None),
+        ("example/vllm-openai:v0.5.0", None),
+        ("vllm-openai:v0.10.0", None),
+    ],
+)
+def test_only_vllms_images_and_documented_rebuilds_give_its_version(image: str, version: str | None) -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{
+        "name": "s", "image": image, "command": ["vllm", "serve", "m"],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    [container] = derive_pod_demand(pod, default_policy().demand_options()).containers
+    assert container.engine == "vllm" and container.engine_version == version
+
+
+@pytest.mark.parametrize(
+    ("image", "known"),
+    [("lmsysorg/sglang:v0.5.23-cu130", True), ("aibrix/sglang:v0.5.23-aibrix", True),
+     ("example/sglang:v0.5.23", False)],
+)
+def test_only_sglangs_images_and_documented_rebuilds_give_its_version(image: str, known: bool) -> None:
+    # --cuda-graph-max-bs is ambiguous from v0.5.20 (SGLang exits): said only where the tag is SGLang's
+    # version (lmsysorg/sglang, and AIBrix's build of its tags: container-images.rst).
+    reservation_args = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "8"]
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{
+        "name": "s", "image": image, "command": ["python3", "-m", "sglang.launch_server", *reservation_args],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    [container] = derive_pod_demand(pod, default_policy().demand_options()).containers
+    assert any("v0.5.20 and later" in e for e in container.errors) is known

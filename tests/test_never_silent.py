@@ -1,49 +1,162 @@
-"""Never silent: every published object in the corpus that asks for an accelerator in any form (a GPU
-resource of any vendor, another sharing system's resource or annotation, a DRA field, a GPU profile, an
-accelerator vramguard does not read) yields, in `vramguard explain`, a container read with its GPUs or a
-warning that says what was not read (for a kind vramguard does not read, the unread-kind warning).
+"""Never silent: every published object in the corpus (tests/data/workloads and tests/data/dra) that asks
+for an accelerator in any form (a GPU resource of any vendor, another sharing system's resource or
+annotation, a DRA field, a GPU profile, an accelerator vramguard does not read, or an operator's kind whose
+pods get GPUs the object does not name) yields, in `vramguard explain`, a container read with its GPUs or
+a warning or error that names the object: its kind, its name, or the resource it asks for.
+
+Each object is explained as the CLI explains it: with the ConfigMaps and runtimes of its file, and the DRA
+objects of its file (ResourceClaims, templates, DeviceClasses) as the claims' context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from vramguard.cli.explain import explain_object
+from vramguard.cli.judge import Judge, is_subject, snapshot_of
+from vramguard.demand.derive import GPU_ANNOTATIONS
 from vramguard.demand.objects import load_each_document
 from vramguard.policy import default_policy
-from vramguard.workloads import gpu_request_paths, read_inputs
+from vramguard.workloads import api_group, gpu_request_paths, read_inputs
 
 DATA = Path(__file__).parent / "data"
-FILES = sorted((DATA / "workloads").glob("*.yaml"))
+FILES = sorted([*(DATA / "workloads").glob("*.yaml"), *(DATA / "dra").glob("*.yaml")])
+GPU_MEMORY = 80 * 2**30
+WORDS = ("gpu", "mig-", "neuron", "tpu", "gaudi", "_nps")
 
 
-def asks(obj: Any) -> list[str]:
-    """Where the object asks for an accelerator, with every resource name counted (not only the policy's)."""
-    return gpu_request_paths(obj, lambda name: "/" in name and any(
-        word in name.lower() for word in ("gpu", "mig-", "neuron", "tpu", "gaudi", "_nps")
-    ))
+def accelerator(name: str) -> bool:
+    """Every vendor's accelerator resource, not only the policy's GPU resources."""
+    return "/" in name and any(word in name.lower() for word in WORDS)
 
 
-def test_the_corpus_has_every_vendor_and_training() -> None:
+def dig(obj: Any, path: str) -> Any:
+    for key in path.split("."):
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj
+
+
+IMPLICIT: Mapping[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
+    # Every GPU of the node resource.instanceType names (kaito v0.12.0 pkg/sku/, GenerateInferencePodSpec).
+    ("kaito.sh", "Workspace"): lambda obj: True,
+    # The GPUs of the NIMCache's model profile, where spec.resources names none (k8s-nim-operator v3.1.2).
+    ("apps.nvidia.com", "NIMService"): lambda obj: True,
+    # deploymentConfig.resources.gpu becomes the gpuType resource (vllmruntime_controller.go).
+    ("production-stack.vllm.ai", "VLLMRuntime"): lambda obj: dig(obj, "spec.deploymentConfig.resources.gpu")
+    not in (None, "", 0, "0"),
+    # The trainer's GPUs are its runtime's unless resourcesPerNode says (kubeflow/trainer v2.3.0).
+    ("trainer.kubeflow.org", "TrainJob"): lambda obj: True,
+    # The engine and decoder are the runtime's engineConfig and decoderConfig (ome v0.1.5 MergeEngineSpec).
+    ("ome.io", "InferenceService"): lambda obj: dig(obj, "spec.engine") is not None
+    or dig(obj, "spec.decoder") is not None,
+}
+"""Operator kinds whose pods get GPUs without a GPU resource in the object."""
+
+
+def asks(obj: Mapping[str, Any]) -> list[str]:
+    """Where the object asks for an accelerator, every resource name counted (not only the policy's)."""
+    found = gpu_request_paths(obj, accelerator)
+    implicit = IMPLICIT.get((api_group(obj), str(obj.get("kind"))))
+    if implicit is not None and implicit(obj):
+        found.append(f"{obj.get('kind')} (implicit)")
+    return found
+
+
+def _walk(value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            yield str(key), child
+            yield from _walk(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _walk(child)
+
+
+def names(obj: Mapping[str, Any]) -> set[str]:
+    """What a message may name the object by: its kind, its name, the accelerator resources, GPU
+    annotations and DRA claims it asks for."""
+    found = {str(obj.get("kind")), str(dig(obj, "metadata.name"))}
+    for key, child in _walk(obj):
+        if key in ("limits", "requests") and isinstance(child, Mapping):
+            found.update(name for name in child if isinstance(name, str) and accelerator(name))
+        elif key in GPU_ANNOTATIONS:
+            found.add(key)
+        elif key == "resourceClaims" and isinstance(child, list):
+            found.update(str(c["name"]) for c in child if isinstance(c, Mapping) and c.get("name"))
+    return found - {"None", ""}
+
+
+def explained(objects: Sequence[Mapping[str, Any]]) -> Iterator[tuple[Mapping[str, Any], dict[str, Any]]]:
+    """Each object to judge with its report, as ``vramguard explain --gpu-memory 80Gi`` makes it."""
+    policy = default_policy()
+    judge = Judge(policy, snapshot_of(objects), stand_in_memory=GPU_MEMORY)
+    inputs = read_inputs(objects)
+    for obj in filter(is_subject, objects):
+        yield obj, explain_object(
+            obj, GPU_MEMORY, policy, judge.state.namespace_labels, inputs, judge.state.dra_context()
+        )
+
+
+def silent(obj: Mapping[str, Any], report: Mapping[str, Any]) -> bool:
+    """Whether an object that asks for an accelerator is neither read with GPUs nor named in a message."""
+    if any(c["gpus"] for c in report["containers"]):
+        return False
+    named = names(obj)
+    return not any(name in message for message in [*report["warnings"], *report["errors"]] for name in named)
+
+
+def test_the_corpus_has_every_vendor_dra_and_training() -> None:
     text = "\n".join(p.read_text(encoding="utf-8") for p in FILES)
-    assert "amd.com/gpu" in text and "kind: TrainJob" in text and len(FILES) >= 80
+    assert "amd.com/gpu" in text and "kind: TrainJob" in text and "kind: ResourceClaim" in text
+    assert len(FILES) >= 80
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
-def test_every_object_asking_for_an_accelerator_is_read_or_warned_about(path: Path) -> None:
-    documents = load_each_document(path.read_text(encoding="utf-8"))
-    objects = [o for d in documents for o in d.objects]
-    inputs = read_inputs(objects)
-    policy = default_policy()
-    for obj in objects:
-        if not asks(obj):
-            continue
-        report = explain_object(obj, 80 * 2**30, policy, inputs=inputs)
-        read = [c for c in report["containers"] if c["gpus"]]
-        assert read or report["warnings"] or report["errors"], (obj.get("kind"), asks(obj))
+def test_every_object_asking_for_an_accelerator_is_read_or_named(path: Path) -> None:
+    objects = [o for d in load_each_document(path.read_text(encoding="utf-8")) for o in d.objects]
+    for obj, report in explained(objects):
+        if asks(obj):
+            assert not silent(obj, report), (obj.get("kind"), asks(obj), report["warnings"], report["errors"])
+
+
+def test_a_claim_is_read_with_the_dra_objects_of_its_file() -> None:
+    # Project-HAMi/k8s-dra-driver v0.1.0 demo: pod-0's only GPU is claim single-gpu-0 (4Gi), read as one.
+    text = (DATA / "dra" / "hami-dra-driver-demo.yaml").read_text(encoding="utf-8")
+    objects = [o for d in load_each_document(text) for o in d.objects]
+    [(pod, report)] = [(o, r) for o, r in explained(objects) if o.get("kind") == "Pod"]
+    assert asks(pod) == ["spec.resourceClaims"]
+    assert [(c["name"], c["gpus"], c["claims"]) for c in report["containers"]] == [
+        ("ctr0", 1, ["single-gpu/single-gpu"])
+    ]
+
+
+IMPLICIT_CASES = {
+    "kaito-unknown-instance": {
+        "apiVersion": "kaito.sh/v1beta1", "kind": "Workspace", "metadata": {"name": "ws-unknown-sku"},
+        "resource": {"instanceType": "Standard_Unknown_v9"}, "inference": {"preset": {"name": "phi-4-mini-instruct"}},
+    },
+    "nim-without-gpu-limit": {
+        "apiVersion": "apps.nvidia.com/v1alpha1", "kind": "NIMService", "metadata": {"name": "nim-no-gpu-limit"},
+        "spec": {"image": {"repository": "nvcr.io/nim/meta/llama-3.1-8b-instruct", "tag": "1.3.3"}, "replicas": 1},
+    },
+    "ome-isvc-runtime-not-in-the-input": {
+        "apiVersion": "ome.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "ome-no-runtime"},
+        "spec": {"model": {"name": "llama"}, "runtime": {"name": "srt-llama"}, "engine": {"minReplicas": 1}},
+    },
+}
+
+
+@pytest.mark.parametrize("obj", IMPLICIT_CASES.values(), ids=IMPLICIT_CASES.keys())
+def test_an_implicit_gpu_that_is_not_read_is_named(obj: dict[str, Any]) -> None:
+    # Their GPUs come from outside the object (a SKU table, a NIMCache profile, a runtime): a message
+    # names the kind, not only the field it could not read.
+    [(_, report)] = list(explained([obj]))
+    assert asks(obj) and not any(c["gpus"] for c in report["containers"])
+    assert not silent(obj, report), report["warnings"]
 
 
 def test_a_kind_nobody_reads_that_asks_for_a_gpu_is_flagged() -> None:

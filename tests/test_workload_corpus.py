@@ -152,7 +152,9 @@ EXPECTED: dict[str, Expected] = {
     ],
     "argo-coreweave-gpu-say-workflow.yaml": [("script[gpu-echo]", 1, [("main", None, 1, None)])],
     "gaie-vllm-gpu-grpc-deployment.yaml": [("deployment", 1, [("vllm-server", "vllm", 1, 0.9)])],
-    "knative-coreweave-vllm-ksvc.yaml": [("revision", 1, [("kfserving-container", "vllm", 1, 0.9)])],
+    # rtalaricw/vllm:0.1 is no image of vLLM's: its version is unknown, so vLLM's newest default, the whole
+    # device (a ceiling), as for lws-vllm-ray.yaml.
+    "knative-coreweave-vllm-ksvc.yaml": [("revision", 1, [("kfserving-container", "vllm", 1, 1.0)])],
     "knative-gke-gemma3-vllm-ksvc.yaml": [("revision", 1, [("vllm", "vllm", 1, 0.95)])],
     "kserve-isvc-triton-huggingface-gpu.yaml": [
         ("predictor", 1, [("kserve-container", None, 1, None)]),
@@ -200,6 +202,14 @@ EXPECTED: dict[str, Expected] = {
         ("worker[prefill]", 1, [("vllm", "vllm", 8, 0.8)]),
         ("worker[decode]", 1, [("vllm", "vllm", 8, 1.0)]),
     ],
+    # OME's InferenceService over the runtime it names (MergeEngineSpec, ome v0.1.5): the runtime's leader
+    # and worker runners, minReplicas groups of a leader and worker.size workers.
+    "ome-inferenceservice-deepseek-v3-pd.yaml": [
+        ("engine-leader", 1, [("ome-container", "sglang", 8, 0.849)]),
+        ("engine-worker", 1, [("ome-container", "sglang", 8, 0.849)]),
+        ("decoder-leader", 1, [("ome-container", "sglang", 8, 0.835)]),
+        ("decoder-worker", 1, [("ome-container", "sglang", 8, 0.835)]),
+    ],
     "ome-srt-deepseek-rdma-pd-rt.yaml": [
         ("engine-leader", 1, [("ome-container", "sglang", 8, 0.849)]),
         ("engine-worker", 1, [("ome-container", "sglang", 8, 0.849)]),
@@ -228,7 +238,35 @@ EXPECTED: dict[str, Expected] = {
     ],
     "vllm-omni-llmd-qwen3-omni-deployment.yaml": [("deployment", 1, [("modelserver", "vllm", 2, None)])],
     "volcano-mindspore-gpu.yaml": [("task[mpimaster]", 1, []), ("task[mpiworker]", 2, [("mpiworker", None, 1, None)])],
+    # AMD: a partition resource (amd.com/cpx_nps4, ROCm/k8s-device-plugin v1.31.0.10) is a device of its own;
+    # vllm/vllm-openai-rocm tags are vLLM's version (v0.27.1: default 0.92, vllm/config/cache.py).
+    "amd-pytorch-cpx-nps4-pod.yaml": [("pod", 1, [("pytorch-gpu-container", None, 1, None)])],
+    "llm-d-amd-optimized-baseline-vllm-rocm.yaml": [("deployment", 2, [("modelserver", "vllm", 2, 0.92)])],
+    "kserve-llmisvc-qwen2-7b-amd-no-scheduler.yaml": [("server", 2, [("main", None, 1, None)])],
+    # --data-parallel-size-local GPUs per pod; an empty --kv-cache-memory-bytes= is unset (vllm/engine/arg_utils.py).
+    "llm-d-wide-ep-lws-decode.yaml": [
+        ("leader", 1, [("vllm", "vllm", 8, 0.9)]),
+        ("worker", 1, [("vllm", "vllm", 8, 0.9)]),
+    ],
+    # Argo: one pod per container template; a podSpecPatch is applied to the pod (workflow_types.go, v4.1.2).
+    "argo-coreweave-sd-finetune-workflowtemplate.yaml": [
+        ("container[model-downloader]", 1, []),
+        ("container[model-finetuner]", 1, [("main", None, 1, None)]),
+        ("container[serializer]", 1, []),
+    ],
+    "argo-cron-workflow-gpu.yaml": [("container[hello-world-with-time]", 1, [("main", None, 1, None)])],
+    # Kubeflow Trainer v2.3.0: the TrainJob after its runtime in the same file.
+    "kubeflow-trainer-flux-lammps-gpus.yaml": [("trainer", 2, [("node", None, 1, None)])],
+    "kubeflow-trainer-multi-step-trainingruntime.yaml": [("trainer", 2, [])],
 }
+
+KNOWN_MISREADS = {
+    "argo-coreweave-sd-finetune-workflowtemplate.yaml": (
+        "the GPU limit in a template's podSpecPatch (a string Argo merges into the pod spec) is not read: "
+        "model-finetuner reads as asking for no GPU"
+    ),
+}
+"""Files whose expectation (from the project's source) vramguard does not meet yet: strict xfails."""
 
 
 def test_the_corpus_is_large_and_every_file_has_an_expectation() -> None:
@@ -269,7 +307,11 @@ def read(name: str) -> Expected:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISREADS[name]))
+    if name in KNOWN_MISREADS else name
+    for name in sorted(EXPECTED)
+])
 def test_corpus_manifest(name: str) -> None:
     assert read(name) == EXPECTED[name]
 

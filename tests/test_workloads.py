@@ -248,7 +248,7 @@ def test_kserve_model_without_runtime(model_format: str, engine: str | None) -> 
 
 @pytest.mark.parametrize(
     ("extra", "kinds"),
-    [pytest.param("", 24, id="omitted-means-the-shipped-kinds"),
+    [pytest.param("", 25, id="omitted-means-the-shipped-kinds"),
      pytest.param("workload_kinds: []\n", 0, id="empty-reads-none")],
 )
 def test_a_policy_without_workload_kinds_reads_the_shipped_ones(extra: str, kinds: int) -> None:
@@ -288,3 +288,35 @@ def test_an_unread_kind_without_any_gpu_form_is_not_warned_about() -> None:
     obj = {"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "t"},
            "spec": {"resources": {"limits": {"cpu": "1"}}, "accelerator": "none", "resourceProfile": "cpu:4"}}
     assert unread_warning(obj, DemandOptions().is_gpu) is None
+
+
+KNATIVE_CONTAINER = gpu_container(args=["--gpu-memory-utilization", "0.5"])
+NOTED = {
+    # Knative Serving knative-v1.23.0: the revision's scale is bounded only by the max-scale annotation
+    # (config/core/configmaps/autoscaler.yaml: max-scale "0", no bound, by default).
+    "knative": ({"apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": "k"},
+                 "spec": {"template": {"spec": {"containers": [KNATIVE_CONTAINER]}}}},
+                "max-scale"),
+    # Argo Workflows v4.1.2: withItems, withParam and withSequence fan a step out at run time.
+    "argo": ({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "w"},
+              "spec": {"templates": [{"name": "t", "container": gpu_container()},
+                                     {"name": "fan", "steps": [[{"name": "s", "template": "t",
+                                                                 "withItems": [1, 2, 3]}]]}]}},
+             "withItems"),
+    # KServe v0.20.0: an LLMInferenceService's containers are merged into LLMInferenceServiceConfig presets.
+    "llmisvc": ({"apiVersion": "serving.kserve.io/v1alpha1", "kind": "LLMInferenceService", "metadata": {"name": "l"},
+                 "spec": {"template": {"containers": [{"name": "main",
+                                                       "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}},
+                "LLMInferenceServiceConfig"),
+}
+
+
+@pytest.mark.parametrize(("obj", "word"), NOTED.values(), ids=NOTED.keys())
+def test_a_kinds_assumption_is_said_with_each_object(obj: dict[str, Any], word: str) -> None:
+    # explain: a warning on the object; plan: a note naming it. Each counts one pod per template.
+    result = cli("explain", "-o", "json", "--gpu-memory", "80Gi", "-", stdin=yaml.safe_dump(obj))
+    [report] = json.loads(result.stdout)
+    assert [t["pods"] for t in report["templates"]] == [1] and any(word in w for w in report["warnings"])
+    plan = json.loads(cli("plan", "-o", "json", "-", stdin=yaml.safe_dump(obj)).stdout)
+    assert any(n.startswith(f"{obj['kind']} default/") and word in n for n in plan["notes"])
+

@@ -91,7 +91,14 @@ from vramguard.demand.mps import MEM_LIMIT
 from vramguard.demand.objects import pod_template
 from vramguard.demand.visible import DeviceReach, device_reaches
 from vramguard.dra.claims import read_claim, read_claim_template
-from vramguard.dra.review import ClaimReview, DraContext, review_claim_spec, review_claim_users, review_pod_claims
+from vramguard.dra.review import (
+    ClaimReview,
+    DraContext,
+    claims_may_get_gpus,
+    review_claim_spec,
+    review_claim_users,
+    review_pod_claims,
+)
 from vramguard.inventory import Gpu, NodeInventory
 from vramguard.ledger import Claim, Fit, Ledger, ResourceOffer
 from vramguard.mutation import (
@@ -501,7 +508,12 @@ class AdmissionRules:
             else None
         )
         reaches = device_reaches(template)
-        if not demand.wants_gpu and (dra is None or not dra.found_anything):
+        # A container using a claim that may get a GPU makes a GPU pod, judged like any (the mutating
+        # webhook routes it alike), even where no known device matches the claim yet.
+        claims_gpus = dra is not None and dra.uses_claims and claims_may_get_gpus(
+            template, subject.namespace, cluster.dra
+        )
+        if not demand.wants_gpu and (dra is None or not (dra.found_anything or claims_gpus)):
             if not reaches:
                 return Decision(True, mode)
             return self._review_reaches(subject, template, reaches, cluster, mode)

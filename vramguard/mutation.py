@@ -42,9 +42,7 @@ from typing import Any
 
 from vramguard.demand.model import ContainerDemand, PodDemand
 from vramguard.demand.mps import MEM_LIMIT
-from vramguard.dra.claims import ClaimSpec
-from vramguard.dra.pods import pod_claim_sources
-from vramguard.dra.review import DraContext
+from vramguard.dra.review import DraContext, claims_may_get_gpus
 from vramguard.ledger import ResourceOffer
 from vramguard.policy import ClassChoice, Policy
 from vramguard.scale_up import add_gate_patch, protect_patch
@@ -124,7 +122,7 @@ def plan_mutation(
     target = routing_scheduler(policy)
     named = spec.get("schedulerName")
     unnamed = named in (None, "", DEFAULT_SCHEDULER)
-    wants_gpu = demand.wants_gpu or _claims_select_gpus(pod, namespace, dra)
+    wants_gpu = demand.wants_gpu or claims_may_get_gpus(pod, namespace, dra)
     if (
         target is not None
         and wants_gpu
@@ -240,25 +238,3 @@ def _env_patch(
             written.extend(group)
     return operations, written, notes
 
-
-def _claims_select_gpus(pod: Mapping[str, Any], namespace: str, claims: DraContext | None) -> bool:
-    """Whether any of the pod's claims may get a GPU; a claim or template not known yet counts."""
-    sources = pod_claim_sources(pod)
-    if not sources:
-        return False
-    if claims is None:
-        return True
-    for source in sources:
-        spec: ClaimSpec | None = None
-        if source.claim_name:
-            spec = claims.claim(namespace, source.claim_name)
-        elif source.template_name:
-            spec = claims.template(namespace, source.template_name)
-        if spec is None:
-            return True
-        for request in spec.requests:
-            for alternative in request.alternatives:
-                info = claims.classes.get(alternative.device_class)
-                if info is None or info.selects_gpus() is not False:
-                    return True
-    return False

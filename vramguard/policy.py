@@ -346,8 +346,9 @@ class Policy(_Strict):
     """Scheduling gates that let an autoscaler add a node for a pod no existing GPU can hold."""
     workload_kinds: tuple[WorkloadKind, ...] = Field(default_factory=shipped_workload_kinds)
     """Custom resources that run pods, with their pod templates and replica fields (see
-    :mod:`vramguard.workloads`). Omitted: the shipped policy's list, which the shipped webhook
-    configuration registers; ``[]`` reads none."""
+    :mod:`vramguard.workloads`). Omitted: the shipped policy's list, whose namespaced kinds the shipped
+    webhook configuration registers (a cluster-scoped runtime is reviewed only through the objects that
+    use it); ``[]`` reads none."""
 
     @field_validator("workload_kinds")
     @classmethod

@@ -24,13 +24,17 @@ object's labels and annotations, which the project copies onto the pods.
 ``size``); a template's ``engine_from`` names the template whose engine command applies to
 containers that start none themselves (the workers of a group often only join the leader's Ray
 cluster).
+
+**Runtimes.** ``runtime`` names the runtime an object completes (OME's InferenceService over the
+ServingRuntime or ClusterServingRuntime it names): where that runtime is among the input's objects, each
+field of the object listed in ``merge`` is read laid over the runtime's, as the project merges them.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -48,6 +52,7 @@ from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = [
     "Inputs",
+    "RuntimeRef",
     "ServedKind",
     "TemplateSpec",
     "WorkloadKind",
@@ -61,8 +66,10 @@ __all__ = [
     "read_inputs",
     "reads_kind",
     "serving_runtimes",
+    "strategic_merge",
     "template_parts",
     "unread_warning",
+    "with_runtime",
     "workload_parts",
 ]
 
@@ -127,6 +134,38 @@ class TemplateSpec(_Strict):
         return value
 
 
+def _check_plain(text: str) -> str:
+    if not all(part and part != "*" and not part.startswith("@") for part in text.split(".")) or "|" in text:
+        raise ValueError(f"{text!r} is not a plain dotted path")
+    return _check_path(text)
+
+
+class RuntimeRef(_Strict):
+    """The runtime whose parts an object completes, and how (OME's ``MergeEngineSpec``: the object's
+    fields over the runtime's, by strategic merge)."""
+
+    name: str
+    """Where the object names the runtime (``spec.runtime.name``)."""
+    kinds: tuple[str, ...] = Field(min_length=1)
+    """The runtime's kinds, in the object's API group, in the order the project looks them up."""
+    merge: dict[str, str] = Field(min_length=1, max_length=8)
+    """Each field of the object -> the runtime's field it is laid over (``spec.engine: spec.engineConfig``).
+    A field the object does not set is not run at all, as the project runs no component the object omits."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_plain(value)
+
+    @field_validator("merge")
+    @classmethod
+    def _merge(cls, value: dict[str, str]) -> dict[str, str]:
+        for mine, theirs in value.items():
+            _check_plain(mine)
+            _check_plain(theirs)
+        return value
+
+
 class WorkloadKind(_Strict):
     """A custom resource that runs pods: its API group, versions, plural and pod templates."""
 
@@ -139,7 +178,15 @@ class WorkloadKind(_Strict):
     group_size: str | None = None
     """The field giving the pods one engine spans (LeaderWorkerSet's ``spec.leaderWorkerTemplate.size``)."""
     namespaced: bool = True
-    """Cluster-scoped kinds (ClusterServingRuntime) are read by the CLI but not sent to the webhook."""
+    """Cluster-scoped kinds (ClusterServingRuntime) are read by the CLI but not sent to the webhook: the
+    webhook reviews the namespaced objects that use them, not the runtime itself when it is applied."""
+    runtime: RuntimeRef | None = None
+    """The runtime an object of this kind names and completes, read merged where it is in the input."""
+    note: str | None = Field(default=None, min_length=1, max_length=600)
+    """What the reading assumes for every object of the kind, said with each (``explain``'s warnings,
+    ``plan``'s notes): a pod count the object does not bound (Knative's autoscaling), a fan-out known only
+    at run time (Argo), an engine that comes from a configuration not in the input (KServe's
+    LLMInferenceServiceConfig)."""
 
     @field_validator("group_size")
     @classmethod
@@ -147,21 +194,32 @@ class WorkloadKind(_Strict):
         return _check_path(value) if value is not None else None
 
 
+Named = Mapping[tuple[str, str, str], Mapping[str, Any]]
+"""Objects by ``(API group, kind, name)``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Inputs:
     """What other objects of the same input tell about a workload: KServe's serving runtimes (see
-    :func:`serving_runtimes`) and ConfigMaps (:mod:`vramguard.demand.config_maps`)."""
+    :func:`serving_runtimes`), ConfigMaps (:mod:`vramguard.demand.config_maps`), and every runtime kind's
+    objects by name (for a kind's :class:`RuntimeRef`)."""
 
     runtimes: Mapping[str, Mapping[str, Any]]
     config_maps: ConfigMaps
+    named: Named = field(default_factory=dict)
 
 
 NO_INPUTS = Inputs({}, {})
 
 
 def read_inputs(objects: Sequence[Mapping[str, Any]]) -> Inputs:
-    """The serving runtimes and ConfigMaps among ``objects``."""
-    return Inputs(serving_runtimes(objects), config_maps(objects))
+    """The serving runtimes, ConfigMaps and runtime objects among ``objects``."""
+    named = {
+        (api_group(obj), str(obj.get("kind")), str(_mapping(obj.get("metadata")).get("name"))): obj
+        for obj in objects
+        if obj.get("kind") in RUNTIME_KINDS
+    }
+    return Inputs(serving_runtimes(objects), config_maps(objects), named)
 
 
 def api_group(obj: Mapping[str, Any]) -> str:
@@ -369,6 +427,58 @@ def _list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def with_runtime(obj: Mapping[str, Any], entry: WorkloadKind, named: Named) -> Mapping[str, Any]:
+    """``obj`` with each field its kind's :class:`RuntimeRef` lists laid over the named runtime's, where
+    that runtime is among ``named`` (found by kind in the ref's order and by name: a file given to
+    ``explain`` holds one namespace's runtimes); else ``obj`` as it is."""
+    ref = entry.runtime
+    name = _first(obj, ref.name, None) if ref is not None else None
+    if ref is None or not isinstance(name, str):
+        return obj
+    runtime = next((named[key] for kind in ref.kinds if (key := (entry.group, kind, name)) in named), None)
+    if runtime is None:
+        return obj
+    merged: Mapping[str, Any] = obj
+    for mine, theirs in ref.merge.items():
+        own, base = _first(obj, mine, None), _first(runtime, theirs, None)
+        if isinstance(own, Mapping) and isinstance(base, Mapping):
+            merged = _set(merged, mine.split("."), strategic_merge(base, own))
+    return merged
+
+
+def _set(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict[str, Any]:
+    """A copy of ``obj`` with ``value`` at ``keys`` (the mappings on the way copied, not changed)."""
+    head, rest = keys[0], keys[1:]
+    return {**obj, head: _set(_mapping(obj.get(head)), rest, value) if rest else value}
+
+
+def strategic_merge(base: Mapping[str, Any], override: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    """``override`` laid over ``base`` as Kubernetes' strategic merge patch lays a spec over another:
+    mappings merged key by key, lists of named entries (containers, env, volumes) merged by name, any
+    other value (a scalar, ``args``, ``command``) replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        old = base.get(key)
+        if depth < 32 and isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = strategic_merge(old, value, depth + 1)
+        elif depth < 32 and isinstance(old, list) and _named_list(value) and _named_list(old):
+            by_name = {entry["name"]: entry for entry in old}
+            for entry in value:
+                by_name[entry["name"]] = strategic_merge(by_name.get(entry["name"], {}), entry, depth + 1)
+            merged[key] = list(by_name.values())
+        else:
+            merged[key] = value
+    return merged
+
+
+def _named_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(e, Mapping) and isinstance(e.get("name"), str) for e in value)
+
+
 
 
 def parts_demand(parts: Sequence[TemplatePart], options: DemandOptions) -> list[PodDemand]:
@@ -471,7 +581,9 @@ def object_parts(
         has_version = isinstance(obj.get("apiVersion"), str)
         entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
         if entry is not None:
-            parts = template_parts(obj, entry, inputs.runtimes)
+            parts = template_parts(with_runtime(obj, entry, inputs.named), entry, inputs.runtimes)
+            if entry.note is not None and notes is not None:
+                notes.append(entry.note)
             if kind == "RayService" and entry.group == "ray.io":
                 parts = with_serve_config(obj, parts, [] if notes is None else notes)
         else:

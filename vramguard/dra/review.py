@@ -224,6 +224,8 @@ def review_pod_claims(
             else []
         )
         for request in spec.requests:
+            if not any(may_select_gpus(context.classes.get(a.device_class)) for a in request.alternatives):
+                continue  # another kind of device (a NIC): its users hold no GPU memory through it
             users = [u for u in claim_uses if u.request in (None, request.name)]
             work += len(users)
             if work > MAX_CLAIM_USES:
@@ -465,6 +467,33 @@ ENFORCING_CLASSES: Mapping[str, str] = {
 """DeviceClasses whose driver holds a container to its claim's ``capacity.requests.memory``: the memory
 is an enforced limit, as an MPS pinned limit is. Other drivers (NVIDIA's ``gpu.nvidia.com``, whose
 consumable capacity only allocates) enforce nothing: there the engine's own number counts."""
+
+
+def may_select_gpus(info: DeviceClassInfo | None) -> bool:
+    """Whether a claim of this DeviceClass may get a GPU: a class not known yet, one whose selectors name a
+    GPU driver or cannot be read, or one of :data:`ENFORCING_CLASSES` (GPU slices of another driver)."""
+    return info is None or info.selects_gpus() is not False or info.name in ENFORCING_CLASSES
+
+
+def claims_may_get_gpus(pod: Mapping[str, Any], namespace: str, context: DraContext | None) -> bool:
+    """Whether any of the pod's claims may get a GPU (:func:`may_select_gpus`); a claim or template not
+    known yet counts, and every claim does where the DRA objects are not watched (``context`` ``None``)."""
+    sources = pod_claim_sources(pod)
+    if not sources or context is None:
+        return bool(sources)
+    for source in sources:
+        spec: ClaimSpec | None = None
+        if source.claim_name:
+            spec = context.claim(namespace, source.claim_name)
+        elif source.template_name:
+            spec = context.template(namespace, source.template_name)
+        if spec is None or any(
+            may_select_gpus(context.classes.get(alternative.device_class))
+            for request in spec.requests
+            for alternative in request.alternatives
+        ):
+            return True
+    return False
 
 
 def _enforced(request: ClaimRequest) -> tuple[int, str] | None:

@@ -47,6 +47,13 @@ def image_repository(image: str) -> str:
     return name
 
 
+def image_name(image: str) -> str:
+    """The owner and name of an image's repository, whatever the registry or mirror path before them:
+    ``registry.example.com/mirror/vllm/vllm-openai:v0.9.2`` → ``vllm/vllm-openai``; a repository of one
+    element (``vllm-openai:latest``, Docker Hub's library) is that element."""
+    return "/".join(image_repository(image).split("/")[-2:])
+
+
 def image_tag(image: str) -> str | None:
     """The tag of an image reference, or ``None`` (no tag, or pinned by digest only)."""
     name = image.split("@", 1)[0]

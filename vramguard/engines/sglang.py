@@ -11,8 +11,11 @@ vramguard counts that reserve as SGLang itself estimates it (``server_args.py`` 
     512 + max(tokens per rank, 2048) x 1.5 + tp x pp / 8 x 1024 + cuda_graph_max_bs x 2  MiB
 
 where the tokens per rank are one prefill chunk, split among the data-parallel attention ranks, or on
-a decode server the running requests (:func:`tokens_per_rank`). It is an estimate: where it does not
-fit beside the share, the container counts the whole device (``Vram.on_device``).
+a decode server the running requests (:func:`tokens_per_rank`). Where the data-parallel size is not
+known (``--dp-size $(PARALLELISM_SIZE)``, set by an operator), neither is that split: the activations
+count SGLang's floor of 2048 tokens, and a warning says so, rather than a whole chunk no rank runs. It is
+an estimate: where it does not fit beside the share, the container counts the whole device
+(``Vram.on_device``).
 
 Without the flag, SGLang computes the fraction as ``(gpu_mem - reserve) / gpu_mem`` (about 0.83 on an
 H100 and 0.90 on an H200 at TP 1): it sizes itself to the whole device, so it counts as one.
@@ -34,7 +37,7 @@ from vramguard.engines.base import (
     parallel_layout,
     parse_positive_int,
 )
-from vramguard.engines.launchers import image_repository, image_tag, program, python_module, version_from_tag
+from vramguard.engines.launchers import image_name, image_tag, program, python_module, version_from_tag
 from vramguard.quantity import MiB
 
 NAME = "sglang"
@@ -60,6 +63,11 @@ min(self.max_total_num_tokens, max_total_tokens)``, never above the profiled cou
 fraction, by tokens x the model's KV bytes per token, which the manifest does not give. The fraction
 stays the bound counted."""
 DP_CHUNK_SPLIT_SINCE: tuple[int, int, int] = (0, 4, 5)
+"""From v0.4.5 each DP attention rank takes ``chunked_prefill_size // dp_size`` tokens (``server_args.py``
+``_handle_data_parallelism``, v0.4.5 to v0.5.5.post3; ``arg_groups/parallel_hook.py`` v0.5.23), where
+v0.4.4 and before halved it."""
+ACTIVATION_FLOOR = 2048
+"""The fewest tokens SGLang's reserve counts activations for (``max(chunked_prefill_size, 2048)``)."""
 GRAPH_BATCH = ("--cuda-graph-max-bs",)
 GRAPH_BATCH_GONE: tuple[int, int, int] = (0, 5, 20)
 """From v0.5.20 only ``--cuda-graph-max-bs-decode`` and ``-prefill`` remain: the old name is a prefix of
@@ -83,8 +91,11 @@ SMALL_KV_SIZE = "SGLANG_CI_SMALL_KV_SIZE"
 SGLANG_CI_SMALL_KV_SIZE: self.max_total_num_tokens = int(SGLANG_CI_SMALL_KV_SIZE)``); gone by
 v0.5.23. SGLang reads no command-line option from the environment."""
 SMALL_KV_SIZE_GONE: tuple[int, int, int] = (0, 5, 23)
-VERSIONED_IMAGES = frozenset({"sglang"})
-"""Repository names of images whose tag is SGLang's version (``lmsysorg/sglang:v0.5.5-cu129``)."""
+VERSIONED_IMAGES = frozenset({"lmsysorg/sglang", "aibrix/sglang"})
+"""Repositories (owner and name, any registry or mirror path before them) of images whose tag is SGLang's
+version: the project's own (``lmsysorg/sglang:v0.5.5-cu129``) and AIBrix's build of its tags
+(vllm-project/aibrix docs/source/getting_started/container-images.rst: lmsysorg/sglang:v0.5.5.post3 ->
+aibrix/sglang:v0.5.5.post3-aibrix-v0.5.0-...). Another owner's ``sglang`` image is of unknown version."""
 ABBREVIATIONS = Abbreviations({
     "--mem-fraction-static": (((0, 4, 0), "--m"), ((0, 5, 19), "--me")),
     "--tp-size": (((0, 4, 0), "--t"),),
@@ -138,8 +149,7 @@ def arguments(argv: Sequence[str]) -> list[str] | None:
 def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) -> EngineClaim:
     """What SGLang started with ``args`` will hold on each of its GPUs."""
     found = Findings.for_container(container)
-    repository = image_repository(image).rsplit("/", 1)[-1]
-    version = version_from_tag(image_tag(image)) if repository in VERSIONED_IMAGES else None
+    version = version_from_tag(image_tag(image)) if image_name(image) in VERSIONED_IMAGES else None
     options = Options(args, prefixes=ABBREVIATIONS.at(version))
     options.report_misspellings((*MEM_FRACTION, *TENSOR, *PIPELINE, *DATA, *NODES), "SGLang",
                                 '"unrecognized arguments"', found)
@@ -175,6 +185,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
                     f"{cap.evidence()}: the KV pool may stay below the fraction (by the model's KV bytes per "
                     "token, which the manifest does not give); the fraction is counted as its bound"
                 )
+            _warn_unknown_split(options, version, found)
             overheads = Overheads(
                 communication=_peers(tp_pp), reserve_bytes=reserve_bytes(options, tp_pp, version),
                 reserve_source=f"SGLang's own estimate of its activations and CUDA graphs ({SOURCE})",
@@ -218,7 +229,7 @@ def reserve_bytes(options: Options, tp_pp: int, version: tuple[int, int, int] | 
         dp = _size(options, DATA)
         graphs += batch * dp * 3 + (Fraction(batch * dp * 3, 2) if batch > 300 else 0)
     tokens = tokens_per_rank(options, version)
-    mebibytes = 512 + Fraction(max(tokens, 2048) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
+    mebibytes = 512 + Fraction(max(tokens or 0, ACTIVATION_FLOOR) * 3, 2) + Fraction(tp_pp * 1024, 8) + graphs
     speculative = options.last(SPECULATIVE)
     if speculative is not None and speculative.value:
         mebibytes += SPECULATIVE_MIB.get(speculative.value.strip().upper(), SPECULATIVE_OTHER_MIB)
@@ -229,19 +240,50 @@ def reserve_bytes(options: Options, tp_pp: int, version: tuple[int, int, int] | 
     return int(mebibytes * MiB)
 
 
-def tokens_per_rank(options: Options, version: tuple[int, int, int] | None = None) -> int:
+def tokens_per_rank(options: Options, version: tuple[int, int, int] | None = None) -> int | None:
     """The tokens one GPU's process runs in a forward pass, which its activations are for: a prefill
     chunk (``--chunked-prefill-size``), split among the data-parallel attention ranks with
-    ``--enable-dp-attention`` (``server_args.py``: ``chunked_prefill_size // dp_size`` from v0.4.5, ``// 2``
-    before, and for a version vramguard cannot tell); on a decode server (``--disaggregation-mode
-    decode``), which runs no prefill, the running requests, split likewise."""
-    dp = 1
-    if options.has(DP_ATTENTION):
-        dp = _size(options, DATA) if version is not None and version >= DP_CHUNK_SPLIT_SINCE else 2
+    ``--enable-dp-attention`` (``chunked_prefill_size // dp_size`` from v0.4.5, ``// 2`` before, and for
+    a version vramguard cannot tell: :data:`DP_CHUNK_SPLIT_SINCE`); on a decode server
+    (``--disaggregation-mode decode``), which runs no prefill, the running requests, split likewise.
+    ``None`` where the split is by a ``--dp-size`` that cannot be read (``$(PARALLELISM_SIZE)``)."""
+    dp = _dp_split(options, version)
+    if dp is None:
+        return None
     mode = options.last(DISAGGREGATION)
     if mode is not None and (mode.value or "").strip() == "decode":
         return _value(options, RUNNING, DEFAULT_CHUNKED_PREFILL) // dp
     return _value(options, CHUNKED_PREFILL, DEFAULT_CHUNKED_PREFILL) // dp
+
+
+def _dp_split(options: Options, version: tuple[int, int, int] | None) -> int | None:
+    """What one rank's tokens are divided by: 1 without DP attention (or at ``--dp-size 1``, which
+    turns it off), 2 before v0.4.5, the DP size after; ``None`` where that size cannot be read."""
+    if not options.has(DP_ATTENTION):
+        return 1
+    if version is not None and version < DP_CHUNK_SPLIT_SINCE:
+        return 2
+    flag = options.last(DATA)
+    if flag is not None and flag.value is not None and parse_positive_int(flag.value) is None:
+        return None
+    return _size(options, DATA) if version is not None else 2
+
+
+def _warn_unknown_split(options: Options, version: tuple[int, int, int] | None, found: Findings) -> None:
+    """Say that the activations are counted at SGLang's floor where the DP size is not known."""
+    flag = options.last(DATA)
+    if tokens_per_rank(options, version) is not None or flag is None:
+        return
+    mode = options.last(DISAGGREGATION)
+    decode = mode is not None and (mode.value or "").strip() == "decode"
+    split = options.last(RUNNING if decode else CHUNKED_PREFILL)
+    what = split.evidence() if split is not None else f"{(RUNNING if decode else CHUNKED_PREFILL)[0]} (default)"
+    found.warn(
+        f"with --enable-dp-attention each data-parallel attention rank runs {what} divided by the DP size "
+        f"(SGLang's _handle_data_parallelism, v0.4.5 and later), and {flag.evidence()} is not known "
+        f"here: SGLang's reserve counts activations for its floor of {ACTIVATION_FLOOR} tokens, not for that "
+        f"share of the batch; declare {VRAM_ANNOTATION} to count them"
+    )
 
 
 def _value(options: Options, names: Sequence[str], default: int) -> int:

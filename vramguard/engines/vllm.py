@@ -37,11 +37,12 @@ hybrid models     linear-attention and state-space layers' prefill scratch, whic
                   run misses, outside the share (:mod:`vramguard.engines.vllm_hybrid`)
 ================  =============================================================================
 
-``--enforce-eager`` captures no graphs. Only the tags of vLLM's own images name vLLM's version
-(:data:`VERSIONED_IMAGES`: ``vllm/vllm-openai:v0.11.0``); the tag of an image that bundles vLLM with
-something else is that product's version (``rayproject/ray-llm:2.52.0``, Dynamo's
-``vllm-runtime:0.4.0``). An image whose tag names no vLLM version takes the conservative end of every
-rule, and says so.
+``--enforce-eager`` captures no graphs. Only the tags of vLLM's own images and of the rebuilds listed
+with their origin name vLLM's version (:data:`VERSIONED_IMAGES`: ``vllm/vllm-openai:v0.11.0``, under any
+registry or mirror path); another owner's ``vllm`` repository (``someone/vllm:0.1``) is of unknown
+version, and the tag of an image that bundles vLLM with something else is that product's version
+(``rayproject/ray-llm:2.52.0``, Dynamo's ``vllm-runtime:0.4.0``). An image whose tag names no vLLM
+version takes the conservative end of every rule, and says so.
 
 **Settings vramguard cannot see make the VRAM unknown.** ``--kv-cache-memory-bytes`` sizes the KV
 cache to that many bytes and skips the profiling that applies the utilization ("This does not
@@ -67,20 +68,31 @@ from vramguard.codecs import VRAM_ANNOTATION
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim, Overheads, Parallel, Vram
 from vramguard.engines.base import Abbreviations, Findings, Options, parallel_layout, parse_positive_int
-from vramguard.engines.launchers import image_tag, program, python_module, version_from_tag
+from vramguard.engines.launchers import image_name, image_tag, program, python_module, version_from_tag
 from vramguard.engines.vllm_graphs import REFERENCE, largest_capture
 from vramguard.engines.vllm_hybrid import hybrid_family, scratch_bytes
 
 NAME = "vllm"
 VERSIONED_IMAGES = frozenset({
-    "vllm", "vllm-openai", "vllm-openai-rocm", "vllm-rocm", "vllm-tpu", "vllm-cpu", "vllm-gh200",
+    # vLLM's own (Docker Hub vllm/vllm-openai, docs/deployment/docker.md; vllm-openai-rocm, its ROCm build).
+    "vllm/vllm-openai", "vllm/vllm-openai-rocm",
+    # KubeAI's builds of vLLM's releases, tagged with them (charts/kubeai/values.yaml v0.21.0:
+    # substratusai/vllm-gh200:v0.8.3, substratusai/vllm:v0.6.3.post1-cpu).
+    "substratusai/vllm-gh200", "substratusai/vllm",
+    # AIBrix's vLLM with its KV cache: the upstream tag, then its own (vllm-project/aibrix
+    # docs/source/getting_started/container-images.rst: vllm/vllm-openai:v0.10.2 ->
+    # aibrix/vllm-openai:v0.10.2-aibrix-v0.5.0-...); Kthena serves the same build of the same tag from its
+    # own registry (volcano-sh/kthena v1.0.0 docs/kthena/docs/user-guide/model-deployment.md and
+    # prefill-decode-disaggregation/vllm-pd-disaggregation.md: v0.10.0-cu128-nixl-v0.4.1-lmcache-0.3.2).
+    "aibrix/vllm-openai", "volcano-sh/vllm-openai",
 })
-"""Repository names (the last path element) of images whose tag is vLLM's own version: the
-project's images and the rebuilds that keep its tags (KubeAI's ``substratusai/vllm-gh200:v0.8.3``)."""
-ROCM_IMAGES = frozenset({"vllm", "vllm-dev"})
-"""AMD's ROCm builds (``rocm/vllm``, ``rocm/vllm-dev``), whose tags carry vLLM's version after ``vllm``:
-``rocm6.4.1_vllm_0.10.1_20250909``, ``rocm6.3.1_vllm0.8.5_20250521``,
-``rocm6.2_mi300_ubuntu20.04_py3.9_vllm_0.6.4`` (rocm.docs.amd.com, vLLM inference history)."""
+"""Repositories (owner and name, any registry or mirror path before them: :func:`image_name`) of images
+whose tag is vLLM's own version. Any other image of vLLM (``someone/vllm:0.1``) is of unknown version,
+whatever its tag says."""
+ROCM_IMAGES = frozenset({"rocm/vllm", "rocm/vllm-dev"})
+"""AMD's ROCm builds, whose tags carry vLLM's version after ``vllm``: ``rocm6.4.1_vllm_0.10.1_20250909``,
+``rocm6.3.1_vllm0.8.5_20250521``, ``rocm6.2_mi300_ubuntu20.04_py3.9_vllm_0.6.4`` (rocm.docs.amd.com,
+vLLM inference history)."""
 _ROCM_TAG = re.compile(r"(?:^|_)vllm_?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:$|[_.-])")
 PROGRAM = "vllm"
 """The console script: ``vllm serve``."""
@@ -201,7 +213,7 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     """What vLLM started with ``args`` in an image ``image`` will hold on each of its GPUs."""
     found = Findings.for_container(container)
     tag = image_tag(image)
-    repository = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    repository = image_name(image)
     version = version_from_tag(tag) if repository in VERSIONED_IMAGES else None
     if version is None and repository in ROCM_IMAGES and tag is not None:
         version = _rocm_version(tag)

@@ -88,8 +88,8 @@ def workspace_parts(obj: Mapping[str, Any], maps: ConfigMaps, notes: list[str]) 
     sku = SKUS.get(instance.lower())
     if sku is None:
         notes.append(
-            f"instanceType {instance or '(none)'} is not a SKU KAITO's table names (or the nodes are your own): "
-            f"its GPUs per node are not known; declare them with {_DECLARE}"
+            f"Workspace: instanceType {instance or '(none)'} is not a SKU KAITO's table names (or the nodes are "
+            f"your own): its GPUs per node are not known; declare them with {_DECLARE}"
         )
         return []
     gpus, model = sku

@@ -46,8 +46,8 @@ def nim_service_parts(obj: Mapping[str, Any], notes: list[str]) -> list[Template
         container["resources"] = {**container["resources"], "claims": [{"name": c["name"]} for c in claims]}
     elif not _has_gpu(container["resources"]):
         notes.append(
-            "spec.resources names no GPU: the operator adds nvidia.com/gpu from the NIMCache's model profile, "
-            "which is not in the manifest; set spec.resources.limits to see its GPUs here"
+            "NIMService: spec.resources names no GPU: the operator adds nvidia.com/gpu from the NIMCache's model "
+            "profile, which is not in the manifest; set spec.resources.limits to see its GPUs here"
         )
     scale = mapping(spec.get("scale"))
     replicas = (
