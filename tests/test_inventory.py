@@ -329,7 +329,9 @@ def test_amd_gpus_and_partitions_are_devices_of_their_own() -> None:
     assert summary(whole.devices) == [
         (f"amd.com/gpu#{i}", "AMD Instinct MI300X OAM", 192 * 1024, "none", 1, "amd.com/gpu") for i in range(8)
     ]
-    assert whole.notes == ()
+    # The node says plainly that these devices' use is not measured (the agent reads NVML only).
+    assert whole.notes == ("amd.com/gpu: each device is counted from the pods' declarations alone: the node agent "
+                           "reads NVIDIA's NVML only, so what runs on these devices is not measured",)
     partitions = read_inventory(node(MI300X_CPX, {"amd.com/cpx_nps4": "64"}))
     assert len(partitions.devices) == 64
     assert summary(partitions.devices)[0] == (

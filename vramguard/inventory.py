@@ -357,6 +357,10 @@ def _vendor_gpus(
             Gpu(f"{resource}#{i}", i, product, memory or 0, "none", 1, resource)
             for i in range(_bounded(units, resource, notes))
         )
+        notes.append(
+            f"{resource}: each device is counted from the pods' declarations alone: the node agent reads NVIDIA's "
+            "NVML only, so what runs on these devices is not measured"
+        )
     return devices
 
 
