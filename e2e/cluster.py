@@ -619,7 +619,8 @@ class Cluster:
             )
             config_path = self.directory / "config" / f"{scheduler}.yaml"
             config_path.write_text(yaml.safe_dump(local, sort_keys=False))
-            self._start_scheduler(binaries, scheduler, config_path, port, scheduler_kubeconfig)
+            queue = services.scheduler_queue_args(cfg.manifests) if url is not None else []
+            self._start_scheduler(binaries, scheduler, config_path, port, scheduler_kubeconfig, queue)
             self.state.scheduler_ports[scheduler] = port
 
         self.state.up_seconds = round(time.monotonic() - started, 1)
@@ -926,7 +927,8 @@ class Cluster:
         _log(f"{name} ready on 127.0.0.1:{port} ({waited:.1f}s)")
 
     def _start_scheduler(
-        self, binaries: build.Binaries, name: str, config_path: Path, port: int, kubeconfig: Path
+        self, binaries: build.Binaries, name: str, config_path: Path, port: int, kubeconfig: Path,
+        extra: Sequence[str] = (),
     ) -> None:
         proc = self._spawn(
             name,
@@ -937,6 +939,7 @@ class Cluster:
                 f"--secure-port={port}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
+                *extra,
                 "--v=2",
             ],
         )

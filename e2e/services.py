@@ -211,6 +211,19 @@ def rbac_objects(identities: Sequence[ServiceIdentity], root: Path = MANIFESTS) 
 
 # --------------------------------------------------------------------------- scheduler config
 
+QUEUE_FLAGS = ("--pod-max-in-unschedulable-pods-duration",)
+
+
+def scheduler_queue_args(root: Path = MANIFESTS) -> list[str]:
+    """The queue flags the shipped second scheduler runs with (``manifests/base/scheduler.yaml``),
+    for a harness scheduler that calls the extender."""
+    for obj in manifest_objects(["Deployment"], root / "base"):
+        for container in obj["spec"]["template"]["spec"]["containers"]:
+            if container.get("name") == "kube-scheduler":
+                return [arg for arg in container.get("command", []) if arg.startswith(QUEUE_FLAGS)]
+    return []
+
+
 
 def load_yaml(path: Path) -> dict[str, Any]:
     """Load a single-document YAML file as a mapping."""
