@@ -20,8 +20,9 @@ from vramguard.cli.explain import explain_object
 from vramguard.cli.judge import Judge, is_subject, snapshot_of
 from vramguard.demand.derive import GPU_ANNOTATIONS
 from vramguard.demand.objects import load_each_document
+from vramguard.pod_spec_patch import accelerators_named
 from vramguard.policy import default_policy
-from vramguard.workloads import api_group, gpu_request_paths, read_inputs
+from vramguard.workloads import PATCH_FIELDS, api_group, gpu_request_paths, read_inputs
 
 DATA = Path(__file__).parent / "data"
 FILES = sorted([*(DATA / "workloads").glob("*.yaml"), *(DATA / "dra").glob("*.yaml")])
@@ -58,7 +59,8 @@ IMPLICIT: Mapping[tuple[str, str], Callable[[Mapping[str, Any]], bool]] = {
 
 
 def asks(obj: Mapping[str, Any]) -> list[str]:
-    """Where the object asks for an accelerator, every resource name counted (not only the policy's)."""
+    """Where the object asks for an accelerator, every resource name counted (not only the policy's), in
+    pod spec patches written as text (Argo's ``podSpecPatch``) too."""
     found = gpu_request_paths(obj, accelerator)
     implicit = IMPLICIT.get((api_group(obj), str(obj.get("kind"))))
     if implicit is not None and implicit(obj):
@@ -87,6 +89,8 @@ def names(obj: Mapping[str, Any]) -> set[str]:
             found.add(key)
         elif key == "resourceClaims" and isinstance(child, list):
             found.update(str(c["name"]) for c in child if isinstance(c, Mapping) and c.get("name"))
+        elif key in PATCH_FIELDS and isinstance(child, str):
+            found.update(accelerators_named(child, accelerator))
     return found - {"None", ""}
 
 
@@ -101,12 +105,21 @@ def explained(objects: Sequence[Mapping[str, Any]]) -> Iterator[tuple[Mapping[st
         )
 
 
+NOTES = frozenset(k.note for k in default_policy().workload_kinds if k.note is not None)
+"""What a kind's entry says of every object of the kind (Argo's fan-out names "WorkflowTemplate")."""
+
+
 def silent(obj: Mapping[str, Any], report: Mapping[str, Any]) -> bool:
-    """Whether an object that asks for an accelerator is neither read with GPUs nor named in a message."""
+    """Whether an object that asks for an accelerator is neither read with GPUs nor named in a message.
+    Its kind's note, said of every object of the kind, names an implicit GPU (one the kind gives, as OME's
+    runtime does) but not a resource the object itself asks for."""
     if any(c["gpus"] for c in report["containers"]):
         return False
     named = names(obj)
-    return not any(name in message for message in [*report["warnings"], *report["errors"]] for name in named)
+    implicit = IMPLICIT.get((api_group(obj), str(obj.get("kind"))))
+    messages = [m for m in [*report["warnings"], *report["errors"]]
+                if m not in NOTES or (implicit is not None and implicit(obj))]
+    return not any(name in message for message in messages for name in named)
 
 
 def test_the_corpus_has_every_vendor_dra_and_training() -> None:

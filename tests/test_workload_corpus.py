@@ -248,7 +248,8 @@ EXPECTED: dict[str, Expected] = {
         ("leader", 1, [("vllm", "vllm", 8, 0.9)]),
         ("worker", 1, [("vllm", "vllm", 8, 0.9)]),
     ],
-    # Argo: one pod per container template; a podSpecPatch is applied to the pod (workflow_types.go, v4.1.2).
+    # Argo: one pod per container template; a podSpecPatch is applied to the pod (workflow_types.go, v4.1.2)
+    # after its parameters: gpu_count is what the step passes, workflow.parameters.trainer_gpu_count = '1'.
     "argo-coreweave-sd-finetune-workflowtemplate.yaml": [
         ("container[model-downloader]", 1, []),
         ("container[model-finetuner]", 1, [("main", None, 1, None)]),
@@ -260,12 +261,7 @@ EXPECTED: dict[str, Expected] = {
     "kubeflow-trainer-multi-step-trainingruntime.yaml": [("trainer", 2, [])],
 }
 
-KNOWN_MISREADS = {
-    "argo-coreweave-sd-finetune-workflowtemplate.yaml": (
-        "the GPU limit in a template's podSpecPatch (a string Argo merges into the pod spec) is not read: "
-        "model-finetuner reads as asking for no GPU"
-    ),
-}
+KNOWN_MISREADS: dict[str, str] = {}
 """Files whose expectation (from the project's source) vramguard does not meet yet: strict xfails."""
 
 

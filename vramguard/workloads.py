@@ -25,6 +25,11 @@ object's labels and annotations, which the project copies onto the pods.
 containers that start none themselves (the workers of a group often only join the leader's Ray
 cluster).
 
+**Pod spec patches.** ``pod_spec_patch`` names text fields holding strategic merge patches (YAML or
+JSON) that the project lays over the pod spec it generates from a template, after substituting its own
+parameters (Argo's ``podSpecPatch``): they are read as :mod:`vramguard.pod_spec_patch` describes, and
+what cannot be read is said, never dropped silently.
+
 **Runtimes.** ``runtime`` names the runtime an object completes (OME's InferenceService over the
 ServingRuntime or ClusterServingRuntime it names): where that runtime is among the input's objects, each
 field of the object listed in ``merge`` is read laid over the runtime's, as the project merges them.
@@ -39,19 +44,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from vramguard import vendors
 from vramguard.demand import DemandOptions, PodDemand, derive_pod_demand
 from vramguard.demand.config_maps import ConfigMaps, config_maps, with_config_maps
-from vramguard.demand.derive import GPU_ANNOTATIONS, OTHER_GPU_RESOURCES, UNKNOWN_ENGINE
+from vramguard.demand.derive import GPU_ANNOTATIONS, UNKNOWN_ENGINE
 from vramguard.demand.objects import pod_template
 from vramguard.operators import OPERATOR_RESOURCES, operator_parts, operator_versions
 from vramguard.operators.common import MAX_REPLICAS, count
 from vramguard.operators.ray_serve import with_serve_config
+from vramguard.pod_spec_patch import ArgoParameters, accelerators_named, is_accelerator, merge_pod_spec, read_patch
 from vramguard.quantity import excerpt
 from vramguard.template_part import TemplatePart, with_group_size
 
 __all__ = [
     "Inputs",
+    "PodSpecPatch",
     "RuntimeRef",
     "ServedKind",
     "TemplateSpec",
@@ -92,6 +98,34 @@ def _check_path(text: str) -> str:
     return text
 
 
+class PodSpecPatch(_Strict):
+    """Strategic merge patches written as text (YAML or JSON) that the project lays over the pod spec it
+    generates from a template, in order (Argo's ``podSpecPatch``: the workflow's, then the template's)."""
+
+    paths: tuple[str, ...] = Field(min_length=1, max_length=4)
+    """Where each patch's text lies (``@.`` in the element the template's ``*`` matched)."""
+    parameters: Literal["argo"] | None = None
+    """How ``{{...}}`` parameters in the text are filled before it is read. ``argo``: ``workflow.parameters``
+    from the workflow's ``arguments``, a template's ``inputs.parameters`` from what its steps and DAG tasks
+    pass, else the input's ``value`` or ``default`` (a parameter without one value stays unfilled)."""
+    workflow: str | None = None
+    """The workflow spec those parameters come from (``spec``; a CronWorkflow's ``spec.workflowSpec``)."""
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if "*" in path:
+                raise ValueError(f"{path!r}: a patch path names one field (no '*')")
+            _check_path(path)
+        return value
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str | None) -> str | None:
+        return _check_plain(value) if value is not None else None
+
+
 class TemplateSpec(_Strict):
     """One pod template inside a workload kind."""
 
@@ -112,6 +146,8 @@ class TemplateSpec(_Strict):
     group_size: str | None = None
     """The pods one engine of this template spans, where it is the template's own (``@.size`` of a
     RoleBasedGroup role's leader-worker pattern); else the kind's :attr:`WorkloadKind.group_size`."""
+    pod_spec_patch: PodSpecPatch | None = None
+    """Patches laid over this template's pod spec, read from the object (Argo's ``podSpecPatch``)."""
 
     @field_validator("path")
     @classmethod
@@ -239,13 +275,18 @@ def find_kind(
 
 
 def template_parts(
-    obj: Mapping[str, Any], entry: WorkloadKind, runtimes: Mapping[str, Mapping[str, Any]] | None = None
+    obj: Mapping[str, Any],
+    entry: WorkloadKind,
+    runtimes: Mapping[str, Mapping[str, Any]] | None = None,
+    notes: list[str] | None = None,
 ) -> list[TemplatePart]:
     """Every pod template of ``obj`` described by ``entry``, with its pods at full scale.
 
     ``runtimes`` maps a serving runtime's name (and ``format:<model format>`` for the runtime
     chosen by format) to its container: a ``container`` form naming one in its ``runtime`` field,
     or of a format one supports, is merged into it, as KServe merges a model into its runtime.
+    A template's pod spec patches are laid over it (:attr:`TemplateSpec.pod_spec_patch`); what of them
+    cannot be read goes to ``notes``, naming the template.
     Never raises on malformed input: what cannot be read is left out.
     """
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
@@ -254,21 +295,52 @@ def template_parts(
     group_size = _positive(_first(obj, entry.group_size, None)) if entry.group_size else None
     parts: list[TemplatePart] = []
     for spec in entry.templates:
+        parameters: ArgoParameters | None = None
         for label, element, node in _resolve(obj, spec.path):
             if len(parts) >= MAX_PARTS:
                 return parts
             template = _as_template(node, spec, inherited, runtimes or {})
             if template is None:
                 continue
+            name = spec.name if label is None else f"{spec.name}[{label}]"
+            patch = spec.pod_spec_patch
+            if patch is not None and any(isinstance(_first(obj, path, element), str) for path in patch.paths):
+                if parameters is None and patch.parameters == "argo":
+                    parameters = ArgoParameters(_mapping(_first(obj, patch.workflow or "spec", None)))
+                values = parameters.values(_mapping(element)) if parameters is not None else {}
+                template = _patched(obj, element, template, patch, values, name, notes)
             pods = 1
             for factor in spec.replicas:
                 pods = min(pods * _factor(obj, element, factor), MAX_PODS)
             size = _positive(_first(obj, spec.group_size, element)) if spec.group_size else group_size
             if size is not None:
                 template = with_group_size(template, size)
-            name = spec.name if label is None else f"{spec.name}[{label}]"
             parts.append(TemplatePart(name, template, pods, size, spec.engine_from))
     return parts
+
+
+def _patched(
+    obj: Mapping[str, Any],
+    element: Any,
+    template: Mapping[str, Any],
+    patch: PodSpecPatch,
+    values: Mapping[str, str],
+    name: str,
+    notes: list[str] | None,
+) -> Mapping[str, Any]:
+    """``template`` with each patch text of ``patch`` read and laid over its pod spec, in order."""
+    spec = _mapping(template.get("spec"))
+    for path in patch.paths:
+        text = _first(obj, path, element)
+        if not isinstance(text, str) or not text.strip():
+            continue
+        where = f"{name}: {'its ' + path[2:] if path.startswith('@.') else path}"
+        read, warnings = read_patch(text, values, where)
+        if notes is not None:
+            notes.extend(w for w in warnings if w not in notes)
+        if read is not None:
+            spec = merge_pod_spec(spec, read)
+    return template if spec is template.get("spec") else {**template, "spec": spec}
 
 
 GPU_FIELDS = frozenset({"resourceClaims", "draResources", "deviceClassName", "resourceClaimTemplateName"})
@@ -276,6 +348,8 @@ GPU_FIELDS = frozenset({"resourceClaims", "draResources", "deviceClassName", "re
 GPU_PROFILE_FIELDS = frozenset({"resourceProfile", "gpuProfile", "accelerator", "acceleratorType"})
 """Fields operators size GPUs with (KubeAI's ``resourceProfile: nvidia-gpu-a100:8``): a GPU when the
 value names one."""
+PATCH_FIELDS = frozenset({"podSpecPatch"})
+"""Fields holding a pod spec patch as text (Argo's): a GPU when the text names a GPU resource."""
 
 
 def gpu_request_paths(
@@ -295,14 +369,13 @@ def gpu_request_paths(
             if not isinstance(key, str):
                 continue
             if (key in ("limits", "requests") and isinstance(child, Mapping) and any(
-                isinstance(name, str) and (is_gpu(name) or name in OTHER_GPU_RESOURCES or name == "gpu"
-                                           or vendors.vendor_of(name) is not None
-                                           or name.startswith(tuple(vendors.OTHER_ACCELERATORS)))
-                for name in child
+                isinstance(name, str) and is_accelerator(name, is_gpu) for name in child
             )) or key in GPU_ANNOTATIONS or (key in GPU_FIELDS and child):
                 found.append(here)
             elif key in GPU_PROFILE_FIELDS and isinstance(child, str) and "gpu" in child.lower():
                 found.append(f"{here} ({excerpt(child)})")
+            elif key in PATCH_FIELDS and isinstance(child, str) and (named := accelerators_named(child, is_gpu)):
+                found.append(f"{here} ({', '.join(named)})")
             else:
                 gpu_request_paths(child, is_gpu, here, depth + 1, found)
     elif isinstance(value, list):
@@ -581,7 +654,7 @@ def object_parts(
         has_version = isinstance(obj.get("apiVersion"), str)
         entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
         if entry is not None:
-            parts = template_parts(with_runtime(obj, entry, inputs.named), entry, inputs.runtimes)
+            parts = template_parts(with_runtime(obj, entry, inputs.named), entry, inputs.runtimes, notes)
             if entry.note is not None and notes is not None:
                 notes.append(entry.note)
             if kind == "RayService" and entry.group == "ray.io":
