@@ -307,15 +307,18 @@ class Cluster:
         """An SSL context that trusts the harness CA."""
         return ssl.create_default_context(cadata=self.ca.cert_pem.decode())
 
-    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        """A JSON request to the API server as the admin; raises urllib's HTTPError on >= 400."""
+    def request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, content_type: str = "application/json"
+    ) -> Any:
+        """A JSON request to the API server as the admin (``content_type``: a PATCH's patch type);
+        raises urllib's HTTPError on >= 400."""
         state = self._require_state()
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(state.server + path, data=data, method=method)
         request.add_header("Authorization", f"Bearer {state.admin_token}")
         request.add_header("Accept", "application/json")
         if data is not None:
-            request.add_header("Content-Type", "application/json")
+            request.add_header("Content-Type", content_type)
         with urllib.request.urlopen(request, timeout=30, context=self.ssl_context()) as response:
             return json.loads(response.read() or b"null")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from e2e import build
+from e2e import build, karpenter
 from e2e.cluster import Cluster, ExistingCluster, VramguardMode
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -80,8 +80,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     try:
         with suspended:
             build.ensure_built(config.getoption("e2e_kube_version"))
+            if any("karpenter_build" in getattr(item, "fixturenames", ()) for item in session.items):
+                karpenter.ensure_built()
     except build.BuildError as error:
-        raise pytest.UsageError(f"cannot build the Kubernetes control plane for the e2e tests: {error}") from error
+        raise pytest.UsageError(f"cannot build the Kubernetes control plane or Karpenter for the e2e tests: "
+                                f"{error}") from error
 
 
 def _session_cluster(
@@ -128,6 +131,12 @@ def local_control_plane(request: pytest.FixtureRequest) -> build.Binaries:
     if request.config.getoption("e2e_kubeconfig"):
         pytest.skip("starts its own control plane; not run against --kubeconfig clusters")
     return build.ensure_built(request.config.getoption("e2e_kube_version"))
+
+
+@pytest.fixture(scope="session")
+def karpenter_build(local_control_plane: build.Binaries) -> karpenter.KarpenterBuild:
+    """Karpenter's kwok provider, built from source (built at collection when a test needs it)."""
+    return karpenter.ensure_built()
 
 
 @pytest.fixture(scope="session")

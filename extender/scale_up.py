@@ -50,6 +50,7 @@ from vramguard.scale_up import (
     Release,
     decide,
     exclusion_key,
+    fits_one_gpu,
     gate_index,
     label_value_for,
     overdue,
@@ -208,12 +209,13 @@ class GateKeeper:
         return value
 
     def _fits_empty_node(self, pod: JSON) -> tuple[bool | None, str]:
-        """Whether an empty node of some GPU node shape in the cluster would take the pod, and the
-        largest GPU memory seen (``None``: no GPU node to tell)."""
+        """Whether a new node could take the pod: an empty node of some GPU node shape the cluster
+        has, or a GPU of the policy's ``largest_gpu_memory``; and the largest GPU memory known, for
+        the reason (``None``: neither to tell)."""
         ledger = Ledger(self.state.policy.budget_rule())
         names: list[str] = []
         shapes: set[tuple[int, ...]] = set()
-        largest = 0
+        largest = self.state.policy.scale_up.largest_gpu_bytes() or 0
         for name in self.state.node_names():
             shape = self.state.ledger.offer_kind(name)
             inventory = self.state.ledger.inventory(name)
@@ -224,12 +226,15 @@ class GateKeeper:
             ledger.upsert_node(NodeInventory(empty, tuple(replace(d, foreign_bytes=0) for d in inventory.devices)))
             names.append(empty)
             largest = max([largest, *(d.memory_bytes for d in inventory.devices)])
-        if not names:
-            return None, "none known"
         choice = self.state.choose_class(pod)
         claims = self.state.claims_for(pod, choice, pod_template_key(pod))
-        verdicts = filter_nodes(ledger, names, claims, choice)
-        return any(v.verdict is Verdict.PASS for v in verdicts), format_bytes(largest)
+        configured = self.state.policy.scale_up.largest_gpu_bytes()
+        if not names and configured is None:
+            return None, "none known"
+        fits = any(v.verdict is Verdict.PASS for v in filter_nodes(ledger, names, claims, choice)) if names else False
+        if not fits and configured is not None:
+            fits = fits_one_gpu(claims, configured)
+        return fits, format_bytes(largest)
 
     async def _patch(self, uid: str, pod: JSON, operations: list[dict[str, Any]], outcome: str) -> bool:
         if self.client is None:

@@ -231,8 +231,9 @@ class FakeApi:
 
 
 def keeper(nodes: list[dict[str, Any]], bound: list[dict[str, Any]], pending: list[dict[str, Any]],
-           autoscaler: str = "cluster-autoscaler") -> tuple[GateKeeper, FakeApi]:
-    policy = default_policy().model_copy(update={"scale_up": ScaleUp(autoscaler=autoscaler)})  # type: ignore[arg-type]
+           autoscaler: str = "cluster-autoscaler", largest: str | None = None) -> tuple[GateKeeper, FakeApi]:
+    settings = ScaleUp(autoscaler=autoscaler, largest_gpu_memory=largest)  # type: ignore[arg-type]
+    policy = default_policy().model_copy(update={"scale_up": settings})
     state = ClusterState(policy)
     state.nodes.replace(nodes)
     state.namespaces.replace([{"metadata": {"name": "default"}}])
@@ -287,10 +288,7 @@ async def test_nodes_the_pod_may_not_use_are_neither_counted_nor_excluded() -> N
 
 async def test_a_pod_larger_than_any_gpu_stays_gated_with_one_warning() -> None:
     (a, on_a) = full_h100("a")
-    big = gated(vllm_pod("big", "0.30"))
-    big["metadata"]["annotations"] = {"vramguard.io/vram": "120Gi"}
-    big["spec"]["containers"][0]["image"] = "registry.example/ml/server:1.0"
-    gates, api = keeper([a], on_a, [big])
+    gates, api = keeper([a], on_a, [declaring("big", "120Gi")])
     await gates.round()
     gates._held["uid-big"] -= 3600  # the recheck is due: decided again, warned about once
     await gates.round()
@@ -298,6 +296,41 @@ async def test_a_pod_larger_than_any_gpu_stays_gated_with_one_warning() -> None:
     assert [p for p, _ in api.patches] == []
     assert [(e["reason"], e["type"]) for e in api.events] == [("VRAMScaleUpHeld", "Warning")]
     assert gates.decisions.labels("held")._value.get() == 1
+
+
+def declaring(name: str, amount: str) -> dict[str, Any]:
+    """A gated pod of a server vramguard knows no engine of, declaring ``amount`` of VRAM."""
+    pod = gated(vllm_pod(name, "0.30"))
+    pod["metadata"]["annotations"] = {"vramguard.io/vram": amount}
+    pod["spec"]["containers"][0]["image"] = "registry.example/ml/server:1.0"
+    return pod
+
+
+@pytest.mark.parametrize(("largest", "amount", "released"), [
+    (None, "120Gi", True),  # no GPU node to compare with, no size given: the autoscaler's templates decide
+    ("80Gi", "120Gi", False),
+    ("80Gi", "60Gi", True),
+    ("160Gi", "120Gi", True),
+])
+async def test_with_no_gpu_node_the_largest_gpu_of_the_policy_decides(
+    largest: str | None, amount: str, released: bool
+) -> None:
+    gates, api = keeper([], [], [declaring("p", amount)], largest=largest)
+    await gates.round()
+    assert (not api.pods["p"]["spec"].get("schedulingGates")) is released
+    assert "affinity" not in api.pods["p"]["spec"]
+
+
+async def test_a_larger_gpu_the_autoscaler_may_add_releases_a_pod_no_node_shape_holds() -> None:
+    # The cluster has 40 GiB GPUs only; the node groups may add 80 GiB ones: a 60 GiB pod is narrowed, not held.
+    small = gpu_node("a", memory_mib=40960, product="NVIDIA-A100-SXM4-40GB", labels={HOSTNAME_LABEL: "a"})
+    gates, api = keeper([small], [], [declaring("p", "60Gi")], largest="80Gi")
+    await gates.round()
+    terms = api.pods["p"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["a"]
+    held, held_api = keeper([small], [], [declaring("p", "60Gi")])
+    await held.round()
+    assert held_api.pods["p"]["spec"]["schedulingGates"] == [{"name": GATE}]
 
 
 async def test_karpenter_mode_labels_the_nodes_it_excludes_by_its_own_label() -> None:

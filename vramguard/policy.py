@@ -305,14 +305,32 @@ class ScaleUp(_Strict):
     "true"``) unless they set it: both autoscalers re-place a node's pods by GPU count when they
     scale down, not by VRAM, so a GPU node holding such pods is never removed by them (an empty one
     still is)."""
+    largest_gpu_memory: Quantity | None = None
+    """The memory of the largest GPU a node the autoscaler may add has (e.g. ``80Gi``). A pod is held
+    when neither an empty node of a shape the cluster has nor a GPU of this size could hold it; with
+    it unset, a pool scaled to zero (no GPU node to compare with) releases every pod."""
     release_timeout_seconds: int = Field(default=600, ge=30, le=86400)
     """A released pod still ``Unschedulable`` this long after (its new node filled first, or the
     autoscaler packed it by replica count) is evicted, when a controller owns it, so its owner
     recreates it and it is decided again."""
 
+    @field_validator("largest_gpu_memory")
+    @classmethod
+    def _largest(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_bytes(value)
+            except QuantityError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     def gates(self, class_name: str) -> bool:
         """Whether pods of ``class_name`` are gated."""
         return self.autoscaler != "none" and ("*" in self.classes or class_name in self.classes)
+
+    def largest_gpu_bytes(self) -> int | None:
+        """:attr:`largest_gpu_memory` in bytes."""
+        return parse_bytes(self.largest_gpu_memory) if self.largest_gpu_memory is not None else None
 
 
 class Policy(_Strict):

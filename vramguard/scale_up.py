@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from vramguard.placement import PodClaims
 from vramguard.policy import SCALE_UP_LABEL, Autoscaler
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "add_gate_patch",
     "decide",
     "exclusion_key",
+    "fits_one_gpu",
     "gate_index",
     "label_value_for",
     "overdue",
@@ -72,6 +74,15 @@ class Hold:
     """Keep the gate: no node of any shape the cluster has could hold the pod."""
 
     reason: str
+
+
+def fits_one_gpu(claims: PodClaims, memory_bytes: int) -> bool:
+    """Whether each of the pod's claims fits, alone, a GPU of ``memory_bytes`` (a device of a node
+    the autoscaler may add, whose shape the cluster does not show): a share of the device always
+    does, an amount in bytes when it is not larger."""
+    if claims.refusal is not None:
+        return False
+    return all(claim.bytes_on(memory_bytes, memory_bytes) <= memory_bytes for claim in claims.claims)
 
 
 def exclusion_key(autoscaler: Autoscaler) -> str:
