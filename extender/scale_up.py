@@ -39,6 +39,7 @@ from vramguard.cluster import ClusterState, pod_key, pod_template_key
 from vramguard.inventory import NodeInventory
 from vramguard.io.kube import JSON, ApiError, KubeClient, object_path
 from vramguard.ledger import Ledger
+from vramguard.ledger_rule import Claim
 from vramguard.node_selection import placement_refusal
 from vramguard.placement import Verdict, filter_nodes
 from vramguard.policy import SCALE_UP_LABEL
@@ -145,6 +146,9 @@ class GateKeeper:
     async def round(self) -> None:
         """One pass over the pods kept: gated ones decided, released ones checked."""
         now = self.clock()
+        # What the pods released unchanged in this round will take, by the node they fit first: a
+        # wave of replicas decided at once must not all count on one node's room.
+        taken: dict[str, list[Claim]] = {}
         for uid, pod in list(self.pods.items()):
             if self.pods.get(uid) is not pod:
                 continue  # changed while an earlier pod was being decided: next round
@@ -152,11 +156,11 @@ class GateKeeper:
             if index is not None:
                 last = self._held.get(uid)
                 if last is None or now - last >= HOLD_RECHECK_SECONDS:
-                    await self._decide(uid, pod, index)
+                    await self._decide(uid, pod, index, taken)
             elif overdue(pod, self.wall_clock(), self.state.policy.scale_up.release_timeout_seconds):
                 await self._recreate(uid, pod)
 
-    async def _decide(self, uid: str, pod: JSON, index: int) -> None:
+    async def _decide(self, uid: str, pod: JSON, index: int, taken: dict[str, list[Claim]]) -> None:
         settings = self.state.policy.scale_up
         if settings.autoscaler == "none":
             # Gated while scale-up was on, then turned off: released as it is.
@@ -171,10 +175,16 @@ class GateKeeper:
             if selection is not None and placement_refusal(spec, name, selection.labels, selection.taints) is None:
                 eligible.append(name)
         outcome = await self.verbs.filter(pod, eligible)
+        claims = self.state.claims_for(pod, self.state.choose_class(pod), pod_template_key(pod)).claims
+        passing = [n for n in outcome.passing if n not in taken or self.state.ledger.fits(n, (*taken[n], *claims)).ok]
+        crowded = [n for n in outcome.passing if n not in passing]
         key = exclusion_key(settings.autoscaler)
-        refused = {name: await self._exclusion_value(name, key) for name in (*outcome.failed, *outcome.unresolvable)}
+        refused = {name: await self._exclusion_value(name, key)
+                   for name in (*outcome.failed, *outcome.unresolvable, *crowded)}
         fits, largest = self._fits_empty_node(pod)
-        decision = decide(outcome.passing, refused, fits, largest, key)
+        decision = decide(passing, refused, fits, largest, key)
+        if isinstance(decision, Release) and not decision.exclude and passing:
+            taken.setdefault(passing[0], []).extend(claims)
         if isinstance(decision, Hold):
             self._held[uid] = self.clock()
             if uid not in self._warned:

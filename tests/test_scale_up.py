@@ -275,6 +275,20 @@ async def test_a_pod_that_fits_an_existing_gpu_is_released_unchanged() -> None:
     assert api.events == []
 
 
+async def test_a_wave_decided_at_once_counts_the_room_the_first_pods_take() -> None:
+    # Node b has room for two more pods at 0.30 (one pod on it): of four replicas decided in one
+    # round, two are released as they are and two are narrowed away from both nodes.
+    (a, on_a), b = full_h100("a"), gpu_node("b", labels={HOSTNAME_LABEL: "b"})
+    wave = [gated(vllm_pod(f"r{i}", "0.30")) for i in range(4)]
+    gates, api = keeper([a, b], [*on_a, vllm_pod("b-0", "0.30", node="b")], wave)
+    await gates.round()
+    narrowed = sorted(name for name, pod in api.pods.items() if "affinity" in pod["spec"])
+    assert narrowed == ["r2", "r3"]
+    terms = api.pods["r3"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["a", "b"]
+    assert all(not pod["spec"].get("schedulingGates") for pod in api.pods.values())
+
+
 async def test_nodes_the_pod_may_not_use_are_neither_counted_nor_excluded() -> None:
     # Node b has room but a taint the pod does not tolerate: the pod cannot use it, so it is narrowed
     # away from a only (kube-scheduler and the autoscalers keep it off b themselves).

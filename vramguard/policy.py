@@ -309,10 +309,11 @@ class ScaleUp(_Strict):
     """The memory of the largest GPU a node the autoscaler may add has (e.g. ``80Gi``). A pod is held
     when neither an empty node of a shape the cluster has nor a GPU of this size could hold it; with
     it unset, a pool scaled to zero (no GPU node to compare with) releases every pod."""
-    release_timeout_seconds: int = Field(default=600, ge=30, le=86400)
+    release_timeout_seconds: int = Field(default=300, ge=30, le=86400)
     """A released pod still ``Unschedulable`` this long after (its new node filled first, or the
     autoscaler packed it by replica count) is evicted, when a controller owns it, so its owner
-    recreates it and it is decided again."""
+    recreates it and it is decided again. Evicted while its node is still coming, the new pod is
+    narrowed again and the autoscaler counts the node in flight: a restart, not a second node."""
 
     @field_validator("largest_gpu_memory")
     @classmethod
