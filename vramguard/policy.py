@@ -82,6 +82,16 @@ def parse_vram_limit(text: str) -> Vram:
                 ) from None
 
 
+def _optional_bytes(value: str | None) -> str | None:
+    """A quantity of bytes, or ``None``; a quantity that is not one is a validation error."""
+    if value is not None:
+        try:
+            parse_bytes(value)
+        except QuantityError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -170,12 +180,7 @@ class AllowanceAmounts(_Strict):
     @field_validator("cuda_context", "cuda_graphs", "communication")
     @classmethod
     def _bytes(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                parse_bytes(value)
-            except QuantityError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+        return _optional_bytes(value)
 
     def as_bytes(self) -> dict[str, int]:
         """The amounts that are set, in bytes."""
@@ -318,12 +323,7 @@ class ScaleUp(_Strict):
     @field_validator("largest_gpu_memory")
     @classmethod
     def _largest(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                parse_bytes(value)
-            except QuantityError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+        return _optional_bytes(value)
 
     def gates(self, class_name: str) -> bool:
         """Whether pods of ``class_name`` are gated."""
