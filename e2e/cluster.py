@@ -568,7 +568,8 @@ class Cluster:
         # vramguard services (before the schedulers, which call the extender)
         urls: dict[str, str] = {}
         if wanted:
-            for obj in services.rbac_objects(list(identities.values()), cfg.manifests):
+            autoscaler = _scale_up_autoscaler(cfg.policy)
+            for obj in services.rbac_objects(list(identities.values()), cfg.manifests, autoscaler=autoscaler):
                 self.create(obj)
             ports = {"extender": extender_port, "webhook": webhook_port}
             ops_ports = {"extender": extender_ops_port}
@@ -1068,3 +1069,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _scale_up_autoscaler(policy: Path | None) -> str:
+    """The ``scale_up.autoscaler`` of the cluster's policy file (``none`` without one)."""
+    if policy is None:
+        return "none"
+    data = yaml.safe_load(policy.read_text(encoding="utf-8")) or {}
+    scale_up = data.get("scale_up") if isinstance(data, dict) else None
+    return str(scale_up.get("autoscaler", "none")) if isinstance(scale_up, dict) else "none"

@@ -171,10 +171,26 @@ def service_identity(service: ServiceName, root: Path = MANIFESTS) -> ServiceIde
     return ServiceIdentity(DEFAULT_NAMESPACE, f"vramguard-{service}")
 
 
-def rbac_objects(identities: Sequence[ServiceIdentity], root: Path = MANIFESTS) -> list[dict[str, Any]]:
-    """RBAC objects to create: those in the manifests, plus a cluster-admin binding for any
-    identity the manifests do not bind at all (so the harness works before RBAC is written)."""
-    objects = [copy.deepcopy(obj) for obj in manifest_objects(_RBAC_KINDS, root)]
+SCALE_UP_COMPONENTS = {
+    "cluster-autoscaler": ("overlays/scale-up",),
+    "karpenter": ("overlays/scale-up", "overlays/scale-up-karpenter"),
+}
+"""The optional kustomize components whose rights the extender has with each ``scale_up.autoscaler``."""
+_OPTIONAL = frozenset(part for parts in SCALE_UP_COMPONENTS.values() for part in parts)
+
+
+def rbac_objects(
+    identities: Sequence[ServiceIdentity], root: Path = MANIFESTS, *, autoscaler: str = "none"
+) -> list[dict[str, Any]]:
+    """RBAC objects to create: those in the manifests (the optional scale-up components only for
+    ``autoscaler``, as an installation adds them), plus a cluster-admin binding for any identity
+    the manifests do not bind at all (so the harness works before RBAC is written)."""
+    wanted = {root / part for part in SCALE_UP_COMPONENTS.get(autoscaler, ())}
+    skipped = {root / part for part in _OPTIONAL} - wanted
+    objects = [
+        copy.deepcopy(obj) for path, obj in iter_manifest_objects(root)
+        if obj.get("kind") in _RBAC_KINDS and path.parent not in skipped
+    ]
     for obj in objects:
         metadata = obj.setdefault("metadata", {})
         if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):

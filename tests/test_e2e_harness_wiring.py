@@ -261,3 +261,17 @@ def test_stopping_a_process_stops_its_whole_group(tmp_path: Path) -> None:
     proc.stop(timeout=5)
     assert group_members([pgid]) == []
     assert proc.exited() is not None
+
+
+def test_the_scale_up_rights_come_only_with_the_policy_that_uses_them() -> None:
+    # The harness creates the manifests' RBAC as an installation would: the optional scale-up
+    # components only where the cluster's policy turns scale-up on, so least-privilege checks hold.
+    identities = [services.service_identity("extender")]
+
+    def roles(autoscaler: str) -> set[str]:
+        return {o["metadata"]["name"] for o in services.rbac_objects(identities, autoscaler=autoscaler)
+                if o["kind"] == "ClusterRole"}
+
+    assert not roles("none") & {"vramguard-extender-scale-up", "vramguard-extender-node-labels"}
+    assert roles("cluster-autoscaler") - roles("none") == {"vramguard-extender-scale-up"}
+    assert roles("karpenter") - roles("none") == {"vramguard-extender-scale-up", "vramguard-extender-node-labels"}
