@@ -16,9 +16,10 @@ import pytest
 from vramguard.admission import AdmissionRules, ClusterView, Subject
 from vramguard.codecs import ENFORCE_LABEL
 from vramguard.demand import DemandOptions
+from vramguard.pod_spec_patch import merge_pod_spec
 from vramguard.policy import default_policy
 from vramguard.webhook_config import webhook_configuration
-from vramguard.workloads import object_parts, parts_demand, read_inputs, strategic_merge, workload_parts
+from vramguard.workloads import object_parts, parts_demand, read_inputs, workload_parts
 
 POLICY = default_policy()
 VLLM = "vllm/vllm-openai:v0.10.1"
@@ -64,7 +65,7 @@ def test_strategic_merge_lays_the_object_over_the_runtime() -> None:
                        "resources": {"limits": {"cpu": "8", "nvidia.com/gpu": 1}}}, "minReplicas": 1}
     override = {"runner": {"args": ["--b"], "env": [{"name": "B", "value": "3"}],
                            "resources": {"limits": {"nvidia.com/gpu": 2}}}, "maxReplicas": 4}
-    assert strategic_merge(base, override) == {
+    assert merge_pod_spec(base, override) == {
         "runner": {"args": ["--b"], "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "3"}],
                    "resources": {"limits": {"cpu": "8", "nvidia.com/gpu": 2}}},
         "minReplicas": 1, "maxReplicas": 4,

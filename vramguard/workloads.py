@@ -72,7 +72,6 @@ __all__ = [
     "read_inputs",
     "reads_kind",
     "serving_runtimes",
-    "strategic_merge",
     "template_parts",
     "unread_warning",
     "with_runtime",
@@ -519,7 +518,7 @@ def with_runtime(obj: Mapping[str, Any], entry: WorkloadKind, named: Named) -> M
     for mine, theirs in ref.merge.items():
         own, base = _first(obj, mine, None), _first(runtime, theirs, None)
         if isinstance(own, Mapping) and isinstance(base, Mapping):
-            merged = _set(merged, mine.split("."), strategic_merge(base, own))
+            merged = _set(merged, mine.split("."), merge_pod_spec(base, own))
     return merged
 
 
@@ -527,29 +526,6 @@ def _set(obj: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict[str, A
     """A copy of ``obj`` with ``value`` at ``keys`` (the mappings on the way copied, not changed)."""
     head, rest = keys[0], keys[1:]
     return {**obj, head: _set(_mapping(obj.get(head)), rest, value) if rest else value}
-
-
-def strategic_merge(base: Mapping[str, Any], override: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
-    """``override`` laid over ``base`` as Kubernetes' strategic merge patch lays a spec over another:
-    mappings merged key by key, lists of named entries (containers, env, volumes) merged by name, any
-    other value (a scalar, ``args``, ``command``) replaced."""
-    merged = dict(base)
-    for key, value in override.items():
-        old = base.get(key)
-        if depth < 32 and isinstance(value, Mapping) and isinstance(old, Mapping):
-            merged[key] = strategic_merge(old, value, depth + 1)
-        elif depth < 32 and isinstance(old, list) and _named_list(value) and _named_list(old):
-            by_name = {entry["name"]: entry for entry in old}
-            for entry in value:
-                by_name[entry["name"]] = strategic_merge(by_name.get(entry["name"], {}), entry, depth + 1)
-            merged[key] = list(by_name.values())
-        else:
-            merged[key] = value
-    return merged
-
-
-def _named_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(e, Mapping) and isinstance(e.get("name"), str) for e in value)
 
 
 
