@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from e2e import build, device_plugin, gpu_nodes, images
 from e2e.procs import (
     ManagedProcess,
@@ -499,7 +497,8 @@ class RealNodes:
         self.cluster.ca.issue(f"system:node:{node.name}", organizations=["system:nodes"], server=False,
                               client=True).write(directory / "pki" / "node.crt", directory / "pki" / "node.key")
         kubeconfig = directory / "kubelet.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
+        # JSON, which is YAML: Go's YAML reads a plain 9983e149 (a test's id) as a number, PyYAML writes it bare.
+        kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "e2e", "cluster": {"server": self.cluster.server,
                                                      "certificate-authority": str(ca)}}],
@@ -510,7 +509,7 @@ class RealNodes:
         }))
         port, healthz = free_ports(2)
         config = directory / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(kubelet_config(spec, directory, node.run, ca, (port, healthz), spec.taints)))
+        config.write_text(json.dumps(kubelet_config(spec, directory, node.run, ca, (port, healthz), spec.taints)))
         labels = ",".join(f"{key}={value}" for key, value in sorted(registration_labels(spec).items()))
         node.kubelet_argv = node.in_namespace([
             str(self._binaries.directory / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",

@@ -220,9 +220,10 @@ def bind_urgent_evicting(core_v1: Any, namespace: str) -> tuple[str | None, set[
         return bound_to(core_v1, namespace, "urgent")
 
     # kube-scheduler does not always retry a pod the extender refused when its victims go: it may wait
-    # for another event or its flush of pods unschedulable for 5 minutes (podMaxInUnschedulablePodsDuration),
-    # so the pod binds within that, not always at once.
-    return wait_for("urgent bound", urgent_bound, timeout=360), evicted
+    # for another event or its flush of unschedulable pods, which the vramguard scheduler runs every
+    # 30 s (--pod-max-in-unschedulable-pods-duration, manifests/base/scheduler.yaml; 5 minutes by
+    # default), so the pod binds within that, not always at once.
+    return wait_for("urgent bound", urgent_bound, timeout=90), evicted
 
 
 def fill_then_preempt(core_v1: Any, namespace: str, unique: str, node: str, sizes: dict[str, str], urgent: str,
