@@ -157,8 +157,15 @@ class GateKeeper:
                 last = self._held.get(uid)
                 if last is None or now - last >= HOLD_RECHECK_SECONDS:
                     await self._decide(uid, pod, index, taken)
-            elif overdue(pod, self.wall_clock(), self.state.policy.scale_up.release_timeout_seconds):
+            elif self._ours(pod) and overdue(pod, self.wall_clock(),
+                                             self.state.policy.scale_up.release_timeout_seconds):
                 await self._recreate(uid, pod)
+
+    def _ours(self, pod: JSON) -> bool:
+        """Whether a scheduler calling the extender places the pod: the release stamp is an annotation
+        anyone who may edit a pod can write, so the extender evicts only pods it could have released."""
+        spec = pod.get("spec")
+        return isinstance(spec, Mapping) and spec.get("schedulerName") in self.state.policy.schedulers
 
     async def _decide(self, uid: str, pod: JSON, index: int, taken: dict[str, list[Claim]]) -> None:
         settings = self.state.policy.scale_up

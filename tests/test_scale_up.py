@@ -394,7 +394,11 @@ async def test_a_released_pod_stuck_past_the_timeout_is_evicted_when_a_controlle
     bare = unschedulable(vllm_pod("bare", "0.30"), NOW - timedelta(seconds=601))
     young = unschedulable(vllm_pod("young", "0.30"), NOW - timedelta(seconds=30))
     young["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
-    gates, api = keeper([a], on_a, [owned, bare, young])
+    # A stamp anyone may write: on a pod another scheduler places, it evicts nothing.
+    forged = unschedulable(vllm_pod("forged", "0.30"), NOW - timedelta(seconds=601))
+    forged["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
+    forged["spec"]["schedulerName"] = "default-scheduler"
+    gates, api = keeper([a], on_a, [owned, bare, young, forged])
     await gates.round()
     await gates.round()
     assert api.evictions == ["owned"]
