@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,8 +41,8 @@ from vramguard.io.kube import JSON, ApiError, KubeClient, object_path
 from vramguard.ledger import Ledger
 from vramguard.ledger_rule import Claim
 from vramguard.node_selection import placement_refusal
-from vramguard.placement import Verdict, filter_nodes
-from vramguard.policy import SCALE_UP_LABEL
+from vramguard.placement import PodClaims, Verdict, filter_nodes
+from vramguard.policy import SCALE_UP_LABEL, ClassChoice
 from vramguard.quantity import format_bytes
 from vramguard.scale_up import (
     GATE,
@@ -146,9 +146,7 @@ class GateKeeper:
     async def round(self) -> None:
         """One pass over the pods kept: gated ones decided, released ones checked."""
         now = self.clock()
-        # What the pods released unchanged in this round will take, by the node they fit first: a
-        # wave of replicas decided at once must not all count on one node's room.
-        taken: dict[str, list[Claim]] = {}
+        this = _Pass()
         for uid, pod in list(self.pods.items()):
             if self.pods.get(uid) is not pod:
                 continue  # changed while an earlier pod was being decided: next round
@@ -156,7 +154,7 @@ class GateKeeper:
             if index is not None:
                 last = self._held.get(uid)
                 if last is None or now - last >= HOLD_RECHECK_SECONDS:
-                    await self._decide(uid, pod, index, taken)
+                    await self._decide(uid, pod, index, this)
             elif self._ours(pod) and overdue(pod, self.wall_clock(),
                                              self.state.policy.scale_up.release_timeout_seconds):
                 await self._recreate(uid, pod)
@@ -167,7 +165,7 @@ class GateKeeper:
         spec = pod.get("spec")
         return isinstance(spec, Mapping) and spec.get("schedulerName") in self.state.policy.schedulers
 
-    async def _decide(self, uid: str, pod: JSON, index: int, taken: dict[str, list[Claim]]) -> None:
+    async def _decide(self, uid: str, pod: JSON, index: int, this: _Pass) -> None:
         settings = self.state.policy.scale_up
         if settings.autoscaler == "none":
             # Gated while scale-up was on, then turned off: released as it is.
@@ -182,13 +180,15 @@ class GateKeeper:
             if selection is not None and placement_refusal(spec, name, selection.labels, selection.taints) is None:
                 eligible.append(name)
         outcome = await self.verbs.filter(pod, eligible)
-        claims = self.state.claims_for(pod, self.state.choose_class(pod), pod_template_key(pod)).claims
+        choice = self.state.choose_class(pod)
+        pod_claims = self.state.claims_for(pod, choice, pod_template_key(pod))
+        claims, taken = pod_claims.claims, this.taken
         passing = [n for n in outcome.passing if n not in taken or self.state.ledger.fits(n, (*taken[n], *claims)).ok]
         crowded = [n for n in outcome.passing if n not in passing]
         key = exclusion_key(settings.autoscaler)
         refused = {name: await self._exclusion_value(name, key)
                    for name in (*outcome.failed, *outcome.unresolvable, *crowded)}
-        fits, largest = self._fits_empty_node(pod)
+        fits, largest = self._fits_new_node(pod_claims, choice, this) if not passing else (None, "")
         decision = decide(passing, refused, fits, largest, key)
         if isinstance(decision, Release) and not decision.exclude and passing:
             taken.setdefault(passing[0], []).extend(claims)
@@ -225,10 +225,24 @@ class GateKeeper:
             return None
         return value
 
-    def _fits_empty_node(self, pod: JSON) -> tuple[bool | None, str]:
+    def _fits_new_node(self, claims: PodClaims, choice: ClassChoice, this: _Pass) -> tuple[bool | None, str]:
         """Whether a new node could take the pod: an empty node of some GPU node shape the cluster
         has, or a GPU of the policy's ``largest_gpu_memory``; and the largest GPU memory known, for
         the reason (``None``: neither to tell)."""
+        if this.empty is None:
+            this.empty = self._empty_shapes()
+        ledger, names, largest = this.empty
+        configured = self.state.policy.scale_up.largest_gpu_bytes()
+        if not names and configured is None:
+            return None, "none known"
+        fits = any(v.verdict is Verdict.PASS for v in filter_nodes(ledger, names, claims, choice)) if names else False
+        if not fits and configured is not None:
+            fits = fits_one_gpu(claims, configured)
+        return fits, format_bytes(largest)
+
+    def _empty_shapes(self) -> tuple[Ledger, list[str], int]:
+        """A ledger of one empty node per GPU node shape the cluster has (devices, sharing, budget;
+        no pods, no foreign use), their names, and the largest GPU memory known. Built once a pass."""
         ledger = Ledger(self.state.policy.budget_rule())
         names: list[str] = []
         shapes: set[tuple[int, ...]] = set()
@@ -243,15 +257,7 @@ class GateKeeper:
             ledger.upsert_node(NodeInventory(empty, tuple(replace(d, foreign_bytes=0) for d in inventory.devices)))
             names.append(empty)
             largest = max([largest, *(d.memory_bytes for d in inventory.devices)])
-        choice = self.state.choose_class(pod)
-        claims = self.state.claims_for(pod, choice, pod_template_key(pod))
-        configured = self.state.policy.scale_up.largest_gpu_bytes()
-        if not names and configured is None:
-            return None, "none known"
-        fits = any(v.verdict is Verdict.PASS for v in filter_nodes(ledger, names, claims, choice)) if names else False
-        if not fits and configured is not None:
-            fits = fits_one_gpu(claims, configured)
-        return fits, format_bytes(largest)
+        return ledger, names, largest
 
     async def _patch(self, uid: str, pod: JSON, operations: list[dict[str, Any]], outcome: str) -> bool:
         if self.client is None:
@@ -299,6 +305,17 @@ class GateKeeper:
     async def _event(self, pod: JSON, reason: str, message: str, kind: str) -> None:
         if self.client is not None:
             await post_pod_event(self.client, pod_key(pod), reason, message, kind)
+
+
+@dataclass
+class _Pass:
+    """What one pass over the gated pods shares between its decisions."""
+
+    taken: dict[str, list[Claim]] = field(default_factory=dict)
+    """What the pods released unchanged in this pass will take, by the node they fit first: a wave
+    of replicas decided at once must not all count on one node's room."""
+    empty: tuple[Ledger, list[str], int] | None = None
+    """The empty node shapes (:meth:`GateKeeper._empty_shapes`), built for the first pod that needs them."""
 
 
 def _kept(pod: Mapping[str, Any]) -> bool:
