@@ -194,21 +194,24 @@ def test_the_agent_process_reports_and_the_extender_uses_it(
                 assert agent.poll() is None, (tmp_path / "agent.log").read_text()
                 assert time.monotonic() < deadline, f"no report from the agent: {text}"
                 time.sleep(0.25)
+            uids = {name: uid_of(core_v1, namespace, name) for name in ("p0", "p1", "p2")}
+            assert report == {
+                "version": 1,
+                "gpus": [{"id": "0", "memory_bytes": H100_USABLE, "foreign_bytes": 0},
+                         {"id": "1", "memory_bytes": H100_USABLE, "foreign_bytes": 0}],
+                "pods": {uids["p0"]: {"vllm": ["0"]}, uids["p1"]: {"vllm": ["0"]}, uids["p2"]: {"vllm": ["1"]}},
+            }
+            # The agent stays up while the extender uses its report: it renews its Lease only after
+            # the annotation is written, so stopping it the moment the annotation appears could
+            # leave no Lease at all, and the report rightly untrusted.
+            assert wait_for_extender(core_v1, namespace, "p3", unique) == node
+            # The kubelet does not list p3: its GPU stays unknown, so a fifth could overcommit GPU 0.
+            assert place(core_v1, namespace, "p4", unique) is None
+            assert ledger_violations(cluster, unique) == []
         finally:
             agent.terminate()
             agent.wait(15)
             log.close()
-
-    uids = {name: uid_of(core_v1, namespace, name) for name in ("p0", "p1", "p2")}
-    assert report == {
-        "version": 1,
-        "gpus": [{"id": "0", "memory_bytes": H100_USABLE, "foreign_bytes": 0},
-                 {"id": "1", "memory_bytes": H100_USABLE, "foreign_bytes": 0}],
-        "pods": {uids["p0"]: {"vllm": ["0"]}, uids["p1"]: {"vllm": ["0"]}, uids["p2"]: {"vllm": ["1"]}},
-    }
-    assert wait_for_extender(core_v1, namespace, "p3", unique) == node
-    assert place(core_v1, namespace, "p4", unique) is None
-    assert ledger_violations(cluster, unique) == []
 
 
 def start_agent(cluster: Any, node: str, tmp_path: Path, recording: Path, socket: Path,
