@@ -12,6 +12,8 @@ NodeAffinity plugin refuses a node a required term does not match.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,20 @@ def test_a_pod_larger_than_any_gpu_stays_gated(scaling: Cluster, namespace: str,
     pod = core.read_namespaced_pod(pod.metadata.name, namespace)
     assert [g.name for g in pod.spec.scheduling_gates] == [GATE]
     assert scheduled_condition(pod)[0] == "SchedulingGated"  # what autoscalers skip
+
+    # Removing vramguard with this pod left: `vramguard ungate` lifts the gate, unchanged, through
+    # the API server's own validation of a gated pod's update.
+    done = subprocess.run(
+        [sys.executable, "-m", "vramguard", "ungate", "-n", namespace, "--kubeconfig", str(scaling.kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"{namespace}/{pod.metadata.name}: released" in done.stdout
+    pod = core.read_namespaced_pod(pod.metadata.name, namespace)
+    assert not pod.spec.scheduling_gates and pod.metadata.annotations[RELEASED_ANNOTATION]
+    assert pod.spec.affinity is None or pod.spec.affinity.node_affinity is None
+    # kube-scheduler now tries it, and the extender refuses it on every GPU.
+    wait_for("the ungated pod refused", lambda: scheduled_condition(
+        core.read_namespaced_pod(pod.metadata.name, namespace))[0] == "Unschedulable")
 
 
 def test_a_released_pod_still_unschedulable_after_the_timeout_is_recreated(scaling: Cluster, namespace: str,

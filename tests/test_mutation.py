@@ -283,11 +283,23 @@ def test_the_pods_own_scale_down_annotation_wins() -> None:
     assert apply_patch(obj, mutate(obj, rules=unprotected).patch)["metadata"]["annotations"] == {"a": "b"}
 
 
+def owned_by(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": "x", "uid": "u",
+                                           "controller": True}]
+    return obj
+
+
+def test_a_replicaset_pod_is_gated() -> None:
+    obj = owned_by(vllm_pod(qos="limited"), "ReplicaSet")
+    assert apply_patch(obj, mutate(obj, rules=SCALE_UP).patch)["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
 @pytest.mark.parametrize("obj", [
     pytest.param(vllm_pod(), id="class-not-gated"),
     pytest.param(vllm_pod(qos="limited", scheduler="volcano"), id="scheduler-without-the-extender"),
     pytest.param(placed(vllm_pod(qos="limited"), "n1"), id="placed-directly"),
     pytest.param(pod(container("web", gpus=0)), id="no-gpu"),
+    pytest.param(owned_by(vllm_pod(qos="limited"), "DaemonSet"), id="daemonset-pod"),
 ])
 def test_pods_that_are_not_gated(obj: dict[str, Any]) -> None:
     mutated = apply_patch(obj, mutate(obj, rules=SCALE_UP).patch)

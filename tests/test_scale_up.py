@@ -26,6 +26,7 @@ from vramguard.policy import Policy, PolicyError, ScaleUp, default_policy
 from vramguard.scale_up import (
     GATE,
     HOSTNAME_LABEL,
+    MAX_EXCLUDED,
     RELEASED_ANNOTATION,
     Hold,
     Release,
@@ -203,6 +204,7 @@ class FakeApi:
         self.evictions: list[str] = []
         self.events: list[dict[str, Any]] = []
         self.refuse_node_patch = False
+        self.refuse_pod_patch = False
 
     async def patch(self, path: str, body: Any, patch_type: str = "merge") -> dict[str, Any]:
         await asyncio.sleep(0)
@@ -212,6 +214,8 @@ class FakeApi:
                 raise ApiError(403, "Forbidden", "nodes is forbidden")
             return {}
         assert patch_type == "json"
+        if self.refuse_pod_patch:
+            raise ApiError(403, "Forbidden", "pods is forbidden")
         name = path.rsplit("/", 1)[-1]
         old = self.pods[name]
         try:
@@ -387,22 +391,214 @@ async def test_a_released_pod_is_decided_once() -> None:
     assert len(api.patches) == 1
 
 
+REPLICA_SET = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": True}]
+
+
 async def test_a_released_pod_stuck_past_the_timeout_is_evicted_when_a_controller_owns_it() -> None:
     (a, on_a) = full_h100("a")
     owned = unschedulable(vllm_pod("owned", "0.30"), NOW - timedelta(seconds=601))
-    owned["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": True}]
+    owned["metadata"]["ownerReferences"] = REPLICA_SET
     bare = unschedulable(vllm_pod("bare", "0.30"), NOW - timedelta(seconds=601))
     young = unschedulable(vllm_pod("young", "0.30"), NOW - timedelta(seconds=30))
-    young["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
+    young["metadata"]["ownerReferences"] = REPLICA_SET
     # A stamp anyone may write: on a pod another scheduler places, it evicts nothing.
     forged = unschedulable(vllm_pod("forged", "0.30"), NOW - timedelta(seconds=601))
-    forged["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
+    forged["metadata"]["ownerReferences"] = REPLICA_SET
     forged["spec"]["schedulerName"] = "default-scheduler"
-    gates, api = keeper([a], on_a, [owned, bare, young, forged])
+    # A Job counts a deleted pod as failed: its pods are warned about, never evicted.
+    job = unschedulable(vllm_pod("job", "0.30"), NOW - timedelta(seconds=601))
+    job["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "j",
+                                           "controller": True}]
+    gates, api = keeper([a], on_a, [owned, bare, young, forged, job])
     await gates.round()
     await gates.round()
     assert api.evictions == ["owned"]
-    assert sorted(e["reason"] for e in api.events) == ["VRAMScaleUpRetry", "VRAMScaleUpStuck"]
+    assert sorted(e["reason"] for e in api.events) == ["VRAMScaleUpRetry", "VRAMScaleUpStuck", "VRAMScaleUpStuck"]
+
+
+async def test_each_further_stuck_pod_of_an_owner_waits_twice_as_long() -> None:
+    # An autoscaler that cannot add a node (its group at its maximum): the ReplicaSet's next pod is
+    # not evicted at the same timeout, so the owner is not churned every five minutes.
+    (a, on_a) = full_h100("a")
+    first = unschedulable(vllm_pod("first", "0.30"), NOW - timedelta(seconds=301))
+    first["metadata"]["ownerReferences"] = REPLICA_SET
+    gates, api = keeper([a], on_a, [first])
+    await gates.round()
+    assert api.evictions == ["first"]
+    second = unschedulable(vllm_pod("second", "0.30"), NOW - timedelta(seconds=301))
+    second["metadata"]["ownerReferences"] = REPLICA_SET
+    api.pods["second"] = second
+    gates.upsert(second)
+    await gates.round()
+    assert api.evictions == ["first"]
+    gates.wall_clock = lambda: NOW + timedelta(seconds=300)  # 601 s after its release: past 2 x 300 s
+    await gates.round()
+    assert api.evictions == ["first", "second"]
+
+
+def test_a_release_stamp_older_than_the_pod_was_copied_not_written_on_it() -> None:
+    pod = unschedulable(vllm_pod("p", "0.30"), NOW - timedelta(seconds=3600))
+    pod["metadata"]["creationTimestamp"] = (NOW - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert not overdue(pod, NOW, 300)
+    pod["metadata"]["creationTimestamp"] = (NOW - timedelta(seconds=3630)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert overdue(pod, NOW, 300)  # released 30 s after its creation
+
+
+async def test_a_pod_is_decided_only_once_its_other_gates_are_gone() -> None:
+    (a, on_a) = full_h100("a")
+    queued = gated(vllm_pod("queued", "0.30"))
+    queued["spec"]["schedulingGates"].insert(0, {"name": "kueue.x-k8s.io/admission"})
+    gates, api = keeper([a], on_a, [queued])
+    await gates.round()
+    assert api.patches == [] and api.events == []
+    admitted = copy.deepcopy(queued)
+    admitted["spec"]["schedulingGates"] = [{"name": GATE}]
+    api.pods["queued"] = admitted
+    gates.upsert(admitted)
+    await gates.round()
+    assert not api.pods["queued"]["spec"].get("schedulingGates") and "affinity" in api.pods["queued"]["spec"]
+
+
+async def test_replicas_decided_one_by_one_count_the_room_the_earlier_ones_take() -> None:
+    # As a ReplicaSet creates them: one pod a pass. Node b has room for two of the four.
+    (a, on_a), b = full_h100("a"), gpu_node("b", labels={HOSTNAME_LABEL: "b"})
+    gates, api = keeper([a, b], [*on_a, vllm_pod("b-0", "0.30", node="b")], [])
+    for i in range(4):
+        replica = gated(vllm_pod(f"r{i}", "0.30"))
+        api.pods[replica["metadata"]["name"]] = replica
+        gates.upsert(replica)
+        await gates.round()
+        gates.upsert(api.pods[f"r{i}"])  # the watch brings it back released
+    narrowed = sorted(name for name, pod in api.pods.items() if "affinity" in pod["spec"])
+    assert narrowed == ["r2", "r3"]
+    # r0 binds on b: the ledger counts it, the keeper forgets its own count; r1 leaves the watch too.
+    gates.state.pods.upsert(vllm_pod("r0", "0.30", node="b"))
+    gates.delete(api.pods["r0"])
+    gates.state.pods.upsert(vllm_pod("r1", "0.30", node="b"))
+    gates.delete(api.pods["r1"])
+    assert gates._released == {}
+
+
+async def test_the_new_node_check_uses_only_the_pools_the_pod_selects() -> None:
+    # 40 GiB pool "small" and an 80 GiB pool "big": a 60 GiB pod selecting "small" is held (a new
+    # small node would not hold it either), not narrowed toward a node the autoscaler adds in vain.
+    small = gpu_node("a", memory_mib=40960, product="NVIDIA-A100-SXM4-40GB",
+                     labels={HOSTNAME_LABEL: "a", "pool": "small"})
+    big = gpu_node("b", labels={HOSTNAME_LABEL: "b", "pool": "big"})
+    busy = declaring("busy", "60Gi")
+    del busy["spec"]["schedulingGates"]
+    busy["spec"]["nodeName"] = "b"
+    pod = declaring("p", "60Gi")
+    pod["spec"]["nodeSelector"] = {"pool": "small"}
+    gates, api = keeper([small, big], [busy], [pod])
+    await gates.round()
+    assert api.pods["p"]["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert "40.0 GiB" in api.events[0]["message"]
+    # Selecting a pool with no node at all (scaled to zero), no largest GPU given: the autoscaler decides.
+    pod = declaring("q", "60Gi")
+    pod["spec"]["nodeSelector"] = {"pool": "zero"}
+    gates, api = keeper([small, big], [busy], [pod])
+    await gates.round()
+    assert not api.pods["q"]["spec"].get("schedulingGates") and "affinity" not in api.pods["q"]["spec"]
+
+
+@pytest.mark.parametrize("pin", ["fields", "hostname"])
+async def test_a_pod_pinned_to_a_full_node_is_released_as_it_is(pin: str) -> None:
+    # No new node could match its selection: narrowing would leave it no node at all.
+    (a, on_a) = full_h100("a")
+    pinned = gated(vllm_pod("pinned", "0.30"))
+    if pin == "fields":
+        pinned["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}}}
+    else:
+        pinned["spec"]["nodeSelector"] = {HOSTNAME_LABEL: "a"}
+    before = copy.deepcopy(pinned["spec"].get("affinity"))
+    gates, api = keeper([a], on_a, [pinned])
+    await gates.round()
+    assert not api.pods["pinned"]["spec"].get("schedulingGates")
+    assert api.pods["pinned"]["spec"].get("affinity") == before
+
+
+async def test_no_decision_while_a_node_the_pod_may_use_is_being_re_read() -> None:
+    (a, on_a), b = full_h100("a"), gpu_node("b", labels={HOSTNAME_LABEL: "b"})
+    gates, api = keeper([a, b], on_a, [gated(vllm_pod("fourth", "0.30"))])
+    gates.state.suspects.add("b")  # its pods unknown for a moment: it must not be excluded for good
+    await gates.round()
+    assert api.patches == []
+    gates.state.suspects.clear()
+    await gates.round()
+    assert not api.pods["fourth"]["spec"].get("schedulingGates") and "affinity" not in api.pods["fourth"]["spec"]
+
+
+async def test_a_gated_pod_of_a_scheduler_without_the_extender_is_released_as_it_is() -> None:
+    (a, on_a) = full_h100("a")
+    other = gated(vllm_pod("other", "0.30"))
+    other["spec"]["schedulerName"] = "default-scheduler"
+    gates, api = keeper([a], on_a, [other])
+    await gates.round()
+    assert not api.pods["other"]["spec"].get("schedulingGates") and "affinity" not in api.pods["other"]["spec"]
+
+
+async def test_a_refused_patch_backs_off_and_is_reported_once() -> None:
+    (a, on_a) = full_h100("a")
+    gates, api = keeper([a], on_a, [gated(vllm_pod("fourth", "0.30"))])
+    now = [1000.0]
+    gates.clock = lambda: now[0]
+    api.refuse_pod_patch = True
+    for _ in range(8):
+        await gates.round()
+        now[0] += 0.5
+    # 1000 (fail), 1001 (fail), 1003 (fail: warned): three tries in eight rounds.
+    assert len(api.patches) == 3
+    assert [(e["reason"], e["type"]) for e in api.events] == [("VRAMScaleUpFailed", "Warning")]
+    assert "403" in api.events[0]["message"] or "forbidden" in api.events[0]["message"]
+
+
+async def test_a_failure_deciding_one_pod_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    (a, on_a), b = full_h100("a"), gpu_node("b", labels={HOSTNAME_LABEL: "b"})
+    gates, api = keeper([a, b], on_a, [gated(vllm_pod("bad", "0.30")), gated(vllm_pod("good", "0.30"))])
+    real = gates.verbs.filter
+
+    async def filter_failing_for_bad(pod: dict[str, Any], nodes: list[str]) -> Any:
+        if pod["metadata"]["name"] == "bad":
+            raise RuntimeError("boom")
+        return await real(pod, nodes)
+
+    monkeypatch.setattr(gates.verbs, "filter", filter_failing_for_bad)
+    await gates.round()
+    assert not api.pods["good"]["spec"].get("schedulingGates")
+    assert api.pods["bad"]["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert "uid-bad" in gates._failures
+
+
+async def test_a_node_label_set_by_someone_else_is_replaced_before_it_excludes() -> None:
+    # A NodePool giving every node vramguard.io/node=gpu would exclude the new nodes too.
+    (a, on_a) = full_h100("a")
+    a["metadata"]["labels"]["vramguard.io/node"] = "gpu"
+    gates, api = keeper([a], on_a, [gated(vllm_pod("fourth", "0.30"))], autoscaler="karpenter")
+    await gates.round()
+    assert api.patches[0] == ("/api/v1/nodes/a", {"metadata": {"labels": {"vramguard.io/node": "a"}}})
+    terms = api.pods["fourth"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["a"]
+
+
+def test_a_pod_that_would_exclude_too_many_nodes_is_held() -> None:
+    refused = {f"n{i}": f"n{i}" for i in range(MAX_EXCLUDED + 1)}
+    decision = decide([], refused, True, "80 GiB", HOSTNAME_LABEL)
+    assert isinstance(decision, Hold) and "node pool" in decision.reason
+    assert decide([], dict(list(refused.items())[:MAX_EXCLUDED]), True, "80 GiB", HOSTNAME_LABEL) == Release(
+        tuple(sorted(list(refused)[:MAX_EXCLUDED])))
+
+
+def test_a_release_creating_the_annotations_tests_the_version_read() -> None:
+    pod = gated(vllm_pod("p", "0.30"))
+    operations = release_patch(pod, 0, HOSTNAME_LABEL, (), NOW)
+    assert operations[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "1"}
+    changed = copy.deepcopy(pod)
+    changed["metadata"]["resourceVersion"] = "2"
+    changed["metadata"]["annotations"] = {"example.com/owner": "team"}
+    with pytest.raises(ValueError, match="test failed"):
+        apply_patch(changed, operations)
 
 
 def test_the_store_keeps_only_gated_and_released_pods() -> None:

@@ -27,9 +27,10 @@ Three changes, each a JSON Patch the webhook's ``/mutate`` returns:
   webhook does not read, and which ``env`` would override), is left as it is, with a note.
 
 - **A scheduling gate**, ``vramguard.io/vram``, for GPU pods of the classes ``scale_up`` names,
-  placed by a scheduler that calls the extender: an autoscaler ignores the pod until the extender
-  has decided whether an existing node can hold it (:mod:`vramguard.scale_up`); with the
-  autoscaler's do-not-disrupt annotation too, where the policy protects them from scale-down.
+  placed by a scheduler that calls the extender, except a DaemonSet's (its node is chosen for it):
+  an autoscaler ignores the pod until the extender has decided whether an existing node can hold it
+  (:mod:`vramguard.scale_up`); with the autoscaler's do-not-disrupt annotation too, where the policy
+  protects them from scale-down.
 
 A namespace labelled ``vramguard.io/routing: disabled`` gets none: its pods stay as written.
 """
@@ -137,6 +138,7 @@ def plan_mutation(
         and policy.scale_up.gates(choice.name)
         and scheduler in policy.schedulers
         and not spec.get("nodeName")
+        and not _daemon_pod(pod)
     ):
         patch.extend(add_gate_patch(spec))
         if policy.scale_up.protect_from_scale_down:
@@ -150,6 +152,14 @@ def plan_mutation(
         patch.extend(operations)
         notes.extend(env_notes)
     return Mutation(tuple(patch), routed_to, tuple(injections), tuple(notes))
+
+
+def _daemon_pod(pod: Mapping[str, Any]) -> bool:
+    """A DaemonSet's pod: bound to its node by its controller, so no new node could take it."""
+    metadata = pod.get("metadata")
+    owners = metadata.get("ownerReferences") if isinstance(metadata, Mapping) else None
+    return any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller") is True
+               for o in (owners if isinstance(owners, list) else ()))
 
 
 def plan_limits(

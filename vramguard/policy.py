@@ -312,12 +312,14 @@ class ScaleUp(_Strict):
     still is)."""
     largest_gpu_memory: Quantity | None = None
     """The memory of the largest GPU a node the autoscaler may add has (e.g. ``80Gi``). A pod is held
-    when neither an empty node of a shape the cluster has nor a GPU of this size could hold it; with
-    it unset, a pool scaled to zero (no GPU node to compare with) releases every pod."""
+    when neither an empty node of the shape of a GPU node it may use nor a GPU of this size could
+    hold it; with it unset, a pod whose pool is scaled to zero (no GPU node it may use to compare
+    with) is released."""
     release_timeout_seconds: int = Field(default=300, ge=30, le=86400)
     """A released pod still ``Unschedulable`` this long after (its new node filled first, or the
-    autoscaler packed it by replica count) is evicted, when a controller owns it, so its owner
-    recreates it and it is decided again. Evicted while its node is still coming, the new pod is
+    autoscaler packed it by replica count) is evicted, when a ReplicaSet or a StatefulSet owns it,
+    so its owner recreates it and it is decided again; each further pod of the same owner evicted
+    so waits twice as long (up to 16 times). Evicted while its node is still coming, the new pod is
     narrowed again and the autoscaler counts the node in flight: a restart, not a second node."""
 
     @field_validator("largest_gpu_memory")

@@ -18,9 +18,11 @@ extender's leader decides once per pod (docs/autoscaling.md):
 - **Hold**: not even an empty node of any shape in the cluster would hold it (it asks for more VRAM
   than any GPU has): it stays gated, with a Warning Event, since a new node would not hold it either.
 
-A released pod carries :data:`RELEASED_ANNOTATION` (when); one still ``Unschedulable``
-``release_timeout_seconds`` later is evicted where a controller owns it, so it is recreated and
-decided again (:func:`overdue`). A pod is decided once: nothing flaps.
+A pod is decided once its other scheduling gates are gone (:func:`other_gates`), and only once:
+nothing flaps. A pod whose own selection names its nodes (:func:`pins_nodes`) is released as it is,
+since no new node could match it. A released pod carries :data:`RELEASED_ANNOTATION` (when); one
+still ``Unschedulable`` ``release_timeout_seconds`` later is evicted where a ReplicaSet or
+StatefulSet owns it (:func:`recreatable`), so it is recreated and decided again (:func:`overdue`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from vramguard.placement import PodClaims
@@ -38,6 +40,7 @@ from vramguard.policy import SCALE_UP_LABEL, Autoscaler
 __all__ = [
     "GATE",
     "HOSTNAME_LABEL",
+    "MAX_EXCLUDED",
     "RELEASED_ANNOTATION",
     "Hold",
     "Release",
@@ -47,9 +50,11 @@ __all__ = [
     "fits_one_gpu",
     "gate_index",
     "label_value_for",
+    "other_gates",
     "overdue",
-    "owned_by_controller",
+    "pins_nodes",
     "protect_patch",
+    "recreatable",
     "release_patch",
     "released_at",
 ]
@@ -59,6 +64,16 @@ GATE = "vramguard.io/vram"
 RELEASED_ANNOTATION = "vramguard.io/released"
 """When the extender lifted the gate (RFC 3339, UTC), and how: ``<time>`` or ``<time> narrowed``."""
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+MAX_EXCLUDED = 1000
+"""The most nodes a narrowed pod excludes. Each required term gains the list (about 50 bytes a
+hostname), and the pod, with its ReplicaSet's copies, is stored whole on every update: beyond this
+the pod is held with its reason rather than grown toward the API server's object limit."""
+CLOCK_SKEW = timedelta(seconds=60)
+"""How far the extender's clock may trail the API server's when a release stamp is compared with the
+pod's ``creationTimestamp``."""
+RECREATING_OWNERS = frozenset({("apps/v1", "ReplicaSet"), ("apps/v1", "StatefulSet")})
+"""The controllers that recreate an evicted pending pod as it was. A Job counts a deleted pod as
+failed (its ``backoffLimit``), and workflow engines fail the step: theirs are never evicted."""
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 
 
@@ -106,6 +121,43 @@ def gate_index(pod: Mapping[str, Any]) -> int | None:
         if isinstance(gate, Mapping) and gate.get("name") == GATE:
             return index
     return None
+
+
+def other_gates(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod carries a scheduling gate besides :data:`GATE` (a queue's admission, say): it is
+    decided once the others are gone, on the cluster and node selection it will be placed with."""
+    spec = pod.get("spec")
+    gates = spec.get("schedulingGates") if isinstance(spec, Mapping) else None
+    listed = gates if isinstance(gates, list) else ()
+    return any(not (isinstance(g, Mapping) and g.get("name") == GATE) for g in listed)
+
+
+def pins_nodes(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod's own selection names the nodes it may run on (a ``kubernetes.io/hostname``
+    selector or ``In`` expression, or a ``metadata.name`` field, as DaemonSet pods have): a node the
+    autoscaler adds could not match it, so narrowing would leave it no node at all."""
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping) and HOSTNAME_LABEL in selector:
+        return True
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+                if isinstance(node_affinity, Mapping) else None)
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    if not isinstance(terms, list) or not terms:
+        return False
+    # A pod may run where any term matches: it is pinned when every term is.
+    return all(isinstance(term, Mapping) and _term_pins(term) for term in terms)
+
+
+def _term_pins(term: Mapping[str, Any]) -> bool:
+    for name, key in (("matchExpressions", HOSTNAME_LABEL), ("matchFields", "metadata.name")):
+        for requirement in term.get(name) or ():
+            if not isinstance(requirement, Mapping):
+                continue
+            if requirement.get("key") == key and requirement.get("operator") == "In":
+                return True
+    return False
 
 
 SCALE_DOWN_ANNOTATIONS: Mapping[str, tuple[str, str]] = {
@@ -173,7 +225,13 @@ def decide(
             f"no GPU node this pod may use has its VRAM, and {len(unlabelled)} of them ({', '.join(unlabelled[:5])}"
             f"{', ...' if len(unlabelled) > 5 else ''}) have no {key} label to exclude them by: held until they do"
         )
-    return Release(tuple(sorted({value for value in refused.values() if value is not None})))
+    exclude = tuple(sorted({value for value in refused.values() if value is not None}))
+    if len(exclude) > MAX_EXCLUDED:
+        return Hold(
+            f"no GPU node this pod may use has its VRAM, and excluding all {len(exclude)} of them would grow the "
+            f"pod past {MAX_EXCLUDED} node names: held; narrow its node selection to a node pool"
+        )
+    return Release(exclude)
 
 
 def release_patch(pod: Mapping[str, Any], index: int, key: str, exclude: Sequence[str], now: datetime) -> list[
@@ -192,6 +250,10 @@ def release_patch(pod: Mapping[str, Any], index: int, key: str, exclude: Sequenc
         operations.append({"op": "add", "path": "/metadata/annotations/" + _escape(RELEASED_ANNOTATION),
                            "value": stamp})
     else:
+        # Adding the whole map would replace one another writer added since the pod was read.
+        version = metadata.get("resourceVersion") if isinstance(metadata, Mapping) else None
+        if isinstance(version, str) and version:
+            operations.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": version})
         operations.append({"op": "add", "path": "/metadata/annotations", "value": {RELEASED_ANNOTATION: stamp}})
     if exclude:
         operations.extend(_narrowing(pod, {"key": key, "operator": "NotIn", "values": list(exclude)}))
@@ -238,23 +300,40 @@ def _escape(key: str) -> str:
 
 
 def released_at(pod: Mapping[str, Any]) -> datetime | None:
-    """When the gate was lifted (:data:`RELEASED_ANNOTATION`), or ``None``."""
+    """When the gate was lifted (:data:`RELEASED_ANNOTATION`), or ``None``: also for a stamp older
+    than the pod itself, copied from a template or another pod rather than written on this one."""
     metadata = pod.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    annotations = metadata.get("annotations")
     value = annotations.get(RELEASED_ANNOTATION) if isinstance(annotations, Mapping) else None
     if not isinstance(value, str):
         return None
+    stamp, created = _time(value.split(" ", 1)[0]), _time(metadata.get("creationTimestamp"))
+    if stamp is None or (created is not None and stamp < created - CLOCK_SKEW):
+        return None
+    return stamp
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
     try:
-        return datetime.strptime(value.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         return None
 
 
-def owned_by_controller(pod: Mapping[str, Any]) -> bool:
-    """Whether a controller (a ReplicaSet, a Job, ...) owns the pod, so it comes back when evicted."""
+def recreatable(pod: Mapping[str, Any]) -> str | None:
+    """The UID of the controller that recreates the pod as it was when it is evicted (a ReplicaSet or
+    a StatefulSet: :data:`RECREATING_OWNERS`), or ``None``."""
     metadata = pod.get("metadata")
     owners = metadata.get("ownerReferences") if isinstance(metadata, Mapping) else None
-    return isinstance(owners, list) and any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
+    for owner in owners if isinstance(owners, list) else ():
+        if (isinstance(owner, Mapping) and owner.get("controller") is True
+                and (owner.get("apiVersion"), owner.get("kind")) in RECREATING_OWNERS):
+            uid = owner.get("uid")
+            return str(uid) if uid else str(owner.get("name", ""))
+    return None
 
 
 def overdue(pod: Mapping[str, Any], now: datetime, timeout_seconds: float) -> bool:

@@ -18,6 +18,7 @@ from vramguard.cli import (
     keep_certs,
     plan,
     scheduler_config,
+    ungate,
     webhook,
     webhook_config,
 )
@@ -27,4 +28,5 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 REGISTRY: tuple[Registrar, ...] = (
     explain.register, plan.register, audit.register, extender.register, webhook.register, webhook_config.register,
     scheduler_config.register, certs.register, keep_certs.register, agent.register,
+    ungate.register,
 )
