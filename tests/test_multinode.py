@@ -126,6 +126,22 @@ CASES = [
         errors=["vLLM: --data-parallel-size-local 8 = 8 GPUs, but the container requests 4"],
     ),
     Case(
+        # vLLM's docs/serving/data_parallel_deployment.md: "only the API server on the first node and
+        # all engines on the second node": --data-parallel-size-local 0 runs no engine here.
+        "vllm-data-parallel-api-server-only",
+        pod(container(image=VLLM, gpus=1, command=[
+            "vllm", "serve", "m", "--data-parallel-size", "4", "--data-parallel-size-local", "0",
+            "--data-parallel-address", "10.99.48.128", "--data-parallel-rpc-port", "13345"])),
+        warnings=["runs only its API server"],
+    ),
+    Case(
+        # vllm/entrypoints/cli/serve.py run_headless: "data_parallel_size_local must be > 0 in headless mode".
+        "vllm-data-parallel-headless-without-engines",
+        pod(container(image=VLLM, gpus=1, command=[
+            "vllm", "serve", "m", "--headless", "--data-parallel-size", "4", "--data-parallel-size-local=0"])),
+        errors=["would not start"],
+    ),
+    Case(
         # Kthena's data-parallel example (volcano-sh/kthena v1.0.0): one DP rank per pod, --data-parallel-rank
         # set, so each pod runs data_parallel_size_local = 1 (engine/arg_utils.py v0.20.2).
         "vllm-data-parallel-rank-per-pod",
@@ -174,5 +190,7 @@ def test_multi_node_arithmetic(case: Case) -> None:
         assert any(expected in w for w in demand.warnings), demand.warnings
     # The per-GPU reservation does not depend on how many nodes the engine spans.
     reservation = demand.containers[0].reservation
-    if reservation is not None and reservation.fraction is not None:
+    if case.id == "vllm-data-parallel-api-server-only":
+        assert reservation is not None and reservation.share_on(80 * 2**30) == 0
+    elif reservation is not None and reservation.fraction is not None:
         assert reservation.fraction in (Fraction(9, 10), Fraction(17, 20), Fraction(3, 10))

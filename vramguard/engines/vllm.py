@@ -147,6 +147,7 @@ DATA_PARALLEL_LOCAL = ("--data-parallel-size-local", "-dpl")
 DATA_PARALLEL_RANK = ("--data-parallel-rank", "-dpn", "--data-parallel-external-lb")
 """One data-parallel rank per process, the others elsewhere (external load balancing): this pod runs
 ``data_parallel_size_local = 1`` (``engine/arg_utils.py`` v0.20.2: "Local DP rank = 1, use pure-external LB")."""
+HEADLESS = ("--headless",)
 CONFIG = ("--config",)
 OMNI = ("--omni",)
 """vLLM-Omni (vllm-project/vllm-omni): one engine per stage of the model's pipeline, each on the GPUs and
@@ -219,6 +220,9 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         version = _rocm_version(tag)
     options = Options(args, underscores=True, prefixes=ABBREVIATIONS.at(version), exact=ABBREVIATIONS.others)
     options.report_misspellings(MISSPELLABLE, "vLLM", '"unrecognized arguments"', found)
+    local = options.last(DATA_PARALLEL_LOCAL)
+    if local is not None and local.value is not None and local.value.strip() == "0":
+        return _api_server_only(options, local.evidence(), found, version)
     parallel = _parallel(options, found)
     vram: Vram | None = None
     implicit = False
@@ -291,6 +295,26 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         default_warning=found.default_warning, overheads=overheads,
         version=".".join(map(str, version)) if version is not None else None,
     )
+
+
+def _api_server_only(options: Options, flag: str, found: Findings, version: Version | None) -> EngineClaim:
+    """``--data-parallel-size-local 0``: vLLM's documented form for a pod that runs only the API
+    server, every data-parallel engine running elsewhere (docs/serving/data_parallel_deployment.md,
+    "only the API server on the first node"); with ``--headless`` vLLM refuses to start
+    (``run_headless``, vllm/entrypoints/cli/serve.py: "data_parallel_size_local must be > 0 in
+    headless mode"). Its share is nothing; a CUDA context stays counted, for the process that may
+    touch a GPU it was given."""
+    found.evidence.append(flag)
+    vram: Vram | None = Vram(bytes=0)
+    if options.has(HEADLESS):
+        found.error(f"vLLM refuses {flag} with --headless (\"data_parallel_size_local must be > 0 in headless mode\", "
+                    "vllm/entrypoints/cli/serve.py): this container would not start")
+        vram = None
+    else:
+        found.warn(f"{flag}: this vLLM runs only its API server, its engines run in other pods, so it holds no "
+                   "GPU memory of its own; it needs no GPU")
+    return EngineClaim(NAME, vram, None, tuple(found.evidence), tuple(found.warnings), tuple(found.errors),
+                       version=".".join(map(str, version)) if version is not None else None)
 
 
 def _rocm_version(tag: str) -> Version | None:
