@@ -58,6 +58,14 @@ CASES = [
         "vllm", Fraction(3, 5), id="kserve-huggingfaceserver-vllm-backend",
     ),
     pytest.param(
+        # The server's plain argparse parser drops an underscore spelling of a vLLM option
+        # (huggingfaceserver/__main__.py parse_known_args): vLLM runs at its default, not 0.4.
+        container(image="kserve/huggingfaceserver:v0.15.0",
+                  args=["--model_name=llama3", "--model_id=meta-llama/Llama-3.1-8B-Instruct",
+                        "--gpu_memory_utilization=0.4", "--max_model_len=8192"]),
+        "vllm", Fraction(1), id="kserve-huggingfaceserver-drops-underscored-vllm-options",
+    ),
+    pytest.param(
         container(image="kserve/huggingfaceserver:v0.15.0",
                   args=["--model_name=bert", "--model_id=bert-base", "--backend=huggingface"]),
         None, None, id="kserve-huggingfaceserver-transformers-backend-is-not-vllm",
@@ -80,3 +88,12 @@ def test_engine_recognised_by_what_runs(spec: dict[str, Any], engine: str | None
     else:
         assert reservation is not None and reservation.fraction == fraction
     assert not demand.errors
+
+
+def test_kserve_says_which_options_its_parser_drops() -> None:
+    spec = container(image="kserve/huggingfaceserver:v0.15.0", gpus=2,
+                     args=["--model_id=m", "--tensor_parallel_size", "2", "--gpu-memory-utilization=0.5"])
+    demand = derive_pod_demand(pod(spec))
+    assert any("drops --tensor_parallel_size unread" in w for w in demand.warnings), demand.warnings
+    # Dropped, the size leaves vLLM on one GPU of the two the container asks for.
+    assert any("1 GPU" in e and "2" in e for e in demand.errors), demand.errors

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from vramguard.demand.commandline import ContainerEnv
 from vramguard.demand.model import EngineClaim
-from vramguard.engines import sglang, tgi, trtllm, vllm
+from vramguard.engines import kserve, sglang, tgi, trtllm, vllm
 from vramguard.engines.base import Options
 from vramguard.engines.launchers import image_repository, is_python, program, python_module
 
@@ -73,7 +73,7 @@ COMMAND_ENGINES: tuple[CommandEngine, ...] = (
     # NVIDIA Dynamo's workers take the flags of the engine they wrap.
     CommandEngine(vllm.NAME, _module_arguments(frozenset({"dynamo.vllm"})), _wrapped(vllm.claim)),
     CommandEngine(sglang.NAME, _module_arguments(frozenset({"dynamo.sglang"})), _wrapped(sglang.claim)),
-    CommandEngine(vllm.NAME, _huggingface_server, _wrapped(vllm.claim)),
+    CommandEngine(vllm.NAME, _huggingface_server, kserve.claim),
 )
 
 ENGINE_PROGRAMS = frozenset().union(*(engine.programs for engine in COMMAND_ENGINES))
