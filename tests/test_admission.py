@@ -881,6 +881,29 @@ def test_containers_naming_their_own_gpus_break_their_class(spec: dict[str, Any]
     assert [f.code for f in decision.problems] == ([Code.VISIBLE_DEVICES] if refused else [])
 
 
+IMAGE = "docker.io/vllm/vllm-openai:v0.11.0"
+INHERITED = {
+    # The image sets NVIDIA_VISIBLE_DEVICES=all (built on nvidia/cuda): without a GPU request the
+    # container sees every GPU of its node.
+    "engine-image-no-gpu": (container("c", image=IMAGE, args=["m", "--gpu-memory-utilization", "0.9"], gpus=None),
+                            True),
+    "engine-image-with-a-gpu": (container("c", image=IMAGE, gpus=1), False),
+    "engine-image-variable-cleared": (container("c", image=IMAGE, env={"NVIDIA_VISIBLE_DEVICES": "void"},
+                                                gpus=None), False),
+    "other-image-no-gpu": (container("c", image="busybox:1.36", gpus=None), False),
+}
+
+
+@pytest.mark.parametrize(("spec", "noted"), INHERITED.values(), ids=INHERITED.keys())
+def test_a_cuda_image_asking_for_no_gpu_is_noted_not_refused(spec: dict[str, Any], noted: bool) -> None:
+    decision = review(pod(spec))
+    assert decision.allowed and not decision.problems
+    remarks = [f for f in decision.remarks if f.code is Code.VISIBLE_DEVICES]
+    assert bool(remarks) is noted
+    if noted:
+        assert "asks for no GPU, and its image sets NVIDIA_VISIBLE_DEVICES=all" in remarks[0].message
+
+
 def test_a_class_may_allow_naming_gpus_and_updates_are_not_refused_for_it() -> None:
     allowing = AdmissionRules(POLICY.model_copy(update={"classes": {
         **POLICY.classes, "best-effort": POLICY.classes["best-effort"].model_copy(update={

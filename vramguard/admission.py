@@ -507,7 +507,7 @@ class AdmissionRules:
             if cluster.dra is not None
             else None
         )
-        reaches = device_reaches(template)
+        reaches = device_reaches(template, self.options.is_gpu)
         # A container using a claim that may get a GPU makes a GPU pod, judged like any (the mutating
         # webhook routes it alike), even where no known device matches the claim yet.
         claims_gpus = dra is not None and dra.uses_claims and claims_may_get_gpus(
@@ -803,9 +803,13 @@ class AdmissionRules:
         )
 
     def _visible_devices(self, reaches: Sequence[DeviceReach], choice: ClassChoice, found: _Findings) -> None:
-        """Containers naming their own GPUs break their class unless it allows it (a note then)."""
+        """Containers naming their own GPUs break their class unless it allows it (a note then). One that
+        leaves the variable to its image gets a note only: it may never touch a GPU (a download or a
+        benchmark client in a serving image), and refusing it would break what ran before."""
         for reach in reaches:
-            if choice.qos.allow_visible_devices:
+            if reach.inherited:
+                found.note(Code.VISIBLE_DEVICES, reach.describe(), container=reach.container)
+            elif choice.qos.allow_visible_devices:
                 found.note(Code.VISIBLE_DEVICES, f"{reach.describe()} (class {choice.name} allows it)",
                            container=reach.container)
             else:
@@ -828,7 +832,8 @@ class AdmissionRules:
         self._visible_devices(reaches, choice, found)
         if subject.operation == "UPDATE" and subject.old is not None:
             old_found = _Findings()
-            self._visible_devices(device_reaches(pod_template(subject.old, subject.kind) or {}), choice, old_found)
+            old_template = pod_template(subject.old, subject.kind) or {}
+            self._visible_devices(device_reaches(old_template, self.options.is_gpu), choice, old_found)
             found.spare(old_found.violations)
         return self._decide(mode, choice, found, (), workload_pods(subject.kind, subject.obj))
 
@@ -1134,7 +1139,7 @@ class AdmissionRules:
         offers = cluster.node_offers if cluster.node_offers is not None else cluster.offers
         pods = self._pods(subject.kind, subject.old, old_template, old_demand, offers)
         self._rules(old_subject, old_demand, choice, offers, claims, pods, cluster, old_found)
-        self._visible_devices(device_reaches(old_template), choice, old_found)
+        self._visible_devices(device_reaches(old_template, self.options.is_gpu), choice, old_found)
         found.spare(old_found.violations)
 
     def _decide(

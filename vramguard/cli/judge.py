@@ -178,7 +178,8 @@ def admission_json(decision: Decision) -> JSON:
 
 
 def admission_lines(admission: Mapping[str, Any], indent: str = "  ") -> list[str]:
-    """Text lines for :func:`admission_json`'s result: refused, or admitted with what the mode lets by."""
+    """Text lines for :func:`admission_json`'s result: refused, or admitted with what the mode lets by,
+    then the remarks (which never deny)."""
     problems = admission["problems"]
     if not admission["allowed"]:
         head = f"{indent}admission: refused ({admission['mode']} mode)"
@@ -186,7 +187,8 @@ def admission_lines(admission: Mapping[str, Any], indent: str = "  ") -> list[st
         head = f"{indent}admission: admitted in {admission['mode']} mode; refused where the namespace enforces"
     else:
         head = f"{indent}admission: admitted ({admission['mode']} mode)"
-    return [head, *(f"{indent}  [{p['rule']}] {p['message']}" for p in problems)]
+    return [head, *(f"{indent}  [{p['rule']}] {p['message']}" for p in problems),
+            *(f"{indent}  note [{r['rule']}] {r['message']}" for r in admission.get("remarks", ()))]
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
