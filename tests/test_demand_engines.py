@@ -508,6 +508,44 @@ CASES = [
         Fraction(1),
         warnings=["computed --mem-fraction-static"],
     ),
+    # srt/server_args.py prepare_server_args, srt/utils/server_args_config_parser.py merge_config_with_args
+    # (v0.5.x): the file's options go before the command line's, which wins only for the options it gives;
+    # the file may set the fraction, --tp-size or the reserve's batches. Parallel sizes are read from the
+    # command line, as for vLLM's --config.
+    Case(
+        "sglang-config-file-unknown",
+        pod(container(command=["python3", "-m", "sglang.launch_server", "--config", "/etc/sglang.yaml"])),
+        "sglang",
+        None,
+        warnings=["SGLang reads options from the --config /etc/sglang.yaml file", "vramguard.io/vram"],
+        evidence=["--config /etc/sglang.yaml"],
+    ),
+    Case(
+        "sglang-config-file-with-fraction-still-unknown",
+        pod(container(image="lmsysorg/sglang:v0.5.5-cu129", command=[
+            "python3", "-m", "sglang.launch_server", "--tp", "2", "--mem-fraction-static", "0.3",
+            "--config", "/etc/sglang.yaml"], gpus=2)),
+        "sglang",
+        None,
+        gpus=2,
+        warnings=["may set mem-fraction-static, tp-size, cuda-graph-max-bs"],
+    ),
+    # The file may set the sizes: with none on the command line, the GPUs asked for are not checked
+    # against one GPU (no "make them equal" error for a file that sets tp-size 2).
+    Case(
+        "sglang-config-file-sizes-from-the-file",
+        pod(container(command=["python3", "-m", "sglang.launch_server", "--config", "/etc/sglang.yaml"], gpus=2)),
+        "sglang",
+        None,
+        gpus=2,
+    ),
+    Case(
+        "vllm-config-file-sizes-from-the-file",
+        pod(container(command=["vllm", "serve", "--config", "/etc/vllm.yaml"], gpus=4)),
+        "vllm",
+        None,
+        gpus=4,
+    ),
     # TGI
     Case(
         "tgi-flag",
@@ -977,8 +1015,10 @@ def test_configurable_gpu_resources() -> None:
         (pod(container(command=["python", "t.py"], env={"XLA_PYTHON_CLIENT_PREALLOCATE": "true"})), True),
         (pod(container(command=["python", "t.py"], env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})), False),
         (pod(container(command=["python", "serve.py"])), False),
+        (pod(container(command=["python3", "-m", "sglang.launch_server", "--config", "/etc/sglang.yaml"])), False),
     ],
-    ids=["vllm-default", "vllm-explicit", "tgi-default", "tgi-env", "jax-default", "jax-explicit", "unknown"],
+    ids=["vllm-default", "vllm-explicit", "tgi-default", "tgi-env", "jax-default", "jax-explicit", "unknown",
+         "sglang-config"],
 )
 def test_implicit_default_is_flagged(spec: dict[str, Any], implicit: bool) -> None:
     assert derive_pod_demand(spec).containers[0].implicit_default is implicit

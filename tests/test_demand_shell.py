@@ -67,6 +67,31 @@ CASES = [
          Fraction(3, 10)),
     # An unknown variable may still split into options.
     Case("plain-variable-may-hide-options", bash(f"{ENGINE} $EXTRA"), "vllm", None, ["may set"]),
+    # -- Ray's command line: its daemons hold nothing, what it runs for the script may -------------
+    # ray/dashboard/modules/job/cli.py submit: the entrypoint after "--" is shlex.join-ed and run by a
+    # shell as the job's driver (job_supervisor.py _exec_entrypoint); the command waits for the job
+    # unless --no-wait. ray/scripts/scripts.py: start, stop, status and health-check run Ray's daemons.
+    Case("ray-job-entrypoint-beside-the-engine",
+         bash(f"{ENGINE} & ray job submit --address http://127.0.0.1:8265 -- python train.py; wait"), "vllm", None,
+         ["'python train.py' may use the GPU while vLLM runs"]),
+    Case("ray-job-entrypoint-is-the-engine",
+         bash("ray start --head && ray job submit --address http://127.0.0.1:8265 --runtime-env-json '{}' -v "
+              f"-- {ENGINE}"), "vllm", Fraction(3, 10)),
+    Case("ray-job-submit-is-the-command",
+         container(image=VLLM, command=["ray", "job", "submit", "--", *ENGINE.split()]), "vllm", Fraction(3, 10)),
+    Case("ray-job-not-waited-for-runs-beside",
+         bash(f"ray job submit --no-wait --submission-id=t -- python train.py && exec {ENGINE}"), "vllm", None,
+         ["'python train.py' may use the GPU while vLLM runs"]),
+    Case("ray-job-entrypoint-without-separator", bash(f"{ENGINE} & ray job submit python train.py; wait"), "vllm",
+         None, ["'ray job submit python train.py' may use the GPU"]),
+    Case("ray-exec-may-use-the-gpu", bash(f"{ENGINE} & ray exec cluster.yaml 'python x.py'; wait"), "vllm", None,
+         ["'ray exec cluster.yaml", "may use the GPU while vLLM runs"]),
+    Case("ray-symmetric-run-may-use-the-gpu",
+         bash(f"{ENGINE} & ray symmetric-run --address 127.0.0.1:6379 -- python x.py; wait"), "vllm", None,
+         ["may use the GPU while vLLM runs"]),
+    Case("ray-daemons-beside", bash(f"ray start --head --port=6379; {ENGINE} & ray status; "
+                                    "ray --logging-level info job list --address x; ray health-check; "
+                                    "ray job logs -f abc; ray --version; wait"), "vllm", Fraction(3, 10)),
     # -- one after the other: set-up steps are not counted -----------------------------------
     Case("install-then-serve", bash(f"pip install -q x && {ENGINE}"), "vllm", Fraction(3, 10)),
     Case("download-then-exec", bash(f"python download.py; exec {ENGINE}"), "vllm", Fraction(3, 10)),

@@ -9,9 +9,10 @@ running at all). What runs at the same time is a *phase*: one foreground command
 commands of a pipeline (``a | b``), together with every command started in the background (``&``)
 before it and not yet waited for (a ``wait`` without operands ends them). The commands of one
 background job all count as running at once and to the end of the script. ``exec CMD`` replaces the
-shell: nothing after it runs. ``if``/``case`` branches and loop bodies are walked once, each branch
-as its own phases, so that the largest counts; a job started in the background inside a loop may run
-any number of times at once, and is marked :attr:`Invocation.repeated`.
+shell: nothing after it runs. ``ray job submit -- CMD`` runs CMD, in the background with ``--no-wait``
+(:func:`~vramguard.engines.launchers.ray_job_entrypoint`). ``if``/``case`` branches and loop bodies are
+walked once, each branch as its own phases, so that the largest counts; a job started in the background
+inside a loop may run any number of times at once, and is marked :attr:`Invocation.repeated`.
 
 **Values.** ``$VAR``, ``${VAR}``, ``${VAR:-default}`` (``-``, ``=``, ``+``, ``?``, with and
 without ``:``), ``$1``, ``"$@"`` and ``$#`` are expanded, with field splitting of unquoted results.
@@ -60,6 +61,7 @@ from vramguard.demand.shell_syntax import (
     Word,
     parse_script,
 )
+from vramguard.engines.launchers import RAY, ray_job_entrypoint
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "busybox"})
 PREFIX_COMMANDS = frozenset({"exec", "nohup", "time", "command", "builtin"})
@@ -325,10 +327,14 @@ class _Walk(Generic[T]):
         self.emit(self.collect(members))
 
     def background(self, pipelines: list[list[Command]]) -> None:
+        self.detach(partial(self.and_or, pipelines))
+
+    def detach(self, walk: Callable[[], None]) -> None:
+        """Run ``walk`` as a background job: what it starts runs beside everything after it."""
         repeating = self.repeating
         self.repeating = repeating or self.loops > 0
         try:
-            started = self.collect(lambda: self.isolated(lambda: self.and_or(pipelines)))
+            started = self.collect(lambda: self.isolated(walk))
         finally:
             self.repeating = repeating
         if self.collector is not None:
@@ -389,8 +395,10 @@ class _Walk(Generic[T]):
     # -- one command -----------------------------------------------------------------------------
 
     def run(self, argv: list[str]) -> None:
-        """Run an argument vector: prefixes, builtins, functions, shells, or a process."""
-        replaces = with_env = False
+        """Run an argument vector: prefixes, builtins, functions, shells, or a process. A wrapper that has
+        its command run for it (``ray job submit -- CMD``) runs that command, in the background where
+        the wrapper does not wait for it."""
+        replaces = with_env = detached = False
         cleared, mark = self.cleared, len(self.journal)
         try:
             while argv:
@@ -401,9 +409,14 @@ class _Walk(Generic[T]):
                 elif head == "env":
                     with_env = True
                     argv = self.env_command(argv[1:])
+                elif head == RAY and (entrypoint := ray_job_entrypoint(argv)) is not None:
+                    detached = detached or entrypoint.detached
+                    argv = entrypoint.argv
                 else:
                     break
-            if argv:
+            if argv and detached:
+                self.detach(partial(self.dispatch, argv))
+            elif argv:
                 self.dispatch(argv)
         finally:
             if with_env:

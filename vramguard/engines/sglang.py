@@ -19,6 +19,12 @@ an estimate: where it does not fit beside the share, the container counts the wh
 
 Without the flag, SGLang computes the fraction as ``(gpu_mem - reserve) / gpu_mem`` (about 0.83 on an
 H100 and 0.90 on an H200 at TP 1): it sizes itself to the whole device, so it counts as one.
+
+``--config FILE`` merges the options of a YAML file, put before the command line's own, so that the
+command line wins for an option given in both (``prepare_server_args`` in ``srt/server_args.py``,
+``ConfigArgumentMerger.merge_config_with_args`` in ``srt/utils/server_args_config_parser.py``, v0.5.x).
+The file may set the fraction, and the sizes, batches and speculative options of the reserve, which
+vramguard cannot read: the claim is then unknown.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from vramguard.demand.model import EngineClaim, Overheads, Vram
 from vramguard.engines.base import (
     Abbreviations,
     Findings,
+    Flag,
     Options,
     hidden_settings,
     parallel_layout,
@@ -57,6 +64,8 @@ CHUNKED_PREFILL = ("--chunked-prefill-size",)
 DISAGGREGATION = ("--disaggregation-mode",)
 """``prefill``, ``decode`` or ``null``: a decode server runs no chunked prefill (``disaggregation/decode.py``)."""
 RUNNING = ("--max-running-requests",)
+CONFIG = ("--config",)
+"""A YAML file of options, merged before the command line's own (see the module docstring)."""
 MAX_TOTAL_TOKENS = ("--max-total-tokens",)
 """Caps the KV pool at that many tokens (``model_runner.py`` v0.5.5: ``self.max_total_num_tokens =
 min(self.max_total_num_tokens, max_total_tokens)``, never above the profiled count): a pool below the
@@ -160,11 +169,17 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
         )
     sizes = (TENSOR, PIPELINE) + (() if options.has(DP_ATTENTION) else (DATA,))
     parallel = parallel_layout(options, sizes, found, NODES)
+    if options.has(CONFIG) and parallel is not None and not parallel.flags:
+        parallel = None  # the file may set the sizes: the GPUs asked for are not checked against them
     fraction_flag = options.last(MEM_FRACTION)
+    config = options.last(CONFIG)
     vram: Vram | None = None
     overheads = Overheads(rules=(WHOLE_DEVICE_RULE,))
-    implicit = fraction_flag is None
-    if fraction_flag is None:
+    implicit = fraction_flag is None and config is None
+    if config is not None:
+        overheads = Overheads()
+        _warn_unread_config(config, found)
+    elif fraction_flag is None:
         found.evidence.append("SGLang computed default --mem-fraction-static: the whole device")
         found.relies_on_default(
             f"container {container} relies on SGLang's computed --mem-fraction-static, which with its "
@@ -194,6 +209,17 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     return EngineClaim(
         NAME, vram, parallel, tuple(found.evidence), tuple(found.warnings), tuple(found.errors), implicit,
         default_warning=found.default_warning, overheads=overheads,
+    )
+
+
+def _warn_unread_config(config: Flag, found: Findings) -> None:
+    """Say that SGLang merges the options of a file vramguard cannot read (:data:`CONFIG`)."""
+    found.evidence.append(config.evidence())
+    found.warn(
+        f"SGLang reads options from the {config.evidence()} file, which vramguard cannot read; it may set "
+        "mem-fraction-static, tp-size, cuda-graph-max-bs, chunked-prefill-size and the speculative options, "
+        "which change what SGLang holds, so its VRAM is unknown; pass the options on the command line or "
+        f"declare {VRAM_ANNOTATION}"
     )
 
 

@@ -224,6 +224,8 @@ def claim(args: Sequence[str], env: ContainerEnv, image: str, container: str) ->
     if local is not None and local.value is not None and local.value.strip() == "0":
         return _api_server_only(options, local.evidence(), found, version)
     parallel = _parallel(options, found)
+    if options.has(CONFIG) and parallel is not None and not parallel.flags:
+        parallel = None  # the file may set the sizes: the GPUs asked for are not checked against them
     vram: Vram | None = None
     implicit = False
     kv_bytes = options.last(KV_CACHE_BYTES)
