@@ -268,6 +268,20 @@ def test_objects_asking_for_no_gpu_never_reach_the_webhook(cluster: Any, namespa
     assert validate_count(url, context) == before
 
 
+def test_a_cuda_serving_image_asking_for_no_gpu_is_sent_and_noted(namespace: Callable[[str], Namespace]) -> None:
+    # Its image sets NVIDIA_VISIBLE_DEVICES=all: the matchConditions (CEL, compiled by the API server)
+    # send it, and the review notes it without refusing it, even where the namespace enforces.
+    ns = namespace("enforce")
+    server = {"name": "vllm", "image": "docker.io/vllm/vllm-openai:v0.11.0",
+              "args": ["--model", "m", "--gpu-memory-utilization", "0.9"]}
+    response = ns.create_pod(pod("no-gpu", server), dry_run="All")
+    assert response.status == 201
+    assert any("asks for no GPU, and its image sets NVIDIA_VISIBLE_DEVICES=all" in w for w in warnings_of(response))
+    cleared = {**server, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}
+    response = ns.create_pod(pod("cleared", cleared), dry_run="All")
+    assert response.status == 201 and warnings_of(response) == []
+
+
 # --------------------------------------------------------------------------- quota
 
 

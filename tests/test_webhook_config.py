@@ -122,7 +122,7 @@ def test_match_conditions_follow_the_policy_gpu_resources() -> None:
         "default_class: a\nclasses: {a: {sharing: [none]}}\ngpu_resources: [amd.com/gpu]\ngpu_resource_prefixes: []"
     )
     expression = webhook_configuration(policy)["webhooks"][0]["matchConditions"][0]["expression"]
-    assert "r == 'amd.com/gpu'" in expression and "nvidia" not in expression
+    assert "r == 'amd.com/gpu'" in expression and "nvidia.com" not in expression
 
 
 def test_shipped_file_is_the_generator_output_for_the_default_policy() -> None:

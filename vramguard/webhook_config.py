@@ -44,7 +44,8 @@ test, so each is sent, and the webhook reads it as its controller will render th
 
 **matchConditions** send only objects that ask for a GPU resource of the policy (its
 ``gpu_resources`` and ``gpu_resource_prefixes``) in a container's or init container's limits or
-requests, or that name DRA claims (``spec.resourceClaims``). Each expression guards every field
+requests, that name DRA claims (``spec.resourceClaims``), or whose containers may reach GPUs without
+asking (they set ``NVIDIA_VISIBLE_DEVICES``, or run an image that sets it). Each expression guards every field
 with ``has()``, so it never errors, and checks ``object != null`` for operations without an object.
 
 **DRA claims.** ResourceClaims and ResourceClaimTemplates are sent on CREATE (their spec is
@@ -64,7 +65,7 @@ from typing import Any
 import yaml
 
 from vramguard.codecs import ENFORCE_LABEL, webhook_name
-from vramguard.demand.visible import VISIBLE_DEVICES
+from vramguard.demand.visible import CUDA_IMAGES, VISIBLE_DEVICES
 from vramguard.mutation import DEFAULT_SCHEDULER, ROUTING_DISABLED, ROUTING_LABEL, routing_scheduler
 from vramguard.operators import OPERATOR_RESOURCES
 from vramguard.policy import Policy
@@ -143,7 +144,8 @@ def asks_for_gpu_expression(
     spec_path: str, resources: Sequence[str], prefixes: Sequence[str], *, reaches: bool = True
 ) -> str:
     """A CEL expression true when the pod spec at ``spec_path`` asks for one of the GPU resources,
-    names DRA claims, or (``reaches``) has a container that sets ``NVIDIA_VISIBLE_DEVICES``
+    names DRA claims, or (``reaches``) has a container that sets ``NVIDIA_VISIBLE_DEVICES`` or runs an
+    image that sets it (:data:`CUDA_IMAGE_PATTERN`)
     (:mod:`vramguard.demand.visible`: it may reach GPUs without asking)."""
     is_gpu = _is_gpu(resources, prefixes)
     parts = spec_path.split(".")
@@ -161,11 +163,18 @@ def asks_for_gpu_expression(
         fields = ("containers", "initContainers", "ephemeralContainers") if spec_path == "object.spec" else (
             "containers", "initContainers")
         per_list.extend(
-            f"(has({spec_path}.{field}) && {spec_path}.{field}.exists(c, has(c.env) &&\n"
-            f"  c.env.exists(e, e.name == '{VISIBLE_DEVICES}')))"
+            f"(has({spec_path}.{field}) && {spec_path}.{field}.exists(c, (has(c.env) &&\n"
+            f"  c.env.exists(e, e.name == '{VISIBLE_DEVICES}')) ||\n"
+            f"  (has(c.image) && c.image.matches('{CUDA_IMAGE_PATTERN}'))))"
             for field in fields
         )
     return "object != null && " + " && ".join(guards) + " &&\n(" + " ||\n ".join(per_list) + ")"
+
+
+assert all(re.fullmatch(r"[a-z0-9/_-]+", name) for name in CUDA_IMAGES)  # nothing to escape in the pattern
+CUDA_IMAGE_PATTERN = "(^|/)(" + "|".join(sorted(CUDA_IMAGES)) + ")([:@]|$)"
+"""An image of :data:`~vramguard.demand.visible.CUDA_IMAGES` (any registry, tag or digest), whose own
+``NVIDIA_VISIBLE_DEVICES=all`` shows a container that asks for no GPU every GPU of its node."""
 
 
 BOUND_CHANGE_EXPRESSION = (
@@ -480,8 +489,8 @@ HEADER = """\
 # ephemeral container added) gets the same pair (pod-changes); every other pod UPDATE is Ignore
 # everywhere (pod-updates), so an outage never blocks finalizer removal or garbage collection.
 # Run two replicas with the PodDisruptionBudget.
-# matchConditions send only objects that ask for a GPU resource of the policy, use a DRA claim, or
-# set NVIDIA_VISIBLE_DEVICES in a container.
+# matchConditions send only objects that ask for a GPU resource of the policy, use a DRA claim,
+# set NVIDIA_VISIBLE_DEVICES in a container, or run a CUDA serving image (which sets it to all).
 # ResourceClaims and ResourceClaimTemplates (CREATE) are checked against the pods already naming them,
 # with the same Fail / Ignore split; those made for a pod (by the scheduler or from a template) are not sent.
 #
