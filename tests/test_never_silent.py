@@ -2,7 +2,9 @@
 for an accelerator in any form (a GPU resource of any vendor, another sharing system's resource or
 annotation, a DRA field, a GPU profile, an accelerator vramguard does not read, or an operator's kind whose
 pods get GPUs the object does not name) yields, in `vramguard explain`, a container read with its GPUs or
-a warning or error that names the object: its kind, its name, or the resource it asks for.
+a warning or error that names the object: its kind, its name, or the resource it asks for. In an object of a
+kind the policy describes, each container of a list that asks for one is read with GPUs or named (its path,
+or the container): one container read does not excuse another passed over.
 
 Each object is explained as the CLI explains it: with the ConfigMaps and runtimes of its file, and the DRA
 objects of its file (ResourceClaims, templates, DeviceClasses) as the claims' context.
@@ -10,6 +12,7 @@ objects of its file (ResourceClaims, templates, DeviceClasses) as the claims' co
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from vramguard.demand.derive import GPU_ANNOTATIONS
 from vramguard.demand.objects import load_each_document
 from vramguard.pod_spec_patch import accelerators_named
 from vramguard.policy import default_policy
-from vramguard.workloads import PATCH_FIELDS, api_group, gpu_request_paths, read_inputs
+from vramguard.workloads import PATCH_FIELDS, api_group, find_kind, gpu_request_paths, read_inputs
 
 DATA = Path(__file__).parent / "data"
 FILES = sorted([*(DATA / "workloads").glob("*.yaml"), *(DATA / "dra").glob("*.yaml")])
@@ -122,6 +125,44 @@ def silent(obj: Mapping[str, Any], report: Mapping[str, Any]) -> bool:
     return not any(name in message for message in messages for name in named)
 
 
+CONTAINER = re.compile(
+    r"^(?P<container>.+\.(?:containers|initContainers|ephemeralContainers|sidecars)\[\d+\])"
+    r"\.resources\.(?:limits|requests)$"
+)
+"""A container of a list asking for devices: every form of a described kind keeps its name."""
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def at(obj: Any, path: str) -> Any:
+    """The value at a path as ``gpu_request_paths`` writes it (``spec.templates[0].sidecars[1]``)."""
+    for key, index in _STEP.findall(path):
+        if key:
+            obj = obj.get(key) if isinstance(obj, Mapping) else None
+        else:
+            obj = obj[int(index)] if isinstance(obj, list) and int(index) < len(obj) else None
+    return obj
+
+
+def containers_passed_over(obj: Mapping[str, Any], report: Mapping[str, Any]) -> list[str]:
+    """The containers of an object of a kind the policy describes that ask for an accelerator, yet are neither
+    read with GPUs nor named (their path, or ``container NAME``) in a message: one container read does not
+    excuse another passed over (an Argo template's GPU sidecar beside its main container)."""
+    if find_kind(default_policy().workload_kinds, str(obj.get("kind")), api_group(obj)) is None:
+        return []
+    read = {c["name"] for c in report["containers"] if c["gpus"]}
+    messages = [*report["warnings"], *report["errors"]]
+    missed = []
+    for path in asks(obj):
+        match = CONTAINER.match(path)
+        container = at(obj, match["container"]) if match else None
+        name = container.get("name") if isinstance(container, Mapping) else None
+        if not isinstance(name, str) or name in read:
+            continue
+        if not any(path in m or f"container {name}" in m for m in messages):
+            missed.append(path)
+    return missed
+
+
 def test_the_corpus_has_every_vendor_dra_and_training() -> None:
     text = "\n".join(p.read_text(encoding="utf-8") for p in FILES)
     assert "amd.com/gpu" in text and "kind: TrainJob" in text and "kind: ResourceClaim" in text
@@ -134,6 +175,7 @@ def test_every_object_asking_for_an_accelerator_is_read_or_named(path: Path) -> 
     for obj, report in explained(objects):
         if asks(obj):
             assert not silent(obj, report), (obj.get("kind"), asks(obj), report["warnings"], report["errors"])
+            assert not containers_passed_over(obj, report), (obj.get("kind"), report["warnings"])
 
 
 def test_a_claim_is_read_with_the_dra_objects_of_its_file() -> None:
@@ -192,3 +234,43 @@ def test_an_accelerator_the_policy_does_not_name_is_warned_about() -> None:
     assert report["containers"] == []
     assert any("habana.ai/gaudi" in w and "Intel Gaudi" in w for w in report["warnings"])
     assert any("amd.com/cpx_nps4" in w and "AMD GPU" in w for w in report["warnings"])
+
+
+def _gpu(name: str) -> dict[str, Any]:
+    return {"name": name, "image": "nvidia/cuda:12.4.0-base-ubuntu22.04",
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}
+
+
+DESCRIBED_FORMS = {
+    # Argo v4.1.2: a containerSet's containers, and a template's sidecars and initContainers beside a read main.
+    "argo-container-set": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "w"},
+                           "spec": {"templates": [{"name": "t", "containerSet": {"containers": [_gpu("a")]}}]}},
+    "argo-sidecar-beside-main": {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": "w"},
+        "spec": {"templates": [{"name": "t", "container": _gpu("main"), "sidecars": [_gpu("sc")],
+                                "initContainers": [_gpu("ic")]}]}},
+    # KServe v0.20.0 multi-node: the workerSpec's containers beside the predictor's.
+    "kserve-worker-spec": {
+        "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "i"},
+        "spec": {"predictor": {"containers": [_gpu("kserve-container")],
+                               "workerSpec": {"containers": [_gpu("worker-container")]}}}},
+    # OME v0.1.5: a component's inline containers beside its runner, and a component without one (named).
+    "ome-inline-beside-runner": {
+        "apiVersion": "ome.io/v1beta1", "kind": "ServingRuntime", "metadata": {"name": "r"},
+        "spec": {"engineConfig": {"containers": [_gpu("exporter")], "runner": _gpu("ome-container")}}},
+    "ome-without-runner": {
+        "apiVersion": "ome.io/v1beta1", "kind": "ServingRuntime", "metadata": {"name": "r"},
+        "spec": {"decoderConfig": {"containers": [_gpu("decoder")]}}},
+    # A field no template of the kind reads (a newer version's): named with its path.
+    "unknown-field-of-a-described-kind": {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "l"},
+        "spec": {"leaderWorkerTemplate": {"workerTemplate": {"spec": {"containers": [_gpu("worker")]}},
+                                          "sidecarTemplate": {"spec": {"containers": [_gpu("extra")]}}}}},
+}
+
+
+@pytest.mark.parametrize("obj", DESCRIBED_FORMS.values(), ids=DESCRIBED_FORMS.keys())
+def test_every_gpu_container_of_a_described_kind_is_read_or_named(obj: dict[str, Any]) -> None:
+    [(_, report)] = list(explained([obj]))
+    assert asks(obj) and not silent(obj, report), report["warnings"]
+    assert not containers_passed_over(obj, report), (asks(obj), report["containers"], report["warnings"])

@@ -256,6 +256,19 @@ EXPECTED: dict[str, Expected] = {
         ("container[serializer]", 1, []),
     ],
     "argo-cron-workflow-gpu.yaml": [("container[hello-world-with-time]", 1, [("main", None, 1, None)])],
+    # Argo v4.1.2: a containerSet's containers keep their names; a template's sidecars and initContainers
+    # join its pod (workflowpod.go addSidecars, addInitContainers).
+    "argo-container-set-gpu-workflow.yaml": [("container-set[main]", 1, [("a", None, 1, None)])],
+    "argo-sidecar-vllm-workflow.yaml": [("container[sidecar-example]", 1, [("vllm", "vllm", 1, 0.85)])],
+    "argo-init-container-gpu-workflow.yaml": [("container[init-container-example]", 1, [("hello", None, 1, None)])],
+    # Argo fills {{workflow.parameters.*}} and {{inputs.parameters.*}} in the command before the pod runs:
+    # the input's default adds --gpu-memory-utilization 0.9 after the workflow's 0.6, and vLLM takes the last.
+    "argo-vllm-arguments-parameters.yaml": [("container[serve]", 1, [("main", "vllm", 1, 0.9)])],
+    # KServe multi-node: the workerSpec's worker pod, one counted (KServe computes the count, with a warning).
+    "kserve-isvc-multinode-workerspec.yaml": [
+        ("predictor", 1, []),
+        ("worker", 1, [("worker-container", None, 8, None)]),
+    ],
     # Kubeflow Trainer v2.3.0: the TrainJob after its runtime in the same file.
     "kubeflow-trainer-flux-lammps-gpus.yaml": [("trainer", 2, [("node", None, 1, None)])],
     "kubeflow-trainer-multi-step-trainingruntime.yaml": [("trainer", 2, [])],

@@ -15,6 +15,14 @@ fields which are not strings (e.g. resource limits)" (``pkg/apis/workflow/v1alph
   ``workflow/common/util.go``); the entrypoint's arguments are the workflow's; a tag's spaces are trimmed
   (``util/template/simple_template.go``).
 
+The same parameters are filled in the template's containers: Argo substitutes the whole template before it
+makes the pod (``ProcessArgs``), and the pod again (``substitutePodParams``, ``workflow/controller/workflowpod.go``),
+so a command, an argument, a script's ``source`` or an ``env`` value holding ``{{inputs.parameters.extra}}``
+runs with the value. A tag this object gives no single value (``{{item}}``, a step's output, a parameter
+passed at submit time, an expression) becomes a shell-style reference to a variable no spec sets
+(:func:`unknown_parameter`), read as any unexpanded reference is: unknown, never as the literal text. A pod's
+own command is literal: Argo has filled it before the pod exists, and nothing here touches pods.
+
 A patch that does not read as a pod spec where containers ask for devices (containers not a list of named
 mappings, resources not mappings) is not read: Argo unmarshals it into a ``PodSpec`` and fails the step.
 Only what the object itself gives is used: a parameter with no value there, or whose callers pass
@@ -44,10 +52,12 @@ __all__ = [
     "MAX_PATCH_CHARS",
     "ArgoParameters",
     "accelerators_named",
+    "fill_containers",
     "is_accelerator",
     "merge_pod_spec",
     "read_patch",
     "substitute",
+    "unknown_parameter",
 ]
 
 MAX_PATCH_CHARS = 64 << 10
@@ -109,6 +119,94 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
     """``text`` with each ``{{ tag }}`` that ``values`` gives replaced (spaces inside the braces trimmed);
     any other tag is left as written."""
     return _TAG.sub(lambda m: values.get(m.group(1).strip(), m.group(0)), text)
+
+
+UNKNOWN_PREFIX = "ARGO_"
+"""How the variable an unfilled parameter reads as begins (``{{inputs.parameters.extra}}``:
+``${ARGO_inputs_parameters_extra}``)."""
+_NOT_A_NAME = re.compile(r"\W", re.ASCII)
+FILLED_FIELDS = ("command", "args", "image", "workingDir")
+"""The container fields whose parameters are filled (with ``env`` values and the script field): the text a
+pod runs. Resource quantities cannot hold a parameter (Argo refuses the template: ``podSpecPatch`` is there
+for that)."""
+UNKNOWN_FIELDS = ("command", "args")
+"""The container fields where an unfilled parameter reads as unknown (with ``env`` values and the script
+field); elsewhere (``image``) it stays as written."""
+
+
+def unknown_parameter(tag: str) -> str:
+    """The reference an unfilled ``{{tag}}`` reads as in a command, argument, script or ``env`` value:
+    ``${ARGO_inputs_parameters_extra}``, a variable the spec does not set. Every reader of commands takes it
+    as a value it cannot know (``unresolved_reference`` in :mod:`vramguard.engines.base`; an unset variable in
+    a script), as it takes ``$(VAR)`` of a variable not in ``env``: an argument that may set a flag again,
+    a flag's value that is not read."""
+    return "${" + UNKNOWN_PREFIX + _NOT_A_NAME.sub("_", tag.strip())[:64] + "}"
+
+
+def fill_containers(
+    spec: Mapping[str, Any], values: Mapping[str, str], script_field: str | None = None
+) -> Mapping[str, Any]:
+    """The pod spec ``spec`` with the ``{{...}}`` parameters of its containers filled from ``values`` (see the
+    module's notes), the unfilled ones of commands, arguments, ``env`` values and ``script_field`` made
+    unknown (:func:`unknown_parameter`). ``spec`` itself when no container holds a parameter."""
+    changed: dict[str, list[Any]] = {}
+    for key in CONTAINER_LISTS:
+        entries = spec.get(key)
+        if not isinstance(entries, list):
+            continue
+        filled = [_fill_container(c, values, script_field) if isinstance(c, Mapping) else c for c in entries]
+        if any(new is not old for new, old in zip(filled, entries, strict=True)):
+            changed[key] = filled
+    return {**spec, **changed} if changed else spec
+
+
+def _fill_container(
+    container: Mapping[str, Any], values: Mapping[str, str], script_field: str | None
+) -> Mapping[str, Any]:
+    budget = [MAX_FILLED_CHARS]
+    filled: dict[str, Any] = {}
+    for key in (*FILLED_FIELDS, *((script_field,) if script_field else ())):
+        value = container.get(key)
+        unknown = key in UNKNOWN_FIELDS or key == script_field
+        if isinstance(value, str) and "{{" in value:
+            filled[key] = _fill(value, values, unknown, budget)
+        elif isinstance(value, list) and any(isinstance(v, str) and "{{" in v for v in value):
+            filled[key] = [_fill(v, values, unknown, budget) if isinstance(v, str) else v for v in value]
+    env = container.get("env")
+    if isinstance(env, list) and any(
+        isinstance(e, Mapping) and isinstance(e.get("value"), str) and "{{" in e["value"] for e in env
+    ):
+        filled["env"] = [
+            {**e, "value": _fill(e["value"], values, True, budget)}
+            if isinstance(e, Mapping) and isinstance(e.get("value"), str) else e
+            for e in env
+        ]
+    return {**container, **filled} if filled else container
+
+
+MAX_FILLED_CHARS = 1 << 20
+"""Characters the parameters of one container may add at most; a tag past it is filled as unknown (a value
+used a thousand times must not cost memory)."""
+
+
+def _fill(text: str, values: Mapping[str, str], unknown: bool, budget: list[int]) -> str:
+    """``text`` with each tag ``values`` gives filled, once, as Argo fills it; with ``unknown``, every tag left
+    (one it does not give, or one a value brought: ``{{item}}`` a step passes) made unknown."""
+    if "{{" not in text:
+        return text
+
+    def one(match: re.Match[str]) -> str:
+        tag = match.group(1).strip()
+        value = values.get(tag)
+        if value is not None and len(value) <= budget[0]:
+            budget[0] -= len(value)
+            return value
+        return unknown_parameter(tag) if unknown or value is not None else match.group(0)
+
+    filled = _TAG.sub(one, text)
+    if unknown and "{{" in filled:
+        filled = _TAG.sub(lambda m: unknown_parameter(m.group(1)), filled)
+    return filled
 
 
 def read_patch(

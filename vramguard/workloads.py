@@ -30,6 +30,17 @@ JSON) that the project lays over the pod spec it generates from a template, afte
 parameters (Argo's ``podSpecPatch``): they are read as :mod:`vramguard.pod_spec_patch` describes, and
 what cannot be read is said, never dropped silently.
 
+**Pods assembled from parts.** A ``container`` form's ``pod_spec`` is the pod spec its container runs in,
+the container laid over the one of its name there (OME's ``runner`` in its component's pod spec);
+``sidecars`` and ``init_containers`` name lists of containers the pod runs beside the template's, or before
+them (Argo's ``sidecars`` and ``initContainers``); ``script`` names a container field holding a script the
+container runs as a file (Argo's ``script.source``); ``parameters`` fills the project's ``{{...}}``
+parameters in the containers' commands first (Argo's).
+
+**Nothing unread is silent.** Every field of an object of a described kind that asks for a GPU
+(:func:`gpu_request_paths`) and that none of the kind's templates reads is named in a warning
+(:func:`unread_paths`): a new field of the project, a form the entry does not describe.
+
 **Runtimes.** ``runtime`` names the runtime an object completes (OME's InferenceService over the
 ServingRuntime or ClusterServingRuntime it names): where that runtime is among the input's objects, each
 field of the object listed in ``merge`` is read laid over the runtime's, as the project merges them.
@@ -40,7 +51,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -51,7 +62,14 @@ from vramguard.demand.objects import pod_template
 from vramguard.operators import OPERATOR_RESOURCES, operator_parts, operator_versions
 from vramguard.operators.common import MAX_REPLICAS, count
 from vramguard.operators.ray_serve import with_serve_config
-from vramguard.pod_spec_patch import ArgoParameters, accelerators_named, is_accelerator, merge_pod_spec, read_patch
+from vramguard.pod_spec_patch import (
+    ArgoParameters,
+    accelerators_named,
+    fill_containers,
+    is_accelerator,
+    merge_pod_spec,
+    read_patch,
+)
 from vramguard.quantity import excerpt
 from vramguard.template_part import TemplatePart, with_group_size
 
@@ -73,6 +91,7 @@ __all__ = [
     "reads_kind",
     "serving_runtimes",
     "template_parts",
+    "unread_paths",
     "unread_warning",
     "with_runtime",
     "workload_parts",
@@ -125,6 +144,33 @@ class PodSpecPatch(_Strict):
         return _check_plain(value) if value is not None else None
 
 
+class ScriptFile(_Strict):
+    """A script a container carries as text and runs as a file (Argo's ``script``: the executor writes its
+    ``source`` to ``/argo/staging/script`` and adds that path to the container's arguments, ``executeScript``,
+    ``workflow/controller/operator.go``)."""
+
+    field: str = Field(min_length=1, max_length=63)
+    """The container's field holding the script (``source``)."""
+    path: str = Field(pattern=r"^/[^\s]{0,254}$")
+    """The file it is written to, added as the container's last argument when the script is not empty."""
+
+
+class Parameters(_Strict):
+    """The ``{{...}}`` parameters the project fills in a template's containers before it makes the pod."""
+
+    style: Literal["argo"]
+    """``argo``: as for a pod spec patch (:attr:`PodSpecPatch.parameters`); in commands, arguments, the
+    script and ``env`` values a tag with no single value in the object reads as unknown
+    (:func:`vramguard.pod_spec_patch.fill_containers`)."""
+    workflow: str = "spec"
+    """The workflow spec the parameters come from (``spec``; a CronWorkflow's ``spec.workflowSpec``)."""
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str) -> str:
+        return _check_plain(value)
+
+
 class TemplateSpec(_Strict):
     """One pod template inside a workload kind."""
 
@@ -147,11 +193,39 @@ class TemplateSpec(_Strict):
     RoleBasedGroup role's leader-worker pattern); else the kind's :attr:`WorkloadKind.group_size`."""
     pod_spec_patch: PodSpecPatch | None = None
     """Patches laid over this template's pod spec, read from the object (Argo's ``podSpecPatch``)."""
+    pod_spec: str | None = None
+    """The pod spec a ``container`` form's container runs in (``@.`` in the element): its containers and init
+    containers join the pod, and the container is laid over the one of its name there by strategic merge, its
+    ``args`` after that one's (OME's component pod spec and ``runner``: ``ReconcilePodSpec``,
+    ``MergeRuntimeContainers``)."""
+    sidecars: tuple[str, ...] = Field(default=(), max_length=4)
+    """Lists of containers the pod runs beside the template's (Argo's ``@.sidecars``)."""
+    init_containers: tuple[str, ...] = Field(default=(), max_length=4)
+    """Lists of init containers the pod runs before them (Argo's ``@.initContainers``)."""
+    script: ScriptFile | None = None
+    """A script the ``container`` form runs as a file, read as any script the container runs."""
+    parameters: Parameters | None = None
+    """The project's ``{{...}}`` parameters, filled in the containers' commands before they are read."""
+    note: str | None = Field(default=None, min_length=1, max_length=600)
+    """What the reading assumes of this template, said with each object that has it (where its path is
+    present): a pod count or GPUs the project computes from fields not read here."""
 
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
         return _check_path(value)
+
+    @field_validator("pod_spec")
+    @classmethod
+    def _pod_spec(cls, value: str | None) -> str | None:
+        return _check_one(value) if value is not None else None
+
+    @field_validator("sidecars", "init_containers")
+    @classmethod
+    def _lists(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            _check_one(path)
+        return value
 
     @field_validator("group_size")
     @classmethod
@@ -167,6 +241,13 @@ class TemplateSpec(_Strict):
                 raise ValueError(f"{factor!r} is not a replica factor (a path, optionally '- N')")
             _check_path(match["path"])
         return value
+
+
+def _check_one(text: str) -> str:
+    """A path to one field: names and ``@.``, no ``*``."""
+    if "*" in text:
+        raise ValueError(f"{text!r}: the path names one field (no '*')")
+    return _check_path(text)
 
 
 def _check_plain(text: str) -> str:
@@ -284,29 +365,66 @@ def template_parts(
     ``runtimes`` maps a serving runtime's name (and ``format:<model format>`` for the runtime
     chosen by format) to its container: a ``container`` form naming one in its ``runtime`` field,
     or of a format one supports, is merged into it, as KServe merges a model into its runtime.
-    A template's pod spec patches are laid over it (:attr:`TemplateSpec.pod_spec_patch`); what of them
-    cannot be read goes to ``notes``, naming the template.
+    A template's pod spec, sidecars and init containers join its pod, its parameters are filled, its script
+    is a file its container runs, and its pod spec patches are laid over it (:class:`TemplateSpec`); what of
+    the patches cannot be read goes to ``notes``, naming the template, with the template's ``note``.
     Never raises on malformed input: what cannot be read is left out.
     """
+    return _read_templates(obj, entry, runtimes or {}, notes)[0]
+
+
+def _read_templates(
+    obj: Mapping[str, Any],
+    entry: WorkloadKind,
+    runtimes: Mapping[str, Mapping[str, Any]],
+    notes: list[str] | None,
+) -> tuple[list[TemplatePart], list[str]]:
+    """:func:`template_parts`, and the fields of ``obj`` they read (dotted, ``[i]`` for list elements, as
+    :func:`gpu_request_paths` writes them): a field below one of them is read."""
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(metadata, Mapping)
     inherited = {key: metadata[key] for key in ("labels", "annotations") if isinstance(metadata.get(key), Mapping)}
     group_size = _positive(_first(obj, entry.group_size, None)) if entry.group_size else None
     parts: list[TemplatePart] = []
+    read: list[str] = []
     for spec in entry.templates:
         parameters: ArgoParameters | None = None
-        for label, element, node in _resolve(obj, spec.path):
+        for match in _resolve(obj, spec.path):
             if len(parts) >= MAX_PARTS:
-                return parts
-            template = _as_template(node, spec, inherited, runtimes or {})
+                return parts, read
+            if spec.note is not None and notes is not None and spec.note not in notes:
+                notes.append(spec.note)
+            template, fields = _as_template(obj, match, spec, inherited, runtimes)
             if template is None:
                 continue
-            name = spec.name if label is None else f"{spec.name}[{label}]"
+            read.extend(fields)
+            if spec.form != "template":
+                read.append("metadata")  # the object's labels and annotations, which the project copies
+            name = spec.name if match.label is None else f"{spec.name}[{match.label}]"
+            element = match.element
             patch = spec.pod_spec_patch
-            if patch is not None and any(isinstance(_first(obj, path, element), str) for path in patch.paths):
-                if parameters is None and patch.parameters == "argo":
-                    parameters = ArgoParameters(_mapping(_first(obj, patch.workflow or "spec", None)))
-                values = parameters.values(_mapping(element)) if parameters is not None else {}
+            texts = [] if patch is None else [
+                (path, where) for path in patch.paths
+                if (where := _locate(obj, path, match)) is not None and isinstance(where[0], str)
+            ]
+            style = spec.parameters.style if spec.parameters is not None else patch.parameters if patch else None
+            values: Mapping[str, str] = {}
+            if style == "argo" and (spec.parameters is not None or texts):
+                if parameters is None:
+                    workflow = spec.parameters.workflow if spec.parameters is not None else None
+                    workflow = workflow or (patch.workflow if patch is not None else None) or "spec"
+                    parameters = ArgoParameters(_mapping(_first(obj, workflow, None)))
+                values = parameters.values(_mapping(element))
+            if spec.parameters is not None:
+                script_field = spec.script.field if spec.script is not None else None
+                pod = _mapping(template.get("spec"))
+                filled = fill_containers(pod, values, script_field)
+                template = template if filled is pod else {**template, "spec": filled}
+            files: dict[str, dict[str, str]] | None = None
+            if spec.script is not None:
+                template, files = _script_files(template, spec.script)
+            if patch is not None and texts:
+                read.extend(where[1] for _, where in texts)
                 template = _patched(obj, element, template, patch, values, name, notes)
             pods = 1
             for factor in spec.replicas:
@@ -314,8 +432,33 @@ def template_parts(
             size = _positive(_first(obj, spec.group_size, element)) if spec.group_size else group_size
             if size is not None:
                 template = with_group_size(template, size)
-            parts.append(TemplatePart(name, template, pods, size, spec.engine_from))
-    return parts
+            parts.append(TemplatePart(name, template, pods, size, spec.engine_from, files or None))
+    return parts, read
+
+
+def _script_files(
+    template: Mapping[str, Any], script: ScriptFile
+) -> tuple[Mapping[str, Any], dict[str, dict[str, str]] | None]:
+    """``template`` whose containers carrying a script run it from its file, and those files by container."""
+    spec = _mapping(template.get("spec"))
+    containers = spec.get("containers")
+    if not isinstance(containers, list):
+        return template, None
+    files: dict[str, dict[str, str]] = {}
+    rewritten: list[Any] = []
+    for container in containers:
+        text = container.get(script.field) if isinstance(container, Mapping) else None
+        if not isinstance(container, Mapping) or not isinstance(text, str):
+            rewritten.append(container)
+            continue
+        kept = {k: v for k, v in container.items() if k != script.field}
+        if text:  # an empty script adds no argument (executeScript)
+            kept["args"] = [*_list(container.get("args")), script.path]
+            files[str(container.get("name"))] = {script.path: text}
+        rewritten.append(kept)
+    if not files and rewritten == containers:
+        return template, None
+    return {**template, "spec": {**spec, "containers": rewritten}}, files or None
 
 
 def _patched(
@@ -352,12 +495,18 @@ PATCH_FIELDS = frozenset({"podSpecPatch"})
 
 
 def gpu_request_paths(
-    value: Any, is_gpu: Callable[[str], bool], path: str = "", depth: int = 0, found: list[str] | None = None
+    value: Any,
+    is_gpu: Callable[[str], bool],
+    path: str = "",
+    depth: int = 0,
+    found: list[str] | None = None,
+    skip: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Where an object asks for a GPU in any form vramguard knows (``spec.x.resources.limits``):
     a GPU resource, another sharing system's resource or annotation, a ``gpu`` limit (NVIDIA
-    Dynamo), a DRA field, a GPU profile. Used to warn about objects of kinds nobody described: they
-    may run GPU pods vramguard cannot see.
+    Dynamo), a DRA field, a GPU profile. Used to warn about objects of kinds nobody described, and about
+    the fields of described kinds that no template reads (``skip``: the fields read, not searched):
+    they may run GPU pods vramguard cannot see.
     """
     found = [] if found is None else found
     if depth > 32 or len(found) >= 8:
@@ -365,7 +514,7 @@ def gpu_request_paths(
     if isinstance(value, Mapping):
         for key, child in value.items():
             here = f"{path}.{key}" if path else str(key)
-            if not isinstance(key, str):
+            if not isinstance(key, str) or (skip is not None and skip(here)):
                 continue
             if (key in ("limits", "requests") and isinstance(child, Mapping) and any(
                 isinstance(name, str) and is_accelerator(name, is_gpu) for name in child
@@ -376,41 +525,103 @@ def gpu_request_paths(
             elif key in PATCH_FIELDS and isinstance(child, str) and (named := accelerators_named(child, is_gpu)):
                 found.append(f"{here} ({', '.join(named)})")
             else:
-                gpu_request_paths(child, is_gpu, here, depth + 1, found)
+                gpu_request_paths(child, is_gpu, here, depth + 1, found, skip)
     elif isinstance(value, list):
         for index, child in enumerate(value[:256]):
-            gpu_request_paths(child, is_gpu, f"{path}[{index}]", depth + 1, found)
+            here = f"{path}[{index}]"
+            if skip is None or not skip(here):
+                gpu_request_paths(child, is_gpu, here, depth + 1, found, skip)
     return found
+
+
+def _any_gpu(name: str) -> bool:
+    """A resource that may be a GPU, whatever the policy names (``example.com/gpu``): for the warnings only."""
+    return "gpu" in name.lower()
+
+
+def unread_paths(obj: Mapping[str, Any], read: Sequence[str], is_gpu: Callable[[str], bool] = _any_gpu) -> list[str]:
+    """Where ``obj`` asks for a GPU (:func:`gpu_request_paths`) outside the fields ``read`` (and their
+    own fields): what a described kind's templates leave unread."""
+    exact = set(read)
+
+    def covered(here: str) -> bool:
+        return here in exact or any(here[:i] in exact for i, c in enumerate(here) if c in ".[")
+
+    return gpu_request_paths(obj, lambda name: is_accelerator(name, is_gpu), skip=covered)
+
+
+def _unread_note(obj: Mapping[str, Any], paths: Sequence[str]) -> str:
+    metadata = _mapping(obj.get("metadata"))
+    name = metadata.get("name") or metadata.get("generateName")
+    return (
+        f"{obj.get('kind')} ({api_group(obj) or 'core'}){f' {name}' if isinstance(name, str) else ''} asks for a "
+        f"GPU at {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}, which its workload_kinds entry does "
+        "not read: the containers there are not checked here; add a template (or its sidecars or "
+        "init_containers) for that path to the entry"
+    )
 
 
 # -- reading paths ---------------------------------------------------------------------------------
 
 
-def _resolve(obj: Mapping[str, Any], path: str) -> Iterator[tuple[str | None, Any, Any]]:
-    """``(label, element, node)`` for each match of the first alternative present in ``obj``."""
+class _Match(NamedTuple):
+    """Where a template path led: the label and element ``*`` matched (and that element's path), and the
+    node reached (and its path)."""
+
+    label: str | None
+    element: Any
+    element_path: str
+    node: Any
+    path: str
+
+
+def _resolve(obj: Mapping[str, Any], path: str) -> Iterator[_Match]:
+    """Each match of the first alternative present in ``obj``."""
     for alternative in path.split("|"):
-        matches = list(_walk(obj, alternative.strip().split("."), None, None))
+        matches = list(_walk(obj, alternative.strip().split("."), _Match(None, None, "", obj, "")))
         if matches:
             yield from matches
             return
 
 
-def _walk(node: Any, keys: list[str], label: str | None, element: Any) -> Iterator[tuple[str | None, Any, Any]]:
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _walk(node: Any, keys: list[str], at: _Match) -> Iterator[_Match]:
     if not keys:
         if node is not None:
-            yield label, element, node
+            yield at._replace(node=node)
         return
     key, rest = keys[0], keys[1:]
     if key == "*":
         if isinstance(node, list):
             for index, child in enumerate(node[:MAX_PARTS]):
-                yield from _walk(child, rest, _element_label(child, str(index)), child)
+                where = f"{at.path}[{index}]"
+                yield from _walk(child, rest, _Match(_element_label(child, str(index)), child, where, child, where))
         elif isinstance(node, Mapping):
             for name, child in list(node.items())[:MAX_PARTS]:
-                yield from _walk(child, rest, str(name), child)
+                where = _join(at.path, str(name))
+                yield from _walk(child, rest, _Match(str(name), child, where, child, where))
         return
     if isinstance(node, Mapping):
-        yield from _walk(node.get(key), rest, label, element)
+        yield from _walk(node.get(key), rest, at._replace(path=_join(at.path, key)))
+
+
+def _locate(obj: Mapping[str, Any], path: str, at: _Match) -> tuple[Any, str] | None:
+    """The value at the first alternative of ``path`` present (``@.``: in the element ``at`` matched), with
+    its path in ``obj``."""
+    for written in path.split("|"):
+        alternative = written.strip()
+        relative = alternative.startswith("@.")
+        node: Any = at.element if relative else obj
+        where = at.element_path if relative else ""
+        for key in (alternative[2:] if relative else alternative).split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+            where = _join(where, key)
+        if node is not None:
+            return node, where
+    return None
 
 
 def _element_label(child: Any, index: str) -> str:
@@ -449,20 +660,71 @@ def _positive(value: Any) -> int | None:
     return found if found else None
 
 
+POD_SPEC_READ = ("containers", "initContainers", "ephemeralContainers", "resourceClaims")
+"""The fields of a ``pod-spec`` form that ask for devices, all read; its other fields (KServe's
+``workerSpec``) are not part of that pod."""
+
+
 def _as_template(
-    node: Any,
+    obj: Mapping[str, Any],
+    match: _Match,
     spec: TemplateSpec,
     inherited: Mapping[str, Any],
     runtimes: Mapping[str, Mapping[str, Any]],
-) -> Mapping[str, Any] | None:
+) -> tuple[Mapping[str, Any] | None, list[str]]:
+    """The pod template ``match`` leads to in ``spec``'s form, with its pod spec, sidecars and init containers,
+    and the fields of ``obj`` it reads; ``None`` where there is none."""
+    node = match.node
     if not isinstance(node, Mapping):
-        return None
+        return None, []
     if spec.form == "template":
-        return node
-    if spec.form == "pod-spec":
+        template: Mapping[str, Any] = node
+        read = [match.path]
+    elif spec.form == "pod-spec":
         if not any(isinstance(node.get(key), list) for key in ("containers", "initContainers")):
-            return None  # e.g. a KServe predictor given as a model, read by its own entry
-        return {"metadata": dict(inherited), "spec": node}
+            return None, []  # e.g. a KServe predictor given as a model, read by its own entry
+        template = {"metadata": dict(inherited), "spec": node}
+        read = [f"{match.path}.{key}" for key in POD_SPEC_READ]
+    else:
+        container = _container(node, spec, runtimes)
+        read = [match.path]
+        around = _locate(obj, spec.pod_spec, match) if spec.pod_spec is not None else None
+        if around is not None and isinstance(around[0], Mapping):
+            pod = _with_container(around[0], container)
+            read.extend(f"{around[1]}.{key}" for key in POD_SPEC_READ)
+        else:
+            pod = {"containers": [container]}
+        template = {"metadata": dict(inherited), "spec": pod}
+    pod = _mapping(template.get("spec"))
+    added: dict[str, list[Any]] = {}
+    for key, paths in (("containers", spec.sidecars), ("initContainers", spec.init_containers)):
+        for path in paths:
+            found = _locate(obj, path, match)
+            if found is not None and isinstance(found[0], list):
+                added[key] = [*added.get(key, _list(pod.get(key))), *(c for c in found[0] if isinstance(c, Mapping))]
+                read.append(found[1])
+    if added:
+        template = {**template, "spec": {**pod, **added}}
+    return template, read
+
+
+def _with_container(pod: Mapping[str, Any], runner: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod spec ``pod`` with ``runner`` laid over its container of the same name, else added (OME's
+    ``resolveContainer`` and ``MergeRuntimeContainers``: strategic merge, the container's ``args`` first)."""
+    name = runner.get("name")
+    containers = _list(pod.get("containers"))
+    base = next((c for c in containers if isinstance(c, Mapping) and c.get("name") == name), None)
+    if base is None:
+        return {**pod, "containers": [*containers, runner]}
+    merged = merge_pod_spec({"containers": [base]}, {"containers": [runner]})["containers"][0]
+    merged = {**merged, "args": [*_list(base.get("args")), *_list(runner.get("args"))]}
+    return {**pod, "containers": [merged if c is base else c for c in containers]}
+
+
+def _container(
+    node: Mapping[str, Any], spec: TemplateSpec, runtimes: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A ``container`` form's container, merged into its serving runtime's where one is known."""
     container = dict(node)
     runtime = runtimes.get(container["runtime"]) if isinstance(container.get("runtime"), str) else None
     model_format = container.get("modelFormat")
@@ -475,7 +737,7 @@ def _as_template(
         if not spec.default_image_formats or format_name in spec.default_image_formats:
             container["image"] = spec.default_image
     container.setdefault("name", spec.container_name)
-    return {"metadata": dict(inherited), "spec": {"containers": [container]}}
+    return container
 
 
 def merge_runtime(runtime: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
@@ -630,9 +892,11 @@ def object_parts(
         has_version = isinstance(obj.get("apiVersion"), str)
         entry = find_kind(kinds, kind, api_group(obj) if has_version else None)
         if entry is not None:
-            parts = template_parts(with_runtime(obj, entry, inputs.named), entry, inputs.runtimes, notes)
+            parts, read = _read_templates(with_runtime(obj, entry, inputs.named), entry, inputs.runtimes, notes)
             if entry.note is not None and notes is not None:
                 notes.append(entry.note)
+            if notes is not None and (unread := unread_paths(obj, read)):
+                notes.append(_unread_note(obj, unread))
             if kind == "RayService" and entry.group == "ray.io":
                 parts = with_serve_config(obj, parts, [] if notes is None else notes)
         else:
@@ -652,7 +916,9 @@ def _with_config_maps(part: TemplatePart, namespace: str, maps: ConfigMaps) -> T
     template, files = with_config_maps(part.template, namespace, maps)
     if template is part.template and not files:
         return part
-    return replace(part, template=template, files=files)
+    own = part.files or {}
+    merged = {name: {**files.get(name, {}), **own.get(name, {})} for name in {*files, *own}}
+    return replace(part, template=template, files=merged)
 
 
 @dataclass(frozen=True, slots=True)
