@@ -89,6 +89,13 @@ CASES = [
     Case("ray-symmetric-run-may-use-the-gpu",
          bash(f"{ENGINE} & ray symmetric-run --address 127.0.0.1:6379 -- python x.py; wait"), "vllm", None,
          ["may use the GPU while vLLM runs"]),
+    # vLLM's multi-node recipe (docs/serving/parallelism_scaling.md): every pod runs the same command; Ray
+    # starts, the entrypoint runs on the head and its Ray workers on the others hold what it says.
+    Case("ray-symmetric-run-entrypoint-is-the-engine",
+         container(image=VLLM, command=["ray", "symmetric-run", "--address", "leader:6379", "--min-nodes", "2",
+                                        "--num-gpus", "1", "--", *ENGINE.split()]), "vllm", Fraction(3, 10)),
+    Case("ray-symmetric-run-without-entrypoint", bash(f"{ENGINE} & ray symmetric-run --address x; wait"), "vllm",
+         None, ["may use the GPU while vLLM runs"]),
     Case("ray-daemons-beside", bash(f"ray start --head --port=6379; {ENGINE} & ray status; "
                                     "ray --logging-level info job list --address x; ray health-check; "
                                     "ray job logs -f abc; ray --version; wait"), "vllm", Fraction(3, 10)),

@@ -31,6 +31,8 @@ class Case:
     errors: list[str] = field(default_factory=list)
     """Substrings, one per expected error (no other error allowed)."""
     warnings: list[str] = field(default_factory=list)
+    engine: str | None = None
+    """The engine the container must be read as, where the case is about recognising it."""
 
 
 CASES = [
@@ -126,6 +128,17 @@ CASES = [
         errors=["vLLM: --data-parallel-size-local 8 = 8 GPUs, but the container requests 4"],
     ),
     Case(
+        # Ray's symmetric-run (python/ray/scripts/symmetric_run.py, Ray 2.49+): each pod of the group runs the
+        # same command; the engine spans both pods' 8 GPUs through Ray.
+        "vllm-ray-symmetric-run-in-a-group",
+        pod(container(image=VLLM, gpus=8, command=[
+            "ray", "symmetric-run", "--address", "leader:6379", "--min-nodes", "2", "--",
+            "vllm", "serve", "m", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
+            "--distributed-executor-backend", "ray", "--gpu-memory-utilization", "0.9"])),
+        group_size=2,
+        engine="vllm",
+    ),
+    Case(
         # vLLM's docs/serving/data_parallel_deployment.md: "only the API server on the first node and
         # all engines on the second node": --data-parallel-size-local 0 runs no engine here.
         "vllm-data-parallel-api-server-only",
@@ -188,6 +201,8 @@ def test_multi_node_arithmetic(case: Case) -> None:
         assert expected in actual
     for expected in case.warnings:
         assert any(expected in w for w in demand.warnings), demand.warnings
+    if case.engine is not None:
+        assert demand.containers[0].engine == case.engine
     # The per-GPU reservation does not depend on how many nodes the engine spans.
     reservation = demand.containers[0].reservation
     if case.id == "vllm-data-parallel-api-server-only":

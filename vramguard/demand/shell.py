@@ -10,7 +10,7 @@ commands of a pipeline (``a | b``), together with every command started in the b
 before it and not yet waited for (a ``wait`` without operands ends them). The commands of one
 background job all count as running at once and to the end of the script. ``exec CMD`` replaces the
 shell: nothing after it runs. ``ray job submit -- CMD`` runs CMD, in the background with ``--no-wait``
-(:func:`~vramguard.engines.launchers.ray_job_entrypoint`). ``if``/``case`` branches and loop bodies are
+(:func:`~vramguard.engines.launchers.ray_entrypoint`). ``if``/``case`` branches and loop bodies are
 walked once, each branch as its own phases, so that the largest counts; a job started in the background
 inside a loop may run any number of times at once, and is marked :attr:`Invocation.repeated`.
 
@@ -61,7 +61,7 @@ from vramguard.demand.shell_syntax import (
     Word,
     parse_script,
 )
-from vramguard.engines.launchers import RAY, ray_job_entrypoint
+from vramguard.engines.launchers import RAY, ray_entrypoint
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "busybox"})
 PREFIX_COMMANDS = frozenset({"exec", "nohup", "time", "command", "builtin"})
@@ -409,8 +409,10 @@ class _Walk(Generic[T]):
                 elif head == "env":
                     with_env = True
                     argv = self.env_command(argv[1:])
-                elif head == RAY and (entrypoint := ray_job_entrypoint(argv)) is not None:
+                elif head == RAY and (entrypoint := ray_entrypoint(argv)) is not None:
                     detached = detached or entrypoint.detached
+                    if entrypoint.starts_ray:
+                        self.dispatch([RAY, "start"])  # the Ray cluster it joins, as ray start does
                     argv = entrypoint.argv
                 else:
                     break

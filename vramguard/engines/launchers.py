@@ -95,6 +95,7 @@ RAY_DAEMON_COMMANDS = frozenset({
 ``ray start`` hosts for an engine are that engine's own claim. The others may run anything:
 ``ray job submit -- ENTRYPOINT`` runs its entrypoint (:func:`ray_job_entrypoint`), ``ray exec`` and
 ``ray submit`` a command or script on the cluster, ``ray symmetric-run -- ENTRYPOINT`` its entrypoint
+(:func:`ray_entrypoint`)
 beside the Ray it starts."""
 RAY_JOB_SUBMIT_OPTIONS_WITH_VALUE = frozenset({
     "--address", "--job-id", "--submission-id", "--runtime-env", "--runtime-env-json", "--working-dir",
@@ -115,6 +116,8 @@ class Entrypoint:
     argv: list[str]
     detached: bool
     """The wrapper returns at once and the command runs on, as if started in the background."""
+    starts_ray: bool = False
+    """The wrapper first starts or joins a Ray cluster in this container, as ``ray start`` does."""
 
 
 def ray_command(argv: Sequence[str]) -> tuple[str, Sequence[str]]:
@@ -128,6 +131,25 @@ def ray_command(argv: Sequence[str]) -> tuple[str, Sequence[str]]:
     if argv[index] == "job" and index + 1 < len(argv):
         return f"job {argv[index + 1]}", argv[index + 2 :]
     return argv[index], argv[index + 1 :]
+
+
+def ray_entrypoint(argv: Sequence[str]) -> Entrypoint | None:
+    """What a ``ray`` command line runs for its caller: ``ray job submit``'s entrypoint
+    (:func:`ray_job_entrypoint`), or ``ray symmetric-run [RAY START OPTIONS] -- ENTRYPOINT...``'s. The
+    latter runs ``ray start`` on every node with the options before ``--`` (the head where ``--address``
+    is this node's), waits for ``--min-nodes``, and runs the entrypoint on the head node
+    (``python/ray/scripts/symmetric_run.py``, Ray 2.49+; the Ray docs' Slurm guide): each pod of a group
+    runs the same command, and the engine's Ray workers on the others hold what the entrypoint's engine
+    says, so the entrypoint is read in each. ``None`` without ``--`` or an entrypoint after it."""
+    if program(argv) != RAY:
+        return None
+    command, rest = ray_command(argv)
+    if command != "symmetric-run":
+        return ray_job_entrypoint(argv)
+    if "--" not in rest:
+        return None
+    entrypoint = list(rest[list(rest).index("--") + 1 :])
+    return Entrypoint(entrypoint, detached=False, starts_ray=True) if entrypoint else None
 
 
 def ray_job_entrypoint(argv: Sequence[str]) -> Entrypoint | None:
