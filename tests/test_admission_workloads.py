@@ -177,3 +177,21 @@ def test_whole_quota_in_modes_that_admit(mode: str) -> None:
         assert decision.warnings[0].startswith(f"would deny: namespace serving would hold {FULL_SCALE} ")
     else:
         assert f"namespace serving would hold {FULL_SCALE} " in decision.audit_annotations["would-deny"]
+
+
+def test_a_workload_template_is_reviewed_with_what_its_workload_gives_it() -> None:
+    # An Argo script template: the engine is in the script's source, which Argo runs as a file
+    # (executeScript, workflow/controller/operator.go v4.1.2). The review reads it, as explain's table
+    # does: a 0.4 vLLM, not "no known engine" (a whole GPU).
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "w"},
+        "spec": {"entrypoint": "serve", "templates": [{"name": "serve", "script": {
+            "image": "vllm/vllm-openai:v0.11.0", "command": ["bash"],
+            "source": "vllm serve m --gpu-memory-utilization 0.4\n",
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}}]},
+    }
+    decision = review(workflow, quota="40Gi")
+    assert decision.allowed, decision.message
+    assert not any("no known engine" in w for w in decision.warnings), decision.warnings
+    # 0.4 of an 80 GiB GPU and its allowances fit a 40 GiB quota; a whole GPU would not.
+    assert not review(workflow, quota="30Gi").allowed

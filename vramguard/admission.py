@@ -113,7 +113,7 @@ from vramguard.placement import apply_intended, describe_fit, filter_node, pod_c
 from vramguard.policy import ClassChoice, Enforcement, Policy, QosClass
 from vramguard.quantity import GiB, format_bytes, quantity_text
 from vramguard.template_part import TemplatePart
-from vramguard.workloads import workload_parts
+from vramguard.workloads import parts_demand, workload_parts
 
 __all__ = [
     "AUDIT_CLASS_KEY",
@@ -242,6 +242,10 @@ class Subject:
     """Who asks (``request.userInfo.username``)."""
     groups: tuple[str, ...] = ()
     """The requester's groups (``request.userInfo.groups``)."""
+    demand: PodDemand | None = None
+    """A workload template's demand as its workload gives it (the scripts its containers run, the
+    engine another template of the group starts: :func:`vramguard.workloads.parts_demand`); ``None``:
+    derived from the object alone."""
 
 
 class Code(StrEnum):
@@ -499,7 +503,11 @@ class AdmissionRules:
         if template is None:
             parts = workload_parts(subject.obj, self.policy.workload_kinds, subject.kind)
             return self._review_parts(subject, parts, cluster) if parts else Decision(True, mode)
-        demand, claims = self._derive(template)
+        if subject.demand is not None:
+            demand = subject.demand
+            claims = quota_claims(demand) if demand.wants_gpu else ()
+        else:
+            demand, claims = self._derive(template)
         dra = (
             review_pod_claims(
                 template, subject.namespace, demand, cluster.dra, workload_pods(subject.kind, subject.obj)
@@ -557,7 +565,7 @@ class AdmissionRules:
             p.name: p for p in workload_parts(subject.old, self.policy.workload_kinds, subject.kind)
         } if subject.old is not None else {}
         decisions: list[tuple[str, Decision]] = []
-        for part in parts:
+        for part, demand in zip(parts, parts_demand(parts, self.options), strict=True):
             old = old_parts.get(part.name)
             decision = self.review(
                 replace(
@@ -565,6 +573,7 @@ class AdmissionRules:
                     kind=PART_KIND,
                     obj=_part_object(subject.obj, part),
                     old=_part_object(subject.old, old) if subject.old is not None and old is not None else None,
+                    demand=demand,
                 ),
                 cluster,
             )
