@@ -133,9 +133,7 @@ class PodSpecPatch(_Strict):
     @classmethod
     def _paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for path in value:
-            if "*" in path:
-                raise ValueError(f"{path!r}: a patch path names one field (no '*')")
-            _check_path(path)
+            _check_one(path, "a patch path")
         return value
 
     @field_validator("workflow")
@@ -243,10 +241,10 @@ class TemplateSpec(_Strict):
         return value
 
 
-def _check_one(text: str) -> str:
+def _check_one(text: str, what: str = "the path") -> str:
     """A path to one field: names and ``@.``, no ``*``."""
     if "*" in text:
-        raise ValueError(f"{text!r}: the path names one field (no '*')")
+        raise ValueError(f"{text!r}: {what} names one field (no '*')")
     return _check_path(text)
 
 
